@@ -1,0 +1,28 @@
+// Package e2b serves the E2B control-plane REST API (spec/e2b-compat.md §2) over the
+// sandbox manager: request decoding and validation, list filters and pagination,
+// and the one error body shape {"code": <status>, "message": ...}.
+package e2b
+
+import (
+	"context"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Manager is what the API needs from the sandbox manager. Errors wrap the
+// sandbox.Err* values so handlers can map them to status codes.
+type Manager interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Info, error)
+	Get(ctx context.Context, id string) (sandbox.Info, error)
+	List(ctx context.Context, f sandbox.ListFilter) ([]sandbox.Info, error)
+	Kill(ctx context.Context, id string) error
+	// SetTimeout makes the sandbox end d from now.
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// Connect returns a running sandbox (resuming a paused one, resumed=true) and
+	// extends its end to at least timeout from now.
+	Connect(ctx context.Context, id string, timeout time.Duration) (info sandbox.Info, resumed bool, err error)
+	Pause(ctx context.Context, id string) error
+	// Metrics returns the samples taken between start and end (inclusive).
+	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Metric, error)
+}

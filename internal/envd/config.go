@@ -1,0 +1,39 @@
+package envd
+
+// Config is what the host hands envd when a sandbox starts. The host writes it as
+// one JSON object on envd's stdin (so the access token never touches a file or the
+// environment of sandbox processes); envd reads it once, then closes stdin.
+type Config struct {
+	// SandboxID and TemplateID are exported to every process as E2B_SANDBOX_ID and
+	// E2B_TEMPLATE_ID (with E2B_SANDBOX=true), as E2B's envd does.
+	SandboxID  string `json:"sandboxID"`
+	TemplateID string `json:"templateID"`
+
+	// AccessToken, when not empty, must be presented as X-Access-Token on every
+	// request except /health and signed /files requests.
+	AccessToken string `json:"accessToken,omitempty"`
+
+	// EnvVars are the sandbox-level environment variables from the create request.
+	EnvVars map[string]string `json:"envVars,omitempty"`
+
+	// DefaultUser is used when a request names no user ("user" in E2B templates).
+	DefaultUser string `json:"defaultUser,omitempty"`
+	// DefaultWorkdir is the cwd for processes that give none; empty means the
+	// user's home directory.
+	DefaultWorkdir string `json:"defaultWorkdir,omitempty"`
+
+	// Listen is where envd serves HTTP: a list of "unix:/path" or "tcp:host:port".
+	// Inside a sandbox the host proxies to the unix socket; tcp 127.0.0.1:49983
+	// lets in-sandbox tools reach envd the way they do on E2B.
+	Listen []string `json:"listen"`
+
+	// DiskPath is the directory whose filesystem /metrics reports as disk use.
+	DiskPath string `json:"diskPath,omitempty"`
+}
+
+// Version is the envd version reported to SDKs. It gates SDK features (spec §3.9);
+// 0.6.4 or later unlocks everything the current SDKs use.
+const Version = "0.6.13"
+
+// Port is the in-sandbox port on which the E2B SDKs address envd.
+const Port = 49983

@@ -1,0 +1,125 @@
+// Package runtime defines what an isolation backend must do for Airlock. It holds
+// only the contract; backends live in sub-packages (runtime/linux) and all of them
+// must pass the conformance suite in runtime/runtimetest.
+//
+// Lifecycle of one sandbox, as the sandbox manager drives it:
+//
+//	Create  -> the root filesystem is assembled (template lower + private upper),
+//	           namespaces and cgroups exist, and Spec.Init is running as the
+//	           sandbox's first process. Create returns once the process has been
+//	           started; readiness of what it serves is the caller's business.
+//	Stats   -> resource usage, any number of times while it runs.
+//	Pause / Resume -> freeze and thaw every process (optional for a backend:
+//	           ErrNotSupported).
+//	Destroy -> ordered teardown: processes, mounts, cgroups, namespaces, then the
+//	           sandbox directory. Destroy is idempotent and must leave nothing behind
+//	           even if Create failed half-way.
+//
+// A backend must survive the restart of the process that drives it: Load finds a
+// sandbox created by an earlier process (for re-adoption), and List reports every
+// sandbox the backend still holds so that orphans can be destroyed.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned by Load for an id the backend does not hold.
+var ErrNotFound = errors.New("runtime: sandbox not found")
+
+// ErrNotSupported is returned by optional operations a backend lacks.
+var ErrNotSupported = errors.New("runtime: operation not supported")
+
+// Runtime creates and tracks sandboxes.
+type Runtime interface {
+	// Name identifies the backend ("linux", "gvisor").
+	Name() string
+	// Create starts a sandbox described by spec.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Load returns a sandbox created earlier, possibly by another process.
+	Load(id string) (Sandbox, error)
+	// List returns the ids of every sandbox the backend holds, running or not.
+	List() ([]string, error)
+}
+
+// Sandbox is one isolated environment.
+type Sandbox interface {
+	ID() string
+	// Status reports whether the first process is alive.
+	Status() (Status, error)
+	// Stats samples resource usage.
+	Stats() (Stats, error)
+	Pause() error
+	Resume() error
+	// Destroy tears everything down; see the package doc. Safe to call twice.
+	Destroy(ctx context.Context) error
+}
+
+// Status of a sandbox's first process.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped"
+)
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID is unique among live sandboxes; [a-z0-9]+.
+	ID string
+	// Hostname inside the sandbox.
+	Hostname string
+	// Lower is the template's read-only root filesystem directory. It is never
+	// written to; it is shared by every sandbox of the template.
+	Lower string
+	// Dir is a host directory that belongs to this sandbox alone. The backend keeps
+	// its writable layer and mount points under it and removes it on Destroy.
+	Dir string
+	// Mounts are host paths bound into the sandbox (the envd binary, the envd
+	// socket directory).
+	Mounts []Mount
+	// Init is the first process (envd). It runs as root inside the sandbox.
+	Init Process
+	// Resources are the limits the backend enforces.
+	Resources Resources
+}
+
+// Mount binds a host path into the sandbox.
+type Mount struct {
+	Source   string
+	Target   string
+	ReadOnly bool
+}
+
+// Process is a command to start in the sandbox.
+type Process struct {
+	Args []string
+	Env  []string
+	Cwd  string
+	// Stdin is written to the process's stdin, which is then closed.
+	Stdin []byte
+	// LogPath receives the process's stdout and stderr (a host path); empty means
+	// discard. A file, not a pipe, so the process outlives its creator.
+	LogPath string
+}
+
+// Resources are the cgroup limits of a sandbox.
+type Resources struct {
+	CPUs     float64 // CPU quota in cores
+	MemoryMB int64
+	PidsMax  int64
+}
+
+// Stats is a resource-usage sample.
+type Stats struct {
+	Time           time.Time
+	CPUUsage       time.Duration // cumulative CPU time of all processes
+	MemoryUsed     int64         // bytes, without page cache
+	MemoryCache    int64         // bytes of page cache
+	MemoryLimit    int64         // bytes
+	Pids           int64
+	WritableBytes  int64 // bytes used by the sandbox's private writable layer
+}

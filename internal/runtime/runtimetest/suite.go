@@ -1,0 +1,295 @@
+// Package runtimetest is the conformance suite every runtime backend must pass.
+// It starts real sandboxes from a real template rootfs; each check is done from
+// inside the sandbox by its first process, which reports what it saw into a
+// directory bound from the host, so the suite needs nothing from a backend but
+// the runtime.Runtime contract.
+package runtimetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// Harness tells the suite how to reach a backend.
+type Harness struct {
+	// New returns the backend under test.
+	New func(t *testing.T) runtime.Runtime
+	// Lower is a template root filesystem with /bin/sh, coreutils and procps.
+	Lower string
+}
+
+// probe is run as the sandbox's first process. It records facts about its
+// environment under /out, signals it is done, then waits to be killed.
+const probe = `
+set +e
+hostname > /out/hostname
+echo $$ > /out/pid
+ls /proc | grep -c '^[0-9]' > /out/nprocs
+cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\n' ' ' > /out/netdevs
+readlink /proc/self/ns/net > /out/netns
+readlink /proc/self/ns/mnt > /out/mntns
+readlink /proc/self/ns/pid > /out/pidns
+readlink /proc/self/ns/uts > /out/utsns
+readlink /proc/self/ns/ipc > /out/ipcns
+readlink /proc/self/ns/cgroup > /out/cgroupns
+cat /proc/self/cgroup > /out/cgroup
+echo written > /etc/airlock-probe
+cat /etc/airlock-probe > /out/rootwrite 2>&1
+test -e "$HOST_PATH/init.log" && echo visible > /out/hostmarker || echo hidden > /out/hostmarker
+read line
+echo "$line" > /out/stdin
+touch /out/done
+exec sleep 100000
+`
+
+// Run runs the conformance suite against h.
+func Run(t *testing.T, h Harness) {
+	t.Run("CreateIsolatedAndDestroy", func(t *testing.T) { testCreateIsolatedAndDestroy(t, h) })
+	t.Run("LoadListAndDestroyIdempotent", func(t *testing.T) { testLoadList(t, h) })
+	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
+	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
+	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
+}
+
+var seq int
+
+func newSpec(t *testing.T, h Harness) (runtime.Spec, string) {
+	t.Helper()
+	seq++
+	id := fmt.Sprintf("conf%d%d", time.Now().UnixNano()%1e9, seq)
+	base := t.TempDir()
+	out := filepath.Join(base, "out")
+	if err := os.MkdirAll(out, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return runtime.Spec{
+		ID:       id,
+		Hostname: "sbx-" + id,
+		Lower:    h.Lower,
+		Dir:      filepath.Join(base, "sandbox"),
+		Mounts:   []runtime.Mount{{Source: out, Target: "/out"}},
+		Init: runtime.Process{
+			Args:    []string{"/bin/sh", "-c", probe},
+			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOST_PATH=" + base},
+			Stdin:   []byte("hello-from-host\n"),
+			LogPath: filepath.Join(base, "init.log"),
+		},
+		Resources: runtime.Resources{CPUs: 1, MemoryMB: 256, PidsMax: 256},
+	}, out
+}
+
+func create(t *testing.T, r runtime.Runtime, spec runtime.Spec) runtime.Sandbox {
+	t.Helper()
+	sb, err := r.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	return sb
+}
+
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("%s did not appear within 10s", path)
+}
+
+func read(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatalf("read %s: %v", name, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func hostNS(t *testing.T, kind string) string {
+	t.Helper()
+	s, err := os.Readlink("/proc/self/ns/" + kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func testCreateIsolatedAndDestroy(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, out := newSpec(t, h)
+	sb := create(t, r, spec)
+	waitFile(t, filepath.Join(out, "done"))
+
+	if got := read(t, out, "hostname"); got != spec.Hostname {
+		t.Errorf("hostname = %q, want %q", got, spec.Hostname)
+	}
+	if got := read(t, out, "pid"); got != "1" {
+		t.Errorf("first process has pid %s inside, want 1 (own pid namespace)", got)
+	}
+	if n, _ := strconv.Atoi(read(t, out, "nprocs")); n > 5 {
+		t.Errorf("sandbox sees %d processes; it must see only its own", n)
+	}
+	if got := read(t, out, "netdevs"); got != "lo" {
+		t.Errorf("network devices = %q, want only lo (own network namespace)", got)
+	}
+	for _, ns := range []string{"net", "mnt", "pid", "uts", "ipc", "cgroup"} {
+		if got := read(t, out, ns+"ns"); got == hostNS(t, ns) {
+			t.Errorf("%s namespace is the host's (%s)", ns, got)
+		}
+	}
+	if got := read(t, out, "stdin"); got != "hello-from-host" {
+		t.Errorf("init stdin = %q, want the bytes from Spec.Init.Stdin", got)
+	}
+	if got := read(t, out, "rootwrite"); got != "written" {
+		t.Errorf("writing /etc inside the sandbox: %q", got)
+	}
+	if got := read(t, out, "hostmarker"); got != "hidden" {
+		t.Errorf("a host file (%s/init.log) is visible inside the sandbox", filepath.Dir(spec.Dir))
+	}
+	if _, err := os.Stat(filepath.Join(h.Lower, "etc", "airlock-probe")); err == nil {
+		t.Fatalf("a write inside the sandbox reached the template")
+	}
+	if st, err := sb.Status(); err != nil || st != runtime.StatusRunning {
+		t.Errorf("Status = %v, %v; want running", st, err)
+	}
+
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if _, err := os.Stat(spec.Dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox dir %s still exists after Destroy (err=%v)", spec.Dir, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), spec.Dir) {
+		t.Errorf("a mount under %s survived Destroy", spec.Dir)
+	}
+	if _, err := r.Load(spec.ID); err == nil {
+		t.Errorf("Load after Destroy succeeded; want not found")
+	}
+}
+
+func testLoadList(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, out := newSpec(t, h)
+	sb := create(t, r, spec)
+	waitFile(t, filepath.Join(out, "done"))
+
+	ids, err := r.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !contains(ids, spec.ID) {
+		t.Fatalf("List = %v, missing %s", ids, spec.ID)
+	}
+	// A second backend instance stands for the daemon after a restart.
+	again, err := h.New(t).Load(spec.ID)
+	if err != nil {
+		t.Fatalf("Load from a new backend instance: %v", err)
+	}
+	if st, err := again.Status(); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("reloaded Status = %v, %v", st, err)
+	}
+	if err := again.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy through the reloaded handle: %v", err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Errorf("second Destroy must be a no-op, got %v", err)
+	}
+	if _, err := r.Load("nosuchsandbox"); err == nil {
+		t.Errorf("Load of an unknown id succeeded")
+	}
+	ids, _ = r.List()
+	if contains(ids, spec.ID) {
+		t.Errorf("List still has %s after Destroy", spec.ID)
+	}
+}
+
+func testPauseResume(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, out := newSpec(t, h)
+	sb := create(t, r, spec)
+	waitFile(t, filepath.Join(out, "done"))
+	if err := sb.Pause(); err == runtime.ErrNotSupported {
+		t.Skip("backend does not pause")
+	} else if err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if st, _ := sb.Status(); st != runtime.StatusPaused {
+		t.Errorf("Status after Pause = %v", st)
+	}
+	if err := sb.Resume(); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if st, _ := sb.Status(); st != runtime.StatusRunning {
+		t.Errorf("Status after Resume = %v", st)
+	}
+	// A paused sandbox must also be destroyable.
+	if err := sb.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy while paused: %v", err)
+	}
+}
+
+func testStats(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, out := newSpec(t, h)
+	sb := create(t, r, spec)
+	waitFile(t, filepath.Join(out, "done"))
+	st, err := sb.Stats()
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	if st.MemoryLimit != spec.Resources.MemoryMB<<20 {
+		t.Errorf("memory limit = %d, want %d", st.MemoryLimit, spec.Resources.MemoryMB<<20)
+	}
+	if st.MemoryUsed <= 0 || st.Pids < 1 || st.CPUUsage <= 0 {
+		t.Errorf("implausible usage: %+v", st)
+	}
+	if st.WritableBytes <= 0 {
+		t.Errorf("writable layer usage = %d; the probe wrote /etc/airlock-probe", st.WritableBytes)
+	}
+	cg := read(t, out, "cgroup")
+	if !strings.Contains(cg, ":/\n") && !strings.HasSuffix(cg, ":/") {
+		t.Errorf("sandbox sees a host cgroup path (want its own cgroup namespace rooted at /):\n%s", cg)
+	}
+}
+
+func testCreateFails(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, _ := newSpec(t, h)
+	spec.Init.Args = []string{"/no/such/binary"}
+	sb, err := r.Create(context.Background(), spec)
+	if err == nil {
+		_ = sb.Destroy(context.Background())
+		t.Fatalf("Create with a missing init binary succeeded")
+	}
+	if _, statErr := os.Stat(spec.Dir); !os.IsNotExist(statErr) {
+		t.Errorf("failed Create left %s behind", spec.Dir)
+	}
+	if ids, _ := r.List(); contains(ids, spec.ID) {
+		t.Errorf("failed Create left state for %s", spec.ID)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,79 @@
+package sandbox
+
+import (
+	"errors"
+	"time"
+)
+
+// State is where a sandbox is in its life. The manager is the only writer.
+//
+//	creating -> running <-> paused
+//	    \          \          /
+//	     `-----------> killed
+type State string
+
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateKilled   State = "killed"
+)
+
+// Info is a snapshot of one sandbox, as the API layers report it.
+type Info struct {
+	ID         string
+	TemplateID string
+	Alias      string // the template name the sandbox was created from
+	ClientID   string
+	Metadata   map[string]string
+	EnvVars    map[string]string
+	StartedAt  time.Time
+	EndAt      time.Time
+	State      State
+	CPUCount   int
+	MemoryMB   int
+	DiskSizeMB int
+	// AccessToken secures envd (X-Access-Token and /files signatures).
+	AccessToken         string
+	EnvdVersion         string
+	AllowInternetAccess *bool
+}
+
+// CreateRequest is what a client asks for.
+type CreateRequest struct {
+	Template            string // template id or alias
+	Timeout             time.Duration
+	Metadata            map[string]string
+	EnvVars             map[string]string
+	AllowInternetAccess *bool
+	// Secure asks for an envd access token. The v2 create path always sets it.
+	Secure bool
+}
+
+// ListFilter selects sandboxes for List. Zero values match everything.
+type ListFilter struct {
+	States       []State
+	Metadata     map[string]string
+	Template     string // id or alias
+	StartedAfter time.Time
+}
+
+// Metric is one sample of a sandbox's resource use.
+type Metric struct {
+	Time       time.Time
+	CPUCount   int
+	CPUUsedPct float64
+	MemUsed    int64
+	MemTotal   int64
+	MemCache   int64
+	DiskUsed   int64
+	DiskTotal  int64
+}
+
+// Errors the manager returns; API layers map them to status codes with errors.Is.
+var (
+	ErrNotFound         = errors.New("sandbox not found")
+	ErrTemplateNotFound = errors.New("template not found")
+	ErrInvalid          = errors.New("invalid request")
+	ErrConflict         = errors.New("conflict")
+)
