@@ -115,11 +115,11 @@ type Resources struct {
 
 // Stats is a resource-usage sample.
 type Stats struct {
-	Time           time.Time
-	CPUUsage       time.Duration // cumulative CPU time of all processes
-	MemoryUsed     int64         // bytes, without page cache
-	MemoryCache    int64         // bytes of page cache
-	MemoryLimit    int64         // bytes
-	Pids           int64
-	WritableBytes  int64 // bytes used by the sandbox's private writable layer
+	Time          time.Time
+	CPUUsage      time.Duration // cumulative CPU time of all processes
+	MemoryUsed    int64         // bytes, without page cache
+	MemoryCache   int64         // bytes of page cache
+	MemoryLimit   int64         // bytes
+	Pids          int64
+	WritableBytes int64 // bytes used by the sandbox's private writable layer
 }
