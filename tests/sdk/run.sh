@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# SDK conformance suite: drives the unmodified npm `e2b` package against a
+# freshly started `airlock serve`.
+#
+# usage: tests/sdk/run.sh [path/to/airlock] [test files...]
+#
+#   path/to/airlock   default: ../../bin/airlock relative to this script
+#   test files        default: tests/*.test.mjs (relative to this script)
+#
+# environment:
+#   AIRLOCK_DATA_DIR           data dir for the server (default /var/lib/airlock-test)
+#   AIRLOCK_SDK_START_TIMEOUT  seconds to wait for /health (default 900: the first
+#                              start may build the base template)
+#   AIRLOCK_SDK_VERBOSE=1      keep streaming the server log during the tests
+#                              (otherwise it is shown until the server is healthy,
+#                              then kept in a log file and tailed on failure)
+#   AIRLOCK_SDK_CONCURRENCY    test files run in parallel (default 2)
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bin="${1:-$here/../../bin/airlock}"
+[ $# -gt 0 ] && shift
+data_dir="${AIRLOCK_DATA_DIR:-/var/lib/airlock-test}"
+start_timeout="${AIRLOCK_SDK_START_TIMEOUT:-900}"
+concurrency="${AIRLOCK_SDK_CONCURRENCY:-2}"
+
+log() { printf '[sdk-suite] %s\n' "$*" >&2; }
+
+case "$bin" in /*) ;; *) bin="$(pwd)/$bin" ;; esac
+if [ ! -x "$bin" ]; then
+  log "airlock binary not found or not executable: $bin (build it with: make build)"
+  exit 2
+fi
+
+cd "$here" || exit 2
+
+# --- dependencies: npm ci when node_modules is missing or older than the lock file
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ] \
+  || [ package.json -nt node_modules/.package-lock.json ]; then
+  log "installing npm dependencies (npm ci)"
+  npm ci --no-audit --no-fund >&2 || { log "npm ci failed"; exit 2; }
+fi
+
+# --- two free loopback ports (held open together so they differ)
+read -r api_port sandbox_port < <(node -e '
+  const net = require("net");
+  const a = net.createServer(), b = net.createServer();
+  a.listen(0, "127.0.0.1", () => b.listen(0, "127.0.0.1", () => {
+    console.log(a.address().port, b.address().port); a.close(); b.close();
+  }));')
+if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ]; then
+  log "could not pick free ports"
+  exit 2
+fi
+
+api_key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+run_id="sdk-$(date +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
+mkdir -p "$data_dir"
+server_log="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-serve.XXXXXX.log")"
+
+server_pid=""
+tail_pid=""
+status=1
+
+stop_tail() {
+  if [ -n "$tail_pid" ]; then
+    kill -TERM "$tail_pid" 2>/dev/null
+    wait "$tail_pid" 2>/dev/null
+    tail_pid=""
+  fi
+}
+
+cleanup() {
+  trap - EXIT INT TERM
+  stop_tail
+  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+    log "stopping airlock serve (pid $server_pid)"
+    kill -TERM "$server_pid" 2>/dev/null
+    for _ in $(seq 1 60); do
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if kill -0 "$server_pid" 2>/dev/null; then
+      log "airlock serve did not exit after SIGTERM within 30 s; sending SIGKILL"
+      kill -KILL "$server_pid" 2>/dev/null
+    fi
+    wait "$server_pid" 2>/dev/null
+  fi
+  if [ "$status" -ne 0 ]; then
+    log "last 80 lines of the server log ($server_log):"
+    tail -n 80 "$server_log" >&2
+  else
+    log "server log: $server_log"
+  fi
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'status=130; exit' INT
+trap 'status=143; exit' TERM
+
+log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir"
+AIRLOCK_API_KEY="$api_key" "$bin" serve \
+  --api-addr "127.0.0.1:$api_port" \
+  --sandbox-addr "127.0.0.1:$sandbox_port" \
+  --data-dir "$data_dir" >"$server_log" 2>&1 &
+server_pid=$!
+log "airlock serve pid $server_pid, log $server_log"
+
+# Show the server output while it starts (template build may take minutes).
+tail -n +1 -f "$server_log" >&2 &
+tail_pid=$!
+
+deadline=$(( $(date +%s) + start_timeout ))
+until curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$api_port/health" 2>/dev/null; do
+  if ! kill -0 "$server_pid" 2>/dev/null; then
+    wait "$server_pid"; rc=$?
+    stop_tail
+    log "airlock serve exited (status $rc) before becoming healthy"
+    server_pid=""
+    status=2
+    exit
+  fi
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    stop_tail
+    log "airlock serve not healthy after ${start_timeout}s"
+    status=2
+    exit
+  fi
+  sleep 1
+done
+[ "${AIRLOCK_SDK_VERBOSE:-0}" = 1 ] || stop_tail
+log "airlock serve is healthy; running the SDK suite (run id $run_id)"
+
+export E2B_API_URL="http://127.0.0.1:$api_port"
+export E2B_SANDBOX_URL="http://127.0.0.1:$sandbox_port"
+export E2B_API_KEY="$api_key"
+export AIRLOCK_SDK_RUN_ID="$run_id"
+unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
+
+if [ $# -gt 0 ]; then
+  files=("$@")
+else
+  files=(tests/*.test.mjs)
+fi
+
+node --test --test-concurrency="$concurrency" --test-timeout=120000 --test-reporter=spec "${files[@]}"
+status=$?
+
+# Anything of this run still listed is a leak (or a kill the server did not honour).
+node leakcheck.mjs || { [ "$status" -eq 0 ] && status=1; }
+exit
