@@ -1,11 +1,16 @@
-// Package testenv gives tests the real things they need: root, and a built base
-// template. Tests that need them skip (locally) or fail (in CI, where
-// AIRLOCK_TEST_REQUIRE=1) with a message saying what is missing.
+// Package testenv gives tests the real things they need: root, a built base
+// template and the envd binary. A test that lacks one skips locally and fails
+// in CI (AIRLOCK_TEST_REQUIRE=1), saying what is missing.
 package testenv
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // NeedRoot stops a test that needs root (namespaces, mounts, cgroups).
@@ -24,12 +29,65 @@ func missing(t testing.TB, why string) {
 	t.Skip(why)
 }
 
-// BaseRootfs returns the root filesystem of the built base template.
+// DataDir is where tests find built templates: AIRLOCK_TEST_DATA_DIR, default
+// /var/lib/airlock-test (outside the clone, so builds are cached across runs).
+func DataDir() string {
+	if d := os.Getenv("AIRLOCK_TEST_DATA_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/airlock-test"
+}
+
+// Templates opens the template store of DataDir.
+func Templates(t testing.TB) *template.Store {
+	t.Helper()
+	s, err := template.Open(template.Options{DataDir: DataDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// BaseRootfs returns the root filesystem of the built base template. It does
+// not build it (minutes): `make test` and `airlock template build base` do.
 func BaseRootfs(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("AIRLOCK_TEST_ROOTFS"); p != "" {
+	tpl, err := Templates(t).Get("base")
+	if err != nil {
+		missing(t, "base template not built in "+DataDir()+": run `bin/airlock template build base --data-dir "+DataDir()+"`: "+err.Error())
+	}
+	return tpl.RootFS
+}
+
+var (
+	envdOnce sync.Once
+	envdPath string
+	envdErr  error
+)
+
+// EnvdBinary returns a static envd binary: AIRLOCK_ENVD if set, else one built
+// once per test process.
+func EnvdBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("AIRLOCK_ENVD"); p != "" {
 		return p
 	}
-	missing(t, "no base template: set AIRLOCK_TEST_ROOTFS")
-	return ""
+	envdOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "airlock-envd-")
+		if err != nil {
+			envdErr = err
+			return
+		}
+		envdPath = filepath.Join(dir, "envd")
+		cmd := exec.Command("go", "build", "-o", envdPath, "github.com/airlock-sandbox/airlock/cmd/envd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			envdErr = err
+			envdPath = string(out)
+		}
+	})
+	if envdErr != nil {
+		t.Fatalf("build envd: %v\n%s", envdErr, envdPath)
+	}
+	return envdPath
 }

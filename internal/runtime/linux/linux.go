@@ -22,7 +22,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +36,7 @@ import (
 	_ "github.com/opencontainers/cgroups/devices"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
@@ -387,11 +387,10 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("destroy container: %w", err))
 		}
 	}
-	rootfs := filepath.Join(s.dir, "rootfs")
-	if err := unix.Unmount(rootfs, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", rootfs, err))
+	if err := mountutil.Unmount(filepath.Join(s.dir, "rootfs")); err != nil {
+		errs = append(errs, err)
 	}
-	if err := removeAll(s.dir); err != nil {
+	if err := mountutil.RemoveAll(s.dir); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -414,23 +413,4 @@ func waitStopped(ctx context.Context, c *libcontainer.Container) {
 		case <-time.After(delay):
 		}
 	}
-}
-
-// removeAll refuses to remove a directory that still has a mount under it, so a
-// failed unmount can never make us delete the template through the overlay.
-func removeAll(dir string) error {
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	if err == nil {
-		prefix := filepath.Clean(dir) + "/"
-		for _, line := range strings.Split(string(mounts), "\n") {
-			fields := strings.Fields(line)
-			if len(fields) > 4 && strings.HasPrefix(fields[4]+"/", prefix) {
-				return fmt.Errorf("not removing %s: %s is still mounted", dir, fields[4])
-			}
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove %s: %w", dir, err)
-	}
-	return nil
 }

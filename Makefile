@@ -1,0 +1,39 @@
+# Airlock build and test entry points. Everything runs as root on Debian 12.
+GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+DATA_DIR  ?= /var/lib/airlock
+TEST_DATA ?= /var/lib/airlock-test
+
+.PHONY: build setup run test test-go test-sdk bench proto clean
+
+build: bin/airlock bin/envd
+
+# envd runs inside arbitrary root filesystems: static, no cgo.
+bin/envd: FORCE
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
+
+# airlock links runc's libcontainer (cgo).
+bin/airlock: FORCE
+	CGO_ENABLED=1 $(GO) build -trimpath -o bin/airlock ./cmd/airlock
+
+setup:
+	scripts/setup.sh
+
+# One command: install what the machine needs, build, build the base template
+# (with progress), serve.
+run: setup build
+	bin/airlock serve --data-dir $(DATA_DIR)
+
+# The whole suite; .ci/run calls exactly this.
+test: setup build
+	scripts/test.sh
+
+bench: build
+	bin/airlock bench --data-dir $(TEST_DATA)
+
+proto:
+	scripts/gen-proto.sh
+
+clean:
+	rm -rf bin
+
+FORCE:

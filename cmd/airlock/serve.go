@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
+	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
+)
+
+type serveConfig struct {
+	apiAddr, sandboxAddr string
+	dataDir              string
+	domain               string
+	maxTimeout           time.Duration
+	templates            []string
+	killOnExit           bool
+	logLevel             string
+}
+
+func serveCmd() *cobra.Command {
+	var c serveConfig
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the E2B-compatible API and the sandbox-traffic proxy",
+		Long: `Run the E2B-compatible control-plane API and the proxy for all sandbox traffic.
+
+The API key comes from AIRLOCK_API_KEY; without it a key is generated once, kept
+in the data dir, and printed. Templates named by --templates are built first if
+needed (a few minutes the first time; progress is shown).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runServe(ctx, c)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.apiAddr, "api-addr", "127.0.0.1:3000", "listen address of the control-plane API")
+	f.StringVar(&c.sandboxAddr, "sandbox-addr", "127.0.0.1:3001", "listen address for all sandbox traffic (E2B_SANDBOX_URL)")
+	f.StringVar(&c.dataDir, "data-dir", "/var/lib/airlock", "directory for templates, sandboxes and state")
+	f.StringVar(&c.domain, "domain", "", "domain sandboxes are reachable under as <port>-<id>.<domain> (optional)")
+	f.DurationVar(&c.maxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+	f.StringSliceVar(&c.templates, "templates", []string{"base"}, "built-in templates to build (if needed) before serving")
+	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
+	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func runServe(ctx context.Context, c serveConfig) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := os.MkdirAll(c.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	dataDir, err := filepath.Abs(c.dataDir)
+	if err != nil {
+		return err
+	}
+	apiKey, err := loadAPIKey(dataDir)
+	if err != nil {
+		return err
+	}
+	envdPath, err := findEnvd()
+	if err != nil {
+		return err
+	}
+
+	// Subsystems, in dependency order: templates, store, runtime, manager, then
+	// the two listeners over the manager.
+	tpls, err := template.Open(template.Options{DataDir: dataDir})
+	if err != nil {
+		return err
+	}
+	for _, name := range c.templates {
+		if _, err := tpls.Ensure(ctx, name, os.Stderr); err != nil {
+			return fmt.Errorf("template %s: %w", name, err)
+		}
+	}
+	db, err := store.OpenSQLite(filepath.Join(dataDir, "airlock.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rt, err := linux.New(filepath.Join(dataDir, "runtime", "linux"), log)
+	if err != nil {
+		return err
+	}
+	mgr := sandbox.New(sandbox.Options{
+		Runtime:    rt,
+		Store:      db,
+		Templates:  templateSource{tpls},
+		DataDir:    dataDir,
+		EnvdPath:   envdPath,
+		MaxTimeout: c.maxTimeout,
+		Logger:     log,
+	})
+	defer mgr.Close()
+	if err := mgr.Recover(ctx); err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+
+	api := e2b.NewHandler(mgr, e2b.Options{
+		Authenticate: func(key string) bool {
+			return subtle.ConstantTimeCompare([]byte(key), []byte(apiKey)) == 1
+		},
+		MaxTimeout: c.maxTimeout,
+		Domain:     c.domain,
+		Logger:     log,
+	})
+	proxy := server.NewProxy(mgr, log)
+
+	apiLn, err := net.Listen("tcp", c.apiAddr)
+	if err != nil {
+		return fmt.Errorf("api listener: %w", err)
+	}
+	sbxLn, err := net.Listen("tcp", c.sandboxAddr)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("sandbox listener: %w", err)
+	}
+	servers := []*http.Server{
+		{Handler: h2c.NewHandler(api, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
+		{Handler: h2c.NewHandler(proxy, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
+	}
+	errc := make(chan error, 2)
+	for i, ln := range []net.Listener{apiLn, sbxLn} {
+		go func() { errc <- servers[i].Serve(ln) }()
+	}
+	fmt.Printf(`
+Airlock is serving. For the E2B SDKs:
+
+  export E2B_API_URL=http://%s
+  export E2B_SANDBOX_URL=http://%s
+  export E2B_API_KEY=%s
+
+`, apiLn.Addr(), sbxLn.Addr(), apiKey)
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		log.Error("listener failed", "err", err)
+	}
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		_ = s.Shutdown(shutdownCtx)
+	}
+	if c.killOnExit {
+		mgr.KillAll(context.Background())
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// loadAPIKey returns AIRLOCK_API_KEY, or the key kept in the data dir, made on
+// first use in the e2b_<40 hex> shape the Python SDK insists on.
+func loadAPIKey(dataDir string) (string, error) {
+	if k := os.Getenv("AIRLOCK_API_KEY"); k != "" {
+		return k, nil
+	}
+	path := filepath.Join(dataDir, "api-key")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	raw := make([]byte, 20)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	key := "e2b_" + hex.EncodeToString(raw)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("save api key: %w", err)
+	}
+	return key, nil
+}
+
+// findEnvd locates the static envd binary: AIRLOCK_ENVD, else beside this
+// executable (make build puts bin/airlock and bin/envd together).
+func findEnvd() (string, error) {
+	if p := os.Getenv("AIRLOCK_ENVD"); p != "" {
+		return filepath.Abs(p)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(exe), "envd")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("envd binary not found beside %s (run `make build`, or set AIRLOCK_ENVD): %w", exe, err)
+	}
+	return p, nil
+}
+
+// templateSource adapts the template store to what the manager needs.
+type templateSource struct{ s *template.Store }
+
+func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Template, error) {
+	tpl, err := t.s.Get(name)
+	if errors.Is(err, template.ErrNotFound) {
+		return sandbox.Template{}, fmt.Errorf("%w: %q", sandbox.ErrTemplateNotFound, name)
+	}
+	if err != nil {
+		return sandbox.Template{}, fmt.Errorf("%w: %w", sandbox.ErrInvalid, err)
+	}
+	return sandbox.Template{
+		ID:             tpl.ID,
+		Alias:          tpl.Alias,
+		Rootfs:         tpl.RootFS,
+		CPUCount:       tpl.Settings.CPUCount,
+		MemoryMB:       tpl.Settings.MemoryMB,
+		DiskSizeMB:     tpl.Settings.DiskSizeMB,
+		DefaultUser:    tpl.Settings.DefaultUser,
+		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
+	}, nil
+}

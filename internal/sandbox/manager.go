@@ -1,0 +1,770 @@
+// Package sandbox owns the life of every sandbox: the state machine, timeouts,
+// metrics sampling and re-adoption after a restart. It is the only writer of
+// sandbox state; the API layers call it and never touch the runtime directly.
+//
+// Create: resolve the template, persist a "creating" record, start the runtime
+// sandbox with envd as its first process, wait until envd answers on its socket,
+// persist "running", arm the end-of-life timer.
+//
+// Kill (by a client or the timer): forget the sandbox (so no new traffic reaches
+// it), destroy it in the runtime (processes, mounts, cgroups, namespaces, upper
+// dir, in that order), delete the record. Teardown runs even if the request that
+// asked for it goes away.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// Template is what the manager needs to know of a built template.
+type Template struct {
+	ID             string
+	Alias          string
+	Rootfs         string
+	CPUCount       int
+	MemoryMB       int
+	DiskSizeMB     int
+	DefaultUser    string
+	DefaultWorkdir string
+}
+
+// Templates resolves a template id or alias to a built template. It returns an
+// error wrapping ErrTemplateNotFound for a name it does not know.
+type Templates interface {
+	Resolve(ctx context.Context, name string) (Template, error)
+}
+
+// Options configure a Manager.
+type Options struct {
+	Runtime   runtime.Runtime
+	Store     store.Store
+	Templates Templates
+	// DataDir holds one directory per sandbox under DataDir/sandboxes.
+	DataDir string
+	// EnvdPath is the host path of the static envd binary, bound read-only into
+	// every sandbox.
+	EnvdPath string
+	// MaxTimeout caps create and setTimeout durations.
+	MaxTimeout time.Duration
+	// MetricsInterval is how often resource use is sampled (default 5 s).
+	MetricsInterval time.Duration
+	// PidsMax limits processes per sandbox (default 4096).
+	PidsMax int64
+	Logger  *slog.Logger
+}
+
+// envdMountPath is where envd appears inside every sandbox.
+const envdMountPath = "/usr/local/bin/envd"
+
+// envdSocketDir is the directory inside the sandbox holding envd's socket; the
+// host side is <sandbox dir>/run.
+const envdSocketDir = "/run/airlock"
+
+// metricsKept bounds the retained samples per sandbox (an hour at 5 s).
+const metricsKept = 720
+
+// Manager owns all sandboxes of one server.
+type Manager struct {
+	opts Options
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*entry
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// entry is a live sandbox. Fields other than the immutable ones are guarded by
+// Manager.mu.
+type entry struct {
+	info      Info
+	rt        runtime.Sandbox
+	dir       string
+	transport *http.Transport
+	timer     *time.Timer
+	metrics   []Metric
+	lastCPU   time.Duration
+	lastAt    time.Time
+}
+
+// New returns a manager; call Recover before serving, and Close at shutdown.
+func New(opts Options) *Manager {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = 24 * time.Hour
+	}
+	if opts.MetricsInterval <= 0 {
+		opts.MetricsInterval = 5 * time.Second
+	}
+	if opts.PidsMax <= 0 {
+		opts.PidsMax = 4096
+	}
+	m := &Manager{
+		opts:      opts,
+		log:       opts.Logger,
+		sandboxes: map[string]*entry{},
+		stop:      make(chan struct{}),
+	}
+	m.wg.Add(1)
+	go m.sampleLoop()
+	return m
+}
+
+func (m *Manager) sandboxDir(id string) string {
+	return filepath.Join(m.opts.DataDir, "sandboxes", id)
+}
+
+// Create starts a sandbox and returns when its envd answers.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
+	if req.Timeout <= 0 {
+		return Info{}, fmt.Errorf("%w: timeout must be positive", ErrInvalid)
+	}
+	if req.Timeout > m.opts.MaxTimeout {
+		return Info{}, fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	}
+	tpl, err := m.opts.Templates.Resolve(ctx, req.Template)
+	if err != nil {
+		return Info{}, err
+	}
+	now := time.Now()
+	info := Info{
+		ID:                  newID(),
+		TemplateID:          tpl.ID,
+		Alias:               tpl.Alias,
+		ClientID:            "airlock",
+		Metadata:            copyMap(req.Metadata),
+		EnvVars:             copyMap(req.EnvVars),
+		StartedAt:           now,
+		EndAt:               now.Add(req.Timeout),
+		State:               StateCreating,
+		CPUCount:            tpl.CPUCount,
+		MemoryMB:            tpl.MemoryMB,
+		DiskSizeMB:          tpl.DiskSizeMB,
+		EnvdVersion:         envd.Version,
+		AllowInternetAccess: req.AllowInternetAccess,
+	}
+	if req.Secure {
+		info.AccessToken = newToken()
+	}
+	// The record exists before the runtime sandbox does, so a crash between the
+	// two leaves something Recover can find and clean.
+	if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
+		return Info{}, err
+	}
+	e, err := m.start(context.WithoutCancel(ctx), info, tpl)
+	if err != nil {
+		_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
+		return Info{}, err
+	}
+	e.info.State = StateRunning
+	if err := m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info)); err != nil {
+		m.teardown(e)
+		_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
+		return Info{}, err
+	}
+	m.mu.Lock()
+	m.sandboxes[info.ID] = e
+	m.armTimerLocked(e)
+	out := e.info
+	m.mu.Unlock()
+	// A first sample right away, off the request path, so metrics exist before
+	// the first tick.
+	go m.sample(e)
+	return out, nil
+}
+
+// start creates the runtime sandbox and waits for envd.
+func (m *Manager) start(ctx context.Context, info Info, tpl Template) (*entry, error) {
+	dir := m.sandboxDir(info.ID)
+	runDir := filepath.Join(dir, "run")
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
+	cfg := envd.Config{
+		SandboxID:      info.ID,
+		TemplateID:     info.TemplateID,
+		AccessToken:    info.AccessToken,
+		EnvVars:        info.EnvVars,
+		DefaultUser:    tpl.DefaultUser,
+		DefaultWorkdir: tpl.DefaultWorkdir,
+		Listen:         []string{"unix:" + envdSocketDir + "/envd.sock", fmt.Sprintf("tcp:127.0.0.1:%d", envd.Port)},
+		DiskPath:       "/",
+	}
+	cfgJSON, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: envd config: %w", info.ID, err)
+	}
+	spec := runtime.Spec{
+		ID:       info.ID,
+		Hostname: "airlock",
+		Lower:    tpl.Rootfs,
+		Dir:      dir,
+		Mounts: []runtime.Mount{
+			{Source: m.opts.EnvdPath, Target: envdMountPath, ReadOnly: true},
+			{Source: runDir, Target: envdSocketDir},
+		},
+		Init: runtime.Process{
+			Args:    []string{envdMountPath},
+			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Stdin:   cfgJSON,
+			LogPath: filepath.Join(m.opts.DataDir, "sandboxes", info.ID+".log"),
+		},
+		Resources: runtime.Resources{
+			CPUs:     float64(tpl.CPUCount),
+			MemoryMB: int64(tpl.MemoryMB),
+			PidsMax:  m.opts.PidsMax,
+		},
+	}
+	rt, err := m.opts.Runtime.Create(ctx, spec)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
+	e := &entry{info: info, rt: rt, dir: dir, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
+		m.teardown(e)
+		return nil, fmt.Errorf("sandbox %s: envd did not start: %w (log: %s)", info.ID, err, spec.Init.LogPath)
+	}
+	return e, nil
+}
+
+// envdTransport reaches one sandbox's envd through its unix socket.
+func envdTransport(socket string) *http.Transport {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0,
+		DisableCompression:    true,
+	}
+}
+
+// waitEnvd polls envd's health endpoint with a short, growing delay: envd is
+// usually up within a few milliseconds, and this is on the create path.
+func waitEnvd(ctx context.Context, tr *http.Transport, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	client := &http.Client{Transport: tr, Timeout: time.Second}
+	var lastErr error
+	for delay := 200 * time.Microsecond; time.Now().Before(deadline); delay = min(delay*2, 10*time.Millisecond) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode < 300 {
+				return nil
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+	return lastErr
+}
+
+// teardown destroys the runtime sandbox and its host files; errors are logged,
+// since there is no one left to tell.
+func (m *Manager) teardown(e *entry) {
+	e.transport.CloseIdleConnections()
+	if err := e.rt.Destroy(context.Background()); err != nil {
+		m.log.Error("sandbox teardown", "id", e.info.ID, "err", err)
+	}
+	_ = os.Remove(filepath.Join(m.opts.DataDir, "sandboxes", e.info.ID+".log"))
+}
+
+func (m *Manager) lookup(id string) (*entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e, nil
+}
+
+// Get returns a sandbox's current info.
+func (m *Manager) Get(_ context.Context, id string) (Info, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		return Info{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e.info, nil
+}
+
+// List returns the sandboxes matching f, oldest first.
+func (m *Manager) List(_ context.Context, f ListFilter) ([]Info, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Info
+	for _, e := range m.sandboxes {
+		if matches(e.info, f) {
+			out = append(out, e.info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].StartedAt.Before(out[j].StartedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+func matches(info Info, f ListFilter) bool {
+	if len(f.States) > 0 {
+		ok := false
+		for _, s := range f.States {
+			ok = ok || s == info.State
+		}
+		if !ok {
+			return false
+		}
+	}
+	for k, v := range f.Metadata {
+		if got, ok := info.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	if f.Template != "" && f.Template != info.TemplateID && f.Template != info.Alias {
+		return false
+	}
+	if !f.StartedAfter.IsZero() && info.StartedAt.Before(f.StartedAfter) {
+		return false
+	}
+	return true
+}
+
+// Kill destroys a sandbox.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	m.mu.Lock()
+	e, ok := m.sandboxes[id]
+	if ok {
+		delete(m.sandboxes, id)
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	m.teardown(e)
+	if err := m.opts.Store.Delete(context.WithoutCancel(ctx), id); err != nil {
+		m.log.Error("forget killed sandbox", "id", id, "err", err)
+	}
+	m.log.Info("sandbox killed", "id", id)
+	return nil
+}
+
+// SetTimeout makes the sandbox end d from now.
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%w: timeout must be positive", ErrInvalid)
+	}
+	if d > m.opts.MaxTimeout {
+		return fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	}
+	m.mu.Lock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	e.info.EndAt = time.Now().Add(d)
+	m.armTimerLocked(e)
+	rec := toRecord(e.info)
+	m.mu.Unlock()
+	return m.opts.Store.Put(ctx, rec)
+}
+
+// Connect returns a running sandbox, resuming it if paused, and extends its
+// life to at least timeout from now.
+func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (Info, bool, error) {
+	if timeout <= 0 {
+		return Info{}, false, fmt.Errorf("%w: timeout must be positive", ErrInvalid)
+	}
+	if timeout > m.opts.MaxTimeout {
+		return Info{}, false, fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	}
+	e, err := m.lookup(id)
+	if err != nil {
+		return Info{}, false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	resumed := false
+	if e.info.State == StatePaused {
+		if err := e.rt.Resume(); err != nil {
+			return Info{}, false, fmt.Errorf("resume %s: %w", id, err)
+		}
+		e.info.State = StateRunning
+		resumed = true
+	}
+	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || resumed {
+		e.info.EndAt = end
+	}
+	m.armTimerLocked(e)
+	if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+		return Info{}, false, err
+	}
+	return e.info, resumed, nil
+}
+
+// Pause freezes every process of the sandbox; its memory stays resident. A
+// paused sandbox does not time out.
+func (m *Manager) Pause(ctx context.Context, id string) error {
+	e, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e.info.State == StatePaused {
+		return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, id)
+	}
+	if err := e.rt.Pause(); err != nil {
+		return fmt.Errorf("pause %s: %w", id, err)
+	}
+	e.info.State = StatePaused
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	return m.opts.Store.Put(ctx, toRecord(e.info))
+}
+
+// Resume is Connect for the older resume endpoint: it fails unless paused.
+func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (Info, error) {
+	info, err := m.Get(ctx, id)
+	if err != nil {
+		return Info{}, err
+	}
+	if info.State != StatePaused {
+		return Info{}, fmt.Errorf("%w: sandbox %q is not paused", ErrConflict, id)
+	}
+	info, _, err = m.Connect(ctx, id, timeout)
+	return info, err
+}
+
+// Metrics returns the retained samples in [start, end]; zero bounds are open.
+func (m *Manager) Metrics(_ context.Context, id string, start, end time.Time) ([]Metric, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	out := []Metric{}
+	for _, s := range e.metrics {
+		if (!start.IsZero() && s.Time.Before(start)) || (!end.IsZero() && s.Time.After(end)) {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// EnvdTransport returns the transport to a running sandbox's envd, for the
+// sandbox-traffic proxy. A paused sandbox has none: its envd cannot answer.
+func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok || e.info.State != StateRunning {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e.transport, nil
+}
+
+// MatchToken returns the ids of running sandboxes for which accept(token) is
+// true; the proxy routes header-less signed /files URLs with it.
+func (m *Manager) MatchToken(accept func(token string) bool) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []string
+	for id, e := range m.sandboxes {
+		if e.info.State == StateRunning && e.info.AccessToken != "" && accept(e.info.AccessToken) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// armTimerLocked (re)schedules the kill at EndAt.
+func (m *Manager) armTimerLocked(e *entry) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	id := e.info.ID
+	e.timer = time.AfterFunc(time.Until(e.info.EndAt), func() { m.expire(id) })
+}
+
+func (m *Manager) expire(id string) {
+	m.mu.Lock()
+	e, ok := m.sandboxes[id]
+	due := ok && e.info.State == StateRunning && !time.Now().Before(e.info.EndAt)
+	m.mu.Unlock()
+	if !due {
+		return
+	}
+	m.log.Info("sandbox timed out", "id", id)
+	if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Error("kill at timeout", "id", id, "err", err)
+	}
+}
+
+func (m *Manager) sampleLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.opts.MetricsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			m.mu.Lock()
+			entries := make([]*entry, 0, len(m.sandboxes))
+			for _, e := range m.sandboxes {
+				if e.info.State == StateRunning {
+					entries = append(entries, e)
+				}
+			}
+			m.mu.Unlock()
+			for _, e := range entries {
+				m.sample(e)
+			}
+		}
+	}
+}
+
+// sample records one metric: CPU use since the previous sample (or since start)
+// as a percentage of the sandbox's CPUs, memory from its cgroup, and disk as the
+// size of its writable layer against its disk size.
+func (m *Manager) sample(e *entry) {
+	st, err := e.rt.Stats()
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prevCPU, prevAt := e.lastCPU, e.lastAt
+	if prevAt.IsZero() {
+		prevAt = e.info.StartedAt
+	}
+	cpus := max(e.info.CPUCount, 1)
+	pct := 0.0
+	if wall := st.Time.Sub(prevAt); wall > 0 {
+		pct = 100 * float64(st.CPUUsage-prevCPU) / float64(wall) / float64(cpus)
+	}
+	e.lastCPU, e.lastAt = st.CPUUsage, st.Time
+	memTotal := st.MemoryLimit
+	if memTotal <= 0 || memTotal > int64(e.info.MemoryMB)<<20 {
+		memTotal = int64(e.info.MemoryMB) << 20
+	}
+	e.metrics = append(e.metrics, Metric{
+		Time:       st.Time,
+		CPUCount:   e.info.CPUCount,
+		CPUUsedPct: min(max(pct, 0), 100),
+		MemUsed:    st.MemoryUsed,
+		MemTotal:   memTotal,
+		MemCache:   st.MemoryCache,
+		DiskUsed:   st.WritableBytes,
+		DiskTotal:  int64(e.info.DiskSizeMB) << 20,
+	})
+	if len(e.metrics) > metricsKept {
+		e.metrics = e.metrics[len(e.metrics)-metricsKept:]
+	}
+}
+
+// Recover re-adopts the sandboxes a previous server left running and cleans up
+// everything else it left: records of dead sandboxes, runtime sandboxes with no
+// record, and stray sandbox directories.
+func (m *Manager) Recover(ctx context.Context) error {
+	recs, err := m.opts.Store.List(ctx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		info := fromRecord(rec)
+		rt, err := m.opts.Runtime.Load(rec.ID)
+		alive := err == nil
+		var st runtime.Status
+		if alive {
+			st, err = rt.Status()
+			alive = err == nil && (st == runtime.StatusRunning || st == runtime.StatusPaused)
+		}
+		if alive && info.State == StateCreating {
+			alive = false
+		}
+		if alive && st == runtime.StatusRunning && !time.Now().Before(info.EndAt) {
+			alive = false
+		}
+		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
+			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock"))}
+		if alive && st == runtime.StatusRunning {
+			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
+				alive = false
+			}
+		}
+		if !alive {
+			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID)
+			if rt != nil {
+				m.teardown(e)
+			} else {
+				_ = removeSandboxDir(e.dir)
+			}
+			if err := m.opts.Store.Delete(ctx, rec.ID); err != nil {
+				return err
+			}
+			continue
+		}
+		if st == runtime.StatusPaused {
+			e.info.State = StatePaused
+		} else {
+			e.info.State = StateRunning
+		}
+		m.mu.Lock()
+		m.sandboxes[rec.ID] = e
+		if e.info.State == StateRunning {
+			m.armTimerLocked(e)
+		}
+		m.mu.Unlock()
+		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
+	}
+	ids, err := m.opts.Runtime.List()
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if known[id] {
+			continue
+		}
+		if rt, err := m.opts.Runtime.Load(id); err == nil {
+			m.log.Info("destroying orphaned sandbox", "id", id)
+			_ = rt.Destroy(ctx)
+		}
+	}
+	dirs, _ := os.ReadDir(filepath.Join(m.opts.DataDir, "sandboxes"))
+	for _, d := range dirs {
+		id := d.Name()
+		if d.IsDir() && !known[id] {
+			_ = removeSandboxDir(filepath.Join(m.opts.DataDir, "sandboxes", id))
+		}
+	}
+	return nil
+}
+
+// removeSandboxDir removes a sandbox directory whose runtime state is gone,
+// unmounting a leftover overlay first.
+func removeSandboxDir(dir string) error {
+	_ = mountutil.Unmount(filepath.Join(dir, "rootfs"))
+	return mountutil.RemoveAll(dir)
+}
+
+// Close stops background work. Sandboxes keep running: a restarted server
+// re-adopts them.
+func (m *Manager) Close() {
+	close(m.stop)
+	m.wg.Wait()
+	m.mu.Lock()
+	for _, e := range m.sandboxes {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+		e.transport.CloseIdleConnections()
+	}
+	m.mu.Unlock()
+}
+
+// KillAll destroys every sandbox (for tests and `serve --kill-on-exit`).
+func (m *Manager) KillAll(ctx context.Context) {
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.sandboxes))
+	for id := range m.sandboxes {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = m.Kill(ctx, id) }()
+	}
+	wg.Wait()
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// newID returns 20 characters of [a-z0-9], the shape E2B's SDKs and host-based
+// routing expect.
+func newID() string {
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
+}
+
+func newToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func copyMap(in map[string]string) map[string]string {
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+func toRecord(i Info) store.Sandbox {
+	return store.Sandbox{
+		ID: i.ID, TemplateID: i.TemplateID, Alias: i.Alias, ClientID: i.ClientID,
+		Metadata: i.Metadata, EnvVars: i.EnvVars, AccessToken: i.AccessToken,
+		StartedAt: i.StartedAt, EndAt: i.EndAt, State: string(i.State),
+		CPUCount: i.CPUCount, MemoryMB: i.MemoryMB, DiskSizeMB: i.DiskSizeMB,
+		AllowInternet: i.AllowInternetAccess,
+	}
+}
+
+func fromRecord(r store.Sandbox) Info {
+	return Info{
+		ID: r.ID, TemplateID: r.TemplateID, Alias: r.Alias, ClientID: r.ClientID,
+		Metadata: r.Metadata, EnvVars: r.EnvVars, AccessToken: r.AccessToken,
+		StartedAt: r.StartedAt, EndAt: r.EndAt, State: State(r.State),
+		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB,
+		EnvdVersion: envd.Version, AllowInternetAccess: r.AllowInternet,
+	}
+}

@@ -1,0 +1,200 @@
+// Package server holds Airlock's HTTP listeners: the control-plane API and the
+// sandbox-traffic proxy that routes every SDK request for a sandbox to the
+// envd inside it (spec/e2b-compat.md §1.4, §1.5).
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/airlock-sandbox/airlock/internal/envd"
+)
+
+// Sandboxes is what the proxy needs from the sandbox manager.
+type Sandboxes interface {
+	// EnvdTransport returns the transport to a running sandbox's envd, or an
+	// error when the sandbox is unknown, dead or paused.
+	EnvdTransport(id string) (http.RoundTripper, error)
+	// MatchToken returns the running sandboxes whose access token accept takes.
+	MatchToken(accept func(token string) bool) []string
+}
+
+var validID = regexp.MustCompile(`^[a-z0-9]+$`)
+
+var (
+	errMissingRoute = errors.New("missing header: E2b-Sandbox-Id (or a Host of the form <port>-<sandboxID>.<domain>)")
+	errBadSignature = errors.New("invalid signature")
+)
+
+// Proxy routes sandbox traffic. A request names its sandbox and port by the
+// E2b-Sandbox-Id / E2b-Sandbox-Port headers (the E2B_SANDBOX_URL case), by a
+// Host of the form <port>-<id>.<domain>, or, for header-less signed /files URLs
+// handed out by downloadUrl/uploadUrl, by which sandbox's token made the
+// signature.
+type Proxy struct {
+	sandboxes Sandboxes
+	log       *slog.Logger
+	rp        *httputil.ReverseProxy
+}
+
+// NewProxy returns the sandbox-traffic handler.
+func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{sandboxes: s, log: log}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme = "http"
+			r.Out.URL.Host = "envd"
+			r.Out.Host = "envd"
+			// envd has no use for where the client thought it was connecting.
+			r.Out.Header.Del("Forwarded")
+		},
+		Transport: routedTransport{},
+		// Streams (process output, watch events) must reach the client as they
+		// are produced.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			rt := r.Context().Value(routeKey{}).(route)
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			log.Debug("sandbox proxy", "sandbox", rt.id, "err", err)
+			sandboxGone(w, rt.id)
+		},
+	}
+	return p
+}
+
+type routeKey struct{}
+
+type route struct {
+	id        string
+	port      int
+	transport http.RoundTripper
+}
+
+// routedTransport sends a request over the transport the router chose for it.
+type routedTransport struct{}
+
+func (routedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return r.Context().Value(routeKey{}).(route).transport.RoundTrip(r)
+}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, err := p.target(r)
+	if errors.Is(err, errBadSignature) {
+		// Same answer envd gives a wrong signature, so a tampered signed URL
+		// fails the same way whether or not it could be routed.
+		writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature"})
+		return
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if port != envd.Port {
+		// Only envd is reachable for now; user ports need the sandbox network.
+		writeJSON(w, http.StatusBadGateway, map[string]any{
+			"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway,
+		})
+		return
+	}
+	tr, err := p.sandboxes.EnvdTransport(id)
+	if err != nil {
+		sandboxGone(w, id)
+		return
+	}
+	ctx := context.WithValue(r.Context(), routeKey{}, route{id: id, port: port, transport: tr})
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// target finds the sandbox id and port a request is for.
+func (p *Proxy) target(r *http.Request) (string, int, error) {
+	idHdr, portHdr := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	host := hostOnly(r.Host)
+	if idHdr != "" || portHdr != "" {
+		if idHdr == "" {
+			return "", 0, errors.New("missing header: E2b-Sandbox-Id")
+		}
+		if portHdr == "" {
+			return "", 0, errors.New("missing header: E2b-Sandbox-Port")
+		}
+		return parseTarget(idHdr, portHdr)
+	}
+	if label, _, ok := strings.Cut(host, "."); ok && net.ParseIP(host) == nil {
+		if portStr, id, ok := strings.Cut(label, "-"); ok {
+			return parseTarget(id, portStr)
+		}
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+		return p.bySignature(r)
+	}
+	return "", 0, errMissingRoute
+}
+
+func parseTarget(id, portStr string) (string, int, error) {
+	if !validID.MatchString(id) {
+		return "", 0, errors.New("invalid sandbox ID")
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", 0, errors.New("invalid sandbox port")
+	}
+	return id, port, nil
+}
+
+// bySignature finds the one sandbox whose access token produced the URL's
+// signature. Signed URLs carry no sandbox id; a signature is a keyed hash, so
+// at most one live token matches.
+func (p *Proxy) bySignature(r *http.Request) (string, int, error) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+		op = "write"
+	}
+	var exp int64
+	if s := q.Get("signature_expiration"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return "", 0, errors.New("invalid signature_expiration")
+		}
+		exp = v
+	}
+	sig, path, user := q.Get("signature"), q.Get("path"), q.Get("username")
+	ids := p.sandboxes.MatchToken(func(token string) bool {
+		return envd.FileSignature(path, op, user, token, exp) == sig
+	})
+	if len(ids) != 1 {
+		return "", 0, errBadSignature
+	}
+	return ids[0], envd.Port, nil
+}
+
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return hostport
+}
+
+func sandboxGone(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite: static checks, Go unit and integration tests (real
+# sandboxes, runtime conformance, leak test), then the SDK conformance suite
+# with the official npm `e2b` package against a real `airlock serve`.
+# Templates are cached in $AIRLOCK_TEST_DATA_DIR (outside the clone), so only
+# the first run on a machine pays for debootstrap.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+export AIRLOCK_TEST_DATA_DIR="${AIRLOCK_TEST_DATA_DIR:-/var/lib/airlock-test}"
+export AIRLOCK_TEST_REQUIRE=1   # a test that lacks root or a template fails, never skips
+export AIRLOCK_ENVD="$PWD/bin/envd"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "gofmt and go vet"
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
+go vet ./...
+
+step "base template (cached in $AIRLOCK_TEST_DATA_DIR)"
+bin/airlock template build base --data-dir "$AIRLOCK_TEST_DATA_DIR"
+
+step "Go tests"
+# Fuzz targets run over their seed corpus here; bounded fuzzing is below.
+go test -count=1 -timeout 20m ./...
+
+step "bounded fuzzing"
+go test -run '^$' -fuzz FuzzCreateBody -fuzztime 15s ./internal/e2b
+go test -run '^$' -fuzz FuzzListQuery -fuzztime 15s ./internal/e2b
+
+step "SDK conformance (npm e2b against airlock serve)"
+AIRLOCK_DATA_DIR="$AIRLOCK_TEST_DATA_DIR" tests/sdk/run.sh bin/airlock
