@@ -74,41 +74,75 @@ func runServe(ctx context.Context, c serveConfig) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	inst, err := start(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	fmt.Printf(`
+Airlock is serving. For the E2B SDKs:
+
+  export E2B_API_URL=%s
+  export E2B_SANDBOX_URL=%s
+  export E2B_API_KEY=%s
+
+`, inst.apiURL, inst.sandboxURL, inst.apiKey)
+	select {
+	case <-ctx.Done():
+	case err = <-inst.errc:
+		log.Error("listener failed", "err", err)
+	}
+	log.Info("shutting down")
+	inst.close(c.killOnExit)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// instance is a running server: both listeners over one manager.
+type instance struct {
+	apiURL, sandboxURL, apiKey string
+	mgr                        *sandbox.Manager
+	tpls                       *template.Store
+	errc                       chan error
+	close                      func(killAll bool)
+}
+
+// start assembles and starts every subsystem, in dependency order: templates,
+// store, runtime, manager, then the two listeners over the manager.
+func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, error) {
 	if err := os.MkdirAll(c.dataDir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+		return nil, fmt.Errorf("data dir: %w", err)
 	}
 	dataDir, err := filepath.Abs(c.dataDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	apiKey, err := loadAPIKey(dataDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	envdPath, err := findEnvd()
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	// Subsystems, in dependency order: templates, store, runtime, manager, then
-	// the two listeners over the manager.
 	tpls, err := template.Open(template.Options{DataDir: dataDir})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, name := range c.templates {
 		if _, err := tpls.Ensure(ctx, name, os.Stderr); err != nil {
-			return fmt.Errorf("template %s: %w", name, err)
+			return nil, fmt.Errorf("template %s: %w", name, err)
 		}
 	}
 	db, err := store.OpenSQLite(filepath.Join(dataDir, "airlock.db"))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer db.Close()
 	rt, err := linux.New(filepath.Join(dataDir, "runtime", "linux"), log)
 	if err != nil {
-		return err
+		db.Close()
+		return nil, err
 	}
 	mgr := sandbox.New(sandbox.Options{
 		Runtime:    rt,
@@ -119,11 +153,11 @@ func runServe(ctx context.Context, c serveConfig) error {
 		MaxTimeout: c.maxTimeout,
 		Logger:     log,
 	})
-	defer mgr.Close()
 	if err := mgr.Recover(ctx); err != nil {
-		return fmt.Errorf("recover sandboxes: %w", err)
+		mgr.Close()
+		db.Close()
+		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
-
 	api := e2b.NewHandler(mgr, e2b.Options{
 		Authenticate: func(key string) bool {
 			return subtle.ConstantTimeCompare([]byte(key), []byte(apiKey)) == 1
@@ -134,50 +168,49 @@ func runServe(ctx context.Context, c serveConfig) error {
 	})
 	proxy := server.NewProxy(mgr, log)
 
-	apiLn, err := net.Listen("tcp", c.apiAddr)
-	if err != nil {
-		return fmt.Errorf("api listener: %w", err)
-	}
-	sbxLn, err := net.Listen("tcp", c.sandboxAddr)
-	if err != nil {
-		apiLn.Close()
-		return fmt.Errorf("sandbox listener: %w", err)
+	var lns []net.Listener
+	for _, addr := range []string{c.apiAddr, c.sandboxAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			mgr.Close()
+			db.Close()
+			return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		lns = append(lns, ln)
 	}
 	servers := []*http.Server{
 		{Handler: h2c.NewHandler(api, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
 		{Handler: h2c.NewHandler(proxy, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
 	}
-	errc := make(chan error, 2)
-	for i, ln := range []net.Listener{apiLn, sbxLn} {
-		go func() { errc <- servers[i].Serve(ln) }()
+	inst := &instance{
+		apiURL:     "http://" + lns[0].Addr().String(),
+		sandboxURL: "http://" + lns[1].Addr().String(),
+		apiKey:     apiKey,
+		mgr:        mgr,
+		tpls:       tpls,
+		errc:       make(chan error, 2),
 	}
-	fmt.Printf(`
-Airlock is serving. For the E2B SDKs:
-
-  export E2B_API_URL=http://%s
-  export E2B_SANDBOX_URL=http://%s
-  export E2B_API_KEY=%s
-
-`, apiLn.Addr(), sbxLn.Addr(), apiKey)
-
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-		log.Error("listener failed", "err", err)
+	for i, ln := range lns {
+		go func() { inst.errc <- servers[i].Serve(ln) }()
 	}
-	log.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, s := range servers {
-		_ = s.Shutdown(shutdownCtx)
+	// Teardown in reverse: stop taking requests, then (optionally) kill the
+	// sandboxes, stop the manager's background work, close the store.
+	inst.close = func(killAll bool) {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(shutdownCtx)
+		}
+		if killAll {
+			mgr.KillAll(context.Background())
+		}
+		mgr.Close()
+		db.Close()
 	}
-	if c.killOnExit {
-		mgr.KillAll(context.Background())
-	}
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
-	return err
+	return inst, nil
 }
 
 // loadAPIKey returns AIRLOCK_API_KEY, or the key kept in the data dir, made on

@@ -1,0 +1,315 @@
+// Package bench measures what users feel: time to interactive (create a sandbox,
+// then the first command's result, over the same wire calls the E2B SDK makes)
+// and the round trip of a trivial command, next to baselines measured in the
+// same run on the same machine: plain fork+exec, and `runc run` on the same
+// root filesystem.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+)
+
+// Config says where the server is and how much to measure.
+type Config struct {
+	APIURL, SandboxURL, APIKey string
+	Template                   string
+	// Rootfs is the template's root filesystem, for the runc baseline.
+	Rootfs string
+	// Sequential and Concurrent are the numbers of creates measured one after
+	// another and all at once; RoundTrips the number of commands in one sandbox.
+	Sequential, Concurrent, RoundTrips int
+	// Progress receives one line per finished measurement.
+	Progress io.Writer
+}
+
+// Row is one measured series.
+type Row struct {
+	Name    string
+	Samples []time.Duration
+	Note    string
+}
+
+// Run performs every measurement and returns the rows in display order.
+func Run(ctx context.Context, cfg Config) ([]Row, error) {
+	c := newClient(cfg)
+	var rows []Row
+	add := func(r Row) {
+		rows = append(rows, r)
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "measured %s (%d samples)\n", r.Name, len(r.Samples))
+		}
+	}
+
+	add(forkExec(cfg.RoundTrips))
+	add(runcRun(ctx, cfg.Rootfs, min(cfg.Sequential, 30)))
+
+	// Warm-up: the first create pays for page-cache misses of the template.
+	if _, err := c.createAndRun(ctx); err != nil {
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+
+	seq := Row{Name: fmt.Sprintf("TTI: create + first commands.run, %d sequential", cfg.Sequential)}
+	for i := 0; i < cfg.Sequential; i++ {
+		d, err := c.createAndRun(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sequential create %d: %w", i, err)
+		}
+		seq.Samples = append(seq.Samples, d)
+	}
+	add(seq)
+
+	conc := Row{Name: fmt.Sprintf("TTI: create + first commands.run, %d concurrent", cfg.Concurrent)}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	for i := 0; i < cfg.Concurrent; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := c.createAndRun(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			conc.Samples = append(conc.Samples, d)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("concurrent creates: %w", errors.Join(errs...))
+	}
+	add(conc)
+
+	sb, err := c.create(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+	if _, err := c.run(ctx, sb, "true"); err != nil {
+		return nil, err
+	}
+	rt := Row{Name: fmt.Sprintf("commands.run('true') round trip, %d in one sandbox", cfg.RoundTrips)}
+	for i := 0; i < cfg.RoundTrips; i++ {
+		start := time.Now()
+		if _, err := c.run(ctx, sb, "true"); err != nil {
+			return nil, err
+		}
+		rt.Samples = append(rt.Samples, time.Since(start))
+	}
+	add(rt)
+	return rows, nil
+}
+
+// forkExec is the floor: starting /bin/true on the host with no isolation.
+func forkExec(n int) Row {
+	r := Row{Name: fmt.Sprintf("baseline: fork+exec /bin/true on the host, %d", n)}
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			r.Note = err.Error()
+			return r
+		}
+		r.Samples = append(r.Samples, time.Since(start))
+	}
+	return r
+}
+
+// runcRun is the reference container runtime starting /bin/true on the same
+// template root filesystem (read-only, its own namespaces and cgroup).
+func runcRun(ctx context.Context, rootfs string, n int) Row {
+	r := Row{Name: fmt.Sprintf("baseline: runc run /bin/true on the template rootfs, %d", n)}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		r.Note = "runc not installed"
+		return r
+	}
+	bundle, err := os.MkdirTemp("", "airlock-bench-runc-")
+	if err != nil {
+		r.Note = err.Error()
+		return r
+	}
+	defer os.RemoveAll(bundle)
+	if out, err := exec.CommandContext(ctx, runc, "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		r.Note = fmt.Sprintf("runc spec: %v: %s", err, out)
+		return r
+	}
+	cfgPath := filepath.Join(bundle, "config.json")
+	var spec map[string]any
+	raw, _ := os.ReadFile(cfgPath)
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		r.Note = err.Error()
+		return r
+	}
+	spec["root"] = map[string]any{"path": rootfs, "readonly": true}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = []string{"/bin/true"}
+	linux := spec["linux"].(map[string]any)
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("airlock-bench-%d-%d", os.Getpid(), i)
+		// Keep runc's cgroup under Airlock's own parent, like the sandboxes'.
+		linux["cgroupsPath"] = "/airlock/" + id
+		raw, _ = json.Marshal(spec)
+		if err := os.WriteFile(cfgPath, raw, 0o644); err != nil {
+			r.Note = err.Error()
+			return r
+		}
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, runc, "run", "--bundle", bundle, id)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			r.Note = fmt.Sprintf("runc run: %v: %s", err, bytes.TrimSpace(out))
+			_ = exec.Command(runc, "delete", "--force", id).Run()
+			return r
+		}
+		r.Samples = append(r.Samples, time.Since(start))
+	}
+	return r
+}
+
+// Print writes rows as a table with p50, p99, mean and max in milliseconds.
+func Print(w io.Writer, rows []Row) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "measurement\tn\tp50 ms\tp99 ms\tmean ms\tmax ms\t")
+	for _, r := range rows {
+		if len(r.Samples) == 0 {
+			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t%s\n", r.Name, r.Note)
+			continue
+		}
+		s := append([]time.Duration(nil), r.Samples...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", r.Name, len(s),
+			ms(Percentile(s, 50)), ms(Percentile(s, 99)), ms(sum/time.Duration(len(s))), ms(s[len(s)-1]))
+	}
+	tw.Flush()
+}
+
+// Percentile of sorted samples, nearest-rank.
+func Percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := (p*len(sorted) + 99) / 100
+	return sorted[min(max(i-1, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+// client speaks the E2B wire protocol the way the JS SDK does: REST to the API,
+// Connect JSON to envd through the sandbox URL with routing headers.
+type client struct {
+	cfg  Config
+	http *http.Client
+	proc processconnect.ProcessClient
+}
+
+func newClient(cfg Config) *client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 256}
+	hc := &http.Client{Transport: tr}
+	return &client{
+		cfg:  cfg,
+		http: hc,
+		proc: processconnect.NewProcessClient(hc, strings.TrimRight(cfg.SandboxURL, "/"), connect.WithProtoJSON()),
+	}
+}
+
+type sandboxResp struct {
+	SandboxID       string `json:"sandboxID"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+}
+
+func (c *client) create(ctx context.Context) (sandboxResp, error) {
+	body, _ := json.Marshal(map[string]any{"templateID": c.cfg.Template, "timeout": 300})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.APIURL+"/v2/sandboxes", bytes.NewReader(body))
+	req.Header.Set("X-API-KEY", c.cfg.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return sandboxResp{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		return sandboxResp{}, fmt.Errorf("create: %s: %s", resp.Status, b)
+	}
+	var sb sandboxResp
+	return sb, json.Unmarshal(b, &sb)
+}
+
+func (c *client) kill(ctx context.Context, id string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, c.cfg.APIURL+"/sandboxes/"+id, nil)
+	req.Header.Set("X-API-KEY", c.cfg.APIKey)
+	if resp, err := c.http.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// run is commands.run: Start /bin/bash -l -c cmd and read the stream to its end.
+func (c *client) run(ctx context.Context, sb sandboxResp, cmd string) (int32, error) {
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
+	})
+	req.Header().Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header().Set("E2b-Sandbox-Port", "49983")
+	req.Header().Set("X-Access-Token", sb.EnvdAccessToken)
+	stream, err := c.proc.Start(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			return end.GetExitCode(), nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("stream ended without an end event")
+}
+
+// createAndRun is time to interactive; the kill afterwards is not timed.
+func (c *client) createAndRun(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	sb, err := c.create(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+	code, err := c.run(ctx, sb, "true")
+	if err != nil {
+		return 0, err
+	}
+	if code != 0 {
+		return 0, fmt.Errorf("true exited %d", code)
+	}
+	return time.Since(start), nil
+}
