@@ -113,7 +113,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	}
 	// The init process is our child until we exit; reap it so it does not stay a
 	// zombie. After a restart of ours, the host's init reaps it instead.
-	go func() { _, _ = proc.Wait() }()
+	s.reaped = make(chan struct{})
+	go func() {
+		_, _ = proc.Wait()
+		close(s.reaped)
+	}()
 	return s, nil
 }
 
@@ -290,6 +294,9 @@ type sandbox struct {
 	stateRoot string
 	c         *libcontainer.Container
 	log       *slog.Logger
+	// reaped is closed once we have reaped the init process; nil when the
+	// sandbox was loaded and its init is not our child.
+	reaped chan struct{}
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -383,6 +390,12 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("kill: %w", err))
 		}
 		waitStopped(ctx, s.c)
+		if s.reaped != nil {
+			select {
+			case <-s.reaped:
+			case <-time.After(5 * time.Second):
+			}
+		}
 		if err := s.c.Destroy(); err != nil {
 			errs = append(errs, fmt.Errorf("destroy container: %w", err))
 		}
