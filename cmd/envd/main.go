@@ -1,0 +1,66 @@
+// Command envd is the in-sandbox agent. The host starts it as the sandbox's first
+// process and writes one JSON envd.Config object to its stdin.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/airlock-sandbox/airlock/internal/envd"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	level := slog.LevelInfo
+	if strings.EqualFold(os.Getenv("ENVD_LOG_LEVEL"), "debug") {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if len(os.Args) > 1 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
+		fmt.Println(envd.Version)
+		return 0
+	}
+
+	// Decode exactly one JSON value rather than reading to EOF: startup then does
+	// not depend on when the host closes the pipe.
+	var raw json.RawMessage
+	if err := json.NewDecoder(io.LimitReader(os.Stdin, 4<<20)).Decode(&raw); err != nil {
+		logger.Error("reading config from stdin", "err", err)
+		return 2
+	}
+	os.Stdin.Close()
+
+	if os.Getpid() == 1 && os.Getenv(envd.ChildEnv) == "" {
+		return envd.RunReaper(raw, logger)
+	}
+	os.Unsetenv(envd.ChildEnv)
+
+	var cfg envd.Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		logger.Error("parsing config", "err", err)
+		return 2
+	}
+	srv, err := envd.NewServer(cfg, logger)
+	if err != nil {
+		logger.Error("invalid config", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := srv.Serve(ctx); err != nil {
+		logger.Error("serve", "err", err)
+		return 1
+	}
+	return 0
+}

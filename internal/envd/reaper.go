@@ -1,0 +1,78 @@
+package envd
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// ChildEnv marks the re-executed server process so it does not become a reaper
+// again. Its value is irrelevant.
+const ChildEnv = "AIRLOCK_ENVD_CHILD"
+
+// RunReaper is what envd does when it is a sandbox's pid 1. Orphans of every
+// process in the sandbox are re-parented to pid 1, and something must wait for them
+// or they stay zombies forever. Doing that in the server itself would race with
+// os/exec, whose Wait must see its own children's exit statuses; so pid 1 re-execs
+// envd as its only direct child, passes the config on through a pipe (the access
+// token never touches the environment or a file), and does nothing but reap,
+// forward termination signals, and exit with the server's status. When pid 1
+// exits, the kernel kills the rest of the sandbox, which is the intended teardown.
+func RunReaper(config []byte, logger *slog.Logger) int {
+	exe := "/proc/self/exe"
+	if _, err := os.Stat(exe); err != nil {
+		exe = os.Args[0]
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		logger.Error("reaper: pipe", "err", err)
+		return 1
+	}
+	// Register before the child exists so no signal falls between the cracks.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	child, err := os.StartProcess(exe, os.Args, &os.ProcAttr{
+		Env:   append(os.Environ(), ChildEnv+"=1"),
+		Files: []*os.File{r, os.Stdout, os.Stderr},
+	})
+	r.Close()
+	if err != nil {
+		w.Close()
+		logger.Error("reaper: starting envd server", "err", err)
+		return 1
+	}
+	go func() {
+		_, _ = w.Write(config)
+		w.Close()
+	}()
+	go func() {
+		for sig := range sigs {
+			_ = child.Signal(sig)
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			// ECHILD: nothing left to wait for, which means the server is gone too.
+			logger.Error("reaper: wait4", "err", err)
+			return 1
+		}
+		if pid != child.Pid {
+			continue
+		}
+		switch {
+		case ws.Exited():
+			logger.Info("envd server exited", "status", ws.ExitStatus())
+			return ws.ExitStatus()
+		case ws.Signaled():
+			logger.Info("envd server killed", "signal", ws.Signal().String())
+			return 128 + int(ws.Signal())
+		}
+	}
+}

@@ -1,0 +1,419 @@
+// Package envd is the in-sandbox agent: it serves the E2B envd protocol (spec §3)
+// — Connect RPC process and filesystem services plus /files, /health, /envs and
+// /metrics — over the listeners the host asks for.
+package envd
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+)
+
+// maxRPCMessage bounds a single Connect request message (SendInput payloads are
+// the only large ones); anything bigger is refused rather than buffered.
+const maxRPCMessage = 32 << 20
+
+// Server is one envd instance: the state of the processes and watchers it started
+// and the HTTP handler that exposes them.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	users UserDB
+
+	sandboxEnv [][2]string // ordered sandbox-level env vars, E2B_* last
+
+	procs    *processManager
+	watchers *watcherRegistry
+	metrics  cpuSampler
+
+	handler http.Handler
+	ready   chan struct{}
+
+	defaultUserOnce sync.Once
+}
+
+// Option adjusts a Server at construction.
+type Option func(*Server)
+
+// WithUserDB replaces the sandbox's /etc/passwd and /etc/group as the source of
+// users; tests use it to describe accounts that do not exist on the host.
+func WithUserDB(db UserDB) Option {
+	return func(s *Server) { s.users = db }
+}
+
+// NewServer builds an envd server. It does no I/O beyond what the options need, so
+// a sandbox reaches its listening state as early as possible.
+func NewServer(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      logger,
+		procs:    newProcessManager(),
+		watchers: newWatcherRegistry(),
+		ready:    make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.users == nil {
+		s.users = &EtcUserDB{Root: "/"}
+	}
+	keys := make([]string, 0, len(cfg.EnvVars))
+	for k := range cfg.EnvVars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, fmt.Errorf("invalid sandbox env var name %q", k)
+		}
+		s.sandboxEnv = append(s.sandboxEnv, [2]string{k, cfg.EnvVars[k]})
+	}
+	s.sandboxEnv = append(s.sandboxEnv,
+		[2]string{"E2B_SANDBOX", "true"},
+		[2]string{"E2B_SANDBOX_ID", cfg.SandboxID},
+		[2]string{"E2B_TEMPLATE_ID", cfg.TemplateID},
+	)
+	for _, l := range cfg.Listen {
+		if _, _, err := parseListen(l); err != nil {
+			return nil, err
+		}
+	}
+	s.handler = s.buildHandler()
+	return s, nil
+}
+
+// Handler serves the whole envd protocol; tests mount it on httptest servers.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Ready is closed once Serve has bound every listener.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+func parseListen(addr string) (network, address string, err error) {
+	network, address, ok := strings.Cut(addr, ":")
+	if !ok || address == "" || (network != "unix" && network != "tcp") {
+		return "", "", fmt.Errorf("invalid listen address %q (want unix:/path or tcp:host:port)", addr)
+	}
+	return network, address, nil
+}
+
+func listen(addr string) (net.Listener, error) {
+	network, address, err := parseListen(addr)
+	if err != nil {
+		return nil, err
+	}
+	if network == "unix" {
+		// A socket left by a previous envd (a restarted sandbox) would make bind fail.
+		if fi, err := os.Lstat(address); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			_ = os.Remove(address)
+		}
+		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
+			return nil, fmt.Errorf("creating socket dir: %w", err)
+		}
+		l, err := net.Listen("unix", address)
+		if err != nil {
+			return nil, err
+		}
+		// Only root (envd, and the host through the mount) may talk to envd directly:
+		// sandbox users reach it over TCP like on E2B, with the access token.
+		if err := os.Chmod(address, 0o600); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("chmod socket: %w", err)
+		}
+		return l, nil
+	}
+	return net.Listen("tcp", address)
+}
+
+// Serve listens on every Config.Listen address and serves until ctx ends. Running
+// processes are killed on the way out: a stopping envd means a stopping sandbox.
+func (s *Server) Serve(ctx context.Context) error {
+	if len(s.cfg.Listen) == 0 {
+		return errors.New("no listen addresses configured")
+	}
+	var listeners []net.Listener
+	for _, addr := range s.cfg.Listen {
+		l, err := listen(addr)
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		listeners = append(listeners, l)
+	}
+	// HTTP/2 without TLS (h2c, prior knowledge) comes from net/http itself, which
+	// spares the binary the x/net copy of the HTTP/2 stack.
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           s.handler,
+		Protocols:         protocols,
+		ReadHeaderTimeout: 30 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func(l net.Listener) { errc <- srv.Serve(l) }(l)
+	}
+	close(s.ready)
+	s.log.Info("envd ready", "version", Version, "listen", s.cfg.Listen, "pid", os.Getpid())
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	srv.Close()
+	s.procs.killAll()
+	s.watchers.closeAll()
+	for _, addr := range s.cfg.Listen {
+		if network, address, _ := parseListen(addr); network == "unix" {
+			_ = os.Remove(address)
+		}
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func (s *Server) buildHandler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(authInterceptor{token: s.cfg.AccessToken}),
+		connect.WithReadMaxBytes(maxRPCMessage),
+		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, v any) error {
+			s.log.Error("rpc handler panicked", "procedure", spec.Procedure, "panic", v, "stack", string(debug.Stack()))
+			return connect.NewError(connect.CodeInternal, errors.New("internal error"))
+		}),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(&processService{srv: s}, opts...))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{srv: s}, opts...))
+	mux.HandleFunc("/health", s.handleHealth)
+	mux.HandleFunc("/files", s.handleFiles)
+	mux.Handle("/envs", s.requireToken(http.HandlerFunc(s.handleEnvs)))
+	mux.Handle("/metrics", s.requireToken(http.HandlerFunc(s.handleMetrics)))
+	mux.Handle("/", s.requireToken(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSONError(w, http.StatusNotFound, "not found")
+	})))
+	return s.recoverHTTP(cors(mux))
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handleEnvs(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	out := make(map[string]string, len(s.sandboxEnv))
+	for _, kv := range s.sandboxEnv {
+		out[kv[0]] = kv[1]
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// recoverHTTP keeps a bug in a plain-HTTP handler from taking envd (and with it
+// the sandbox) down.
+func (s *Server) recoverHTTP(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("http handler panicked", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				writeJSONError(w, http.StatusInternalServerError, "internal error")
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cors lets browser SDKs talk to envd directly (spec §3.7).
+func cors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Access-Control-Expose-Headers", strings.Join([]string{
+			"Connect-Protocol-Version", "Connect-Timeout-Ms", "Connect-Content-Encoding",
+			"Connect-Accept-Encoding", "Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin",
+			"Content-Encoding", "Content-Disposition", "Content-Length", "X-Envd-Version",
+		}, ", "))
+		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+			h.Set("Access-Control-Allow-Methods", "HEAD, GET, POST, PUT, PATCH, DELETE")
+			if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+				h.Set("Access-Control-Allow-Headers", req)
+			} else {
+				h.Set("Access-Control-Allow-Headers", "*")
+			}
+			h.Set("Access-Control-Max-Age", "7200")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const unauthorizedMessage = "unauthorized access, please provide a valid access token or method signing if supported"
+
+func tokenMatches(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+func (s *Server) requireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.AccessToken != "" && !tokenMatches(r.Header.Get("X-Access-Token"), s.cfg.AccessToken) {
+			writeJSONError(w, http.StatusUnauthorized, unauthorizedMessage)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authInterceptor checks the access token on RPCs so that failures are Connect
+// errors (code unauthenticated) rather than plain-HTTP 401 bodies.
+type authInterceptor struct{ token string }
+
+func (a authInterceptor) check(h http.Header) error {
+	if a.token == "" || tokenMatches(h.Get("X-Access-Token"), a.token) {
+		return nil
+	}
+	return connect.NewError(connect.CodeUnauthenticated, errors.New(unauthorizedMessage))
+}
+
+func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if err := a.check(req.Header()); err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if err := a.check(conn.RequestHeader()); err != nil {
+			return err
+		}
+		return next(ctx, conn)
+	}
+}
+
+// defaultUserName is the account used when a request names none.
+func (s *Server) defaultUserName() string {
+	if s.cfg.DefaultUser != "" {
+		return s.cfg.DefaultUser
+	}
+	return "root"
+}
+
+// lookupUser resolves a user name, empty meaning the default user. A configured
+// default user missing from the rootfs falls back to root so a custom image
+// without the E2B "user" account still works.
+func (s *Server) lookupUser(name string) (*User, error) {
+	if name != "" {
+		return s.users.LookupUser(name)
+	}
+	u, err := s.users.LookupUser(s.defaultUserName())
+	if err == nil || s.defaultUserName() == "root" {
+		return u, err
+	}
+	s.defaultUserOnce.Do(func() {
+		s.log.Warn("default user not found; using root", "user", s.defaultUserName(), "err", err)
+	})
+	return s.users.LookupUser("root")
+}
+
+// requestUser reads the user selected by an RPC's Basic authorization header.
+func (s *Server) requestUser(h http.Header) (*User, error) {
+	name := ""
+	if auth := h.Get("Authorization"); auth != "" {
+		scheme, cred, _ := strings.Cut(auth, " ")
+		if !strings.EqualFold(scheme, "Basic") {
+			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("unsupported authorization scheme; expected Basic"))
+		}
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+		if err != nil {
+			return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("malformed basic authorization header"))
+		}
+		name, _, _ = strings.Cut(string(raw), ":")
+	}
+	u, err := s.lookupUser(name)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("error looking up user '%s': %w", name, err))
+	}
+	return u, nil
+}
+
+// resolvePath applies spec §3.6: "~" is the home directory, relative paths are
+// relative to it, and an empty path means the default workdir.
+func (s *Server) resolvePath(p string, u *User) string {
+	switch {
+	case p == "":
+		if s.cfg.DefaultWorkdir != "" {
+			return filepath.Clean(s.cfg.DefaultWorkdir)
+		}
+		return filepath.Clean(u.Home)
+	case p == "~":
+		return filepath.Clean(u.Home)
+	case strings.HasPrefix(p, "~/"):
+		return filepath.Join(u.Home, p[2:])
+	case filepath.IsAbs(p):
+		return filepath.Clean(p)
+	default:
+		return filepath.Join(u.Home, p)
+	}
+}
+
+type httpError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeJSONError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, httpError{Code: status, Message: msg})
+}
