@@ -1,0 +1,287 @@
+package e2b
+
+// The handler tests run against this in-memory Manager. It exists to test
+// request parsing, validation and error mapping in isolation; the real
+// manager together with the unmodified official SDKs is exercised by the SDK
+// conformance test in tests/sdk.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Sandbox ids with special behaviour in fakeManager.
+const (
+	idBoom     = "boom"     // every call fails with a plain (unmapped) error
+	idPanic    = "panicky"  // every call panics
+	idInvalid  = "invalid"  // every call fails with sandbox.ErrInvalid
+	idConflict = "conflict" // every call fails with sandbox.ErrConflict
+)
+
+// fakeEpoch is when the first fake sandbox started; later ones start one
+// second apart so list order is predictable.
+var fakeEpoch = time.Date(2025, 1, 2, 3, 4, 5, 600000000, time.UTC)
+
+type fakeManager struct {
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox.Info
+	templates map[string]string // alias or id -> template id
+	metrics   map[string][]sandbox.Metric
+	seq       int
+	listErr   error
+	// plain turns off the special ids, so a fuzzer that stumbles on "boom"
+	// does not report the fake's deliberate 500 as a handler bug.
+	plain bool
+
+	// What the handler last asked for.
+	lastCreate        sandbox.CreateRequest
+	lastList          sandbox.ListFilter
+	lastTimeout       *time.Duration
+	lastConnect       time.Duration
+	lastMetricsWindow [2]time.Time
+	calls             int
+}
+
+func newFakeManager() *fakeManager {
+	return &fakeManager{
+		sandboxes: map[string]*sandbox.Info{},
+		templates: map[string]string{
+			"base":                 "rki5dems9wqfm4r03t7g",
+			"rki5dems9wqfm4r03t7g": "rki5dems9wqfm4r03t7g",
+			"code-interpreter-v1":  "nlhz8vlwyupq845jsdg9",
+			"nlhz8vlwyupq845jsdg9": "nlhz8vlwyupq845jsdg9",
+		},
+		metrics: map[string][]sandbox.Metric{},
+	}
+}
+
+func aliasOf(templateID string) string {
+	switch templateID {
+	case "rki5dems9wqfm4r03t7g":
+		return "base"
+	case "nlhz8vlwyupq845jsdg9":
+		return "code-interpreter-v1"
+	}
+	return ""
+}
+
+// add inserts a sandbox directly, for tests that need a given state or time.
+func (f *fakeManager) add(info sandbox.Info) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if info.TemplateID == "" {
+		info.TemplateID = "rki5dems9wqfm4r03t7g"
+		info.Alias = "base"
+	}
+	if info.State == "" {
+		info.State = sandbox.StateRunning
+	}
+	if info.EndAt.IsZero() {
+		info.EndAt = time.Now().Add(time.Hour)
+	}
+	f.sandboxes[info.ID] = &info
+}
+
+func (f *fakeManager) special(id string) error {
+	if f.plain {
+		return nil
+	}
+	switch id {
+	case idBoom:
+		return errors.New("disk on fire")
+	case idPanic:
+		panic("fake manager panicked on purpose")
+	case idInvalid:
+		return fmt.Errorf("sandbox %s cannot do that: %w", id, sandbox.ErrInvalid)
+	case idConflict:
+		return fmt.Errorf("sandbox %s is busy: %w", id, sandbox.ErrConflict)
+	}
+	return nil
+}
+
+func (f *fakeManager) lookup(id string) (*sandbox.Info, error) {
+	if err := f.special(id); err != nil {
+		return nil, err
+	}
+	s, ok := f.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, sandbox.ErrNotFound)
+	}
+	return s, nil
+}
+
+func (f *fakeManager) Create(_ context.Context, req sandbox.CreateRequest) (sandbox.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastCreate = req
+	if err := f.special(req.Template); err != nil {
+		return sandbox.Info{}, err
+	}
+	tid, ok := f.templates[req.Template]
+	if !ok {
+		return sandbox.Info{}, fmt.Errorf("template %q: %w", req.Template, sandbox.ErrTemplateNotFound)
+	}
+	f.seq++
+	info := sandbox.Info{
+		ID:                  fmt.Sprintf("sbx%04d", f.seq),
+		TemplateID:          tid,
+		Alias:               aliasOf(tid),
+		ClientID:            "fakeclient",
+		Metadata:            maps.Clone(req.Metadata),
+		EnvVars:             maps.Clone(req.EnvVars),
+		StartedAt:           fakeEpoch.Add(time.Duration(f.seq) * time.Second),
+		EndAt:               time.Now().Add(req.Timeout),
+		State:               sandbox.StateRunning,
+		CPUCount:            2,
+		MemoryMB:            512,
+		DiskSizeMB:          1024,
+		EnvdVersion:         "0.6.4",
+		AllowInternetAccess: req.AllowInternetAccess,
+	}
+	if req.Secure {
+		info.AccessToken = "token-" + info.ID
+	}
+	f.sandboxes[info.ID] = &info
+	return info, nil
+}
+
+func (f *fakeManager) Get(_ context.Context, id string) (sandbox.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	s, err := f.lookup(id)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	return *s, nil
+}
+
+func (f *fakeManager) List(_ context.Context, filter sandbox.ListFilter) ([]sandbox.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastList = filter
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	var tid string
+	if filter.Template != "" {
+		var ok bool
+		if tid, ok = f.templates[filter.Template]; !ok {
+			return nil, fmt.Errorf("template %q: %w", filter.Template, sandbox.ErrTemplateNotFound)
+		}
+	}
+	var out []sandbox.Info
+	for _, s := range f.sandboxes {
+		if len(filter.States) > 0 && !contains(filter.States, s.State) {
+			continue
+		}
+		if tid != "" && s.TemplateID != tid {
+			continue
+		}
+		if !filter.StartedAfter.IsZero() && s.StartedAt.Before(filter.StartedAfter) {
+			continue
+		}
+		match := true
+		for k, v := range filter.Metadata {
+			if got, ok := s.Metadata[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, *s)
+		}
+	}
+	return out, nil
+}
+
+func contains(states []sandbox.State, s sandbox.State) bool {
+	for _, st := range states {
+		if st == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fakeManager) Kill(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if _, err := f.lookup(id); err != nil {
+		return err
+	}
+	delete(f.sandboxes, id)
+	return nil
+}
+
+func (f *fakeManager) SetTimeout(_ context.Context, id string, d time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	s, err := f.lookup(id)
+	if err != nil {
+		return err
+	}
+	f.lastTimeout = &d
+	s.EndAt = time.Now().Add(d)
+	return nil
+}
+
+func (f *fakeManager) Connect(_ context.Context, id string, timeout time.Duration) (sandbox.Info, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	s, err := f.lookup(id)
+	if err != nil {
+		return sandbox.Info{}, false, err
+	}
+	f.lastConnect = timeout
+	resumed := s.State == sandbox.StatePaused
+	s.State = sandbox.StateRunning
+	if end := time.Now().Add(timeout); end.After(s.EndAt) {
+		s.EndAt = end
+	}
+	return *s, resumed, nil
+}
+
+func (f *fakeManager) Pause(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	s, err := f.lookup(id)
+	if err != nil {
+		return err
+	}
+	if s.State == sandbox.StatePaused {
+		return fmt.Errorf("sandbox %s is already paused: %w", id, sandbox.ErrConflict)
+	}
+	s.State = sandbox.StatePaused
+	return nil
+}
+
+func (f *fakeManager) Metrics(_ context.Context, id string, start, end time.Time) ([]sandbox.Metric, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if _, err := f.lookup(id); err != nil {
+		return nil, err
+	}
+	f.lastMetricsWindow = [2]time.Time{start, end}
+	var out []sandbox.Metric
+	for _, m := range f.metrics[id] {
+		if !m.Time.Before(start) && !m.Time.After(end) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+var _ Manager = (*fakeManager)(nil)

@@ -1,0 +1,91 @@
+package e2b
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// checkResponse is the invariant both fuzz targets assert: whatever arrives,
+// the answer is never a 5xx, and any error is the one JSON shape with
+// code == status.
+func checkResponse(t *testing.T, rec *httptest.ResponseRecorder, input string) {
+	t.Helper()
+	if rec.Code >= 500 {
+		t.Fatalf("input %q: status %d: %s", input, rec.Code, rec.Body)
+	}
+	if rec.Code < 400 {
+		return
+	}
+	var body errorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != rec.Code || body.Message == "" {
+		t.Fatalf("input %q: status %d with malformed error body %q (%v)", input, rec.Code, rec.Body, err)
+	}
+}
+
+func FuzzCreateBody(f *testing.F) {
+	for _, seed := range []string{
+		``,
+		`{"templateID":"base"}`,
+		`{"templateID":"base","timeout":300,"secure":true,"metadata":{"a b":"c&d"},"envVars":{"X":"1"},"allow_internet_access":false}`,
+		`{"templateID":"base","network":{"allowOut":["example.com"],"denyOut":["0.0.0.0/0"],"egressProxy":{"address":"p:1"}}}`,
+		`{"templateID":"base","timeout":-1,"metadata":{"a":1}}`,
+		`{"templateID":"nope","timeout":9223372036854775807}`,
+		`[1,{"templateID":null}]`,
+		`{"templateID":"base"`,
+	} {
+		f.Add(seed, true)
+		f.Add(seed, false)
+	}
+	f.Fuzz(func(t *testing.T, body string, v2 bool) {
+		// A fresh handler per input keeps created sandboxes from piling up
+		// over a long fuzzing run.
+		h, m := newTestHandler(t, func(o *Options) { o.MaxBodySize = 4 << 10 })
+		m.plain = true
+		path := "/sandboxes"
+		if v2 {
+			path = "/v2/sandboxes"
+		}
+		checkResponse(t, request(t, h, "POST", path, body), body)
+	})
+}
+
+func FuzzListQuery(f *testing.F) {
+	token := cursor{start: fakeEpoch, id: "abc"}.encode()
+	for _, seed := range []string{
+		``,
+		`state=running,paused&limit=2&order=asc`,
+		`metadata=a%252520b%3Dc%252526d`,
+		`metadata=%25zz&state=&limit=-1`,
+		`startedAfter=2025-01-02T03:04:05Z&template=base`,
+		`template=base:v1&limit=99999999999999999999`,
+		`nextToken=` + token,
+		`nextToken=%%%&order=desc`,
+	} {
+		f.Add(seed)
+	}
+	h, m := newTestHandler(f)
+	m.plain = true
+	for i, st := range []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StateRunning} {
+		m.add(sandbox.Info{ID: "s" + strings.Repeat("x", i), StartedAt: fakeEpoch.Add(time.Duration(i) * time.Second), State: st, Metadata: map[string]string{"a b": "c&d"}})
+	}
+	f.Fuzz(func(t *testing.T, rawQuery string) {
+		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
+		req.URL.RawQuery = rawQuery
+		req.Header.Set("X-API-KEY", testKey)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		checkResponse(t, rec, rawQuery)
+		if rec.Code == http.StatusOK {
+			var items []listedSandboxJSON
+			if err := json.Unmarshal(rec.Body.Bytes(), &items); err != nil {
+				t.Fatalf("query %q: 200 with a body that is not a list: %v", rawQuery, err)
+			}
+		}
+	})
+}

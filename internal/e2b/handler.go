@@ -1,0 +1,232 @@
+package e2b
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+)
+
+// Defaults for Options fields left zero.
+const (
+	DefaultTimeout     = 300 * time.Second
+	DefaultMaxTimeout  = 24 * time.Hour
+	DefaultMaxBodySize = 1 << 20
+	// DefaultClientID fills the deprecated clientID field when the manager has
+	// none: the Python SDK raises KeyError without it, and nothing reads it.
+	DefaultClientID = "airlock"
+)
+
+// Options configures the control-plane handler.
+type Options struct {
+	// Authenticate reports whether an API key is valid. It sees the key from
+	// X-API-KEY or from "Authorization: Bearer". A nil Authenticate rejects
+	// every request: an API left open by a forgotten option is worse than one
+	// that visibly refuses.
+	Authenticate func(apiKey string) bool
+	// DefaultTimeout is the sandbox lifetime when the v2 create or connect
+	// body names none (the SDKs' own default is 300 s).
+	DefaultTimeout time.Duration
+	// MaxTimeout caps every requested timeout; upstream enforces a per-team
+	// maximum the same way (400 "Timeout cannot be greater than N hours").
+	MaxTimeout time.Duration
+	// Domain is returned as the sandbox "domain"; empty means JSON null, which
+	// the SDKs accept when E2B_SANDBOX_URL routes traffic instead of DNS.
+	Domain string
+	// EnvdVersion is reported when the manager's Info has no version. The SDKs
+	// gate features on it and kill sandboxes that report less than 0.1.0, so
+	// an empty field on the wire would break every client.
+	EnvdVersion string
+	// MaxBodySize bounds request bodies (413 beyond it). Default 1 MiB.
+	MaxBodySize int64
+	Logger      *slog.Logger
+}
+
+// Handler serves the E2B control-plane REST API (spec §2) over a Manager.
+type Handler struct {
+	m    Manager
+	opts Options
+	log  *slog.Logger
+	mux  *http.ServeMux
+}
+
+// NewHandler returns the API handler. Mount it at the root of the API
+// listener: the SDKs build paths from E2B_API_URL without a prefix.
+func NewHandler(m Manager, opts Options) *Handler {
+	if opts.DefaultTimeout <= 0 {
+		opts.DefaultTimeout = DefaultTimeout
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = DefaultMaxTimeout
+	}
+	if opts.MaxBodySize <= 0 {
+		opts.MaxBodySize = DefaultMaxBodySize
+	}
+	if opts.EnvdVersion == "" {
+		opts.EnvdVersion = "0.6.4"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	h := &Handler{m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+
+	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	h.handle("POST /sandboxes", h.createV1)
+	h.handle("POST /v2/sandboxes", h.createV2)
+	h.handle("GET /sandboxes", h.listV1)
+	h.handle("GET /v2/sandboxes", h.listV2)
+	h.handle("GET /sandboxes/{sandboxID}", h.get)
+	h.handle("DELETE /sandboxes/{sandboxID}", h.kill)
+	h.handle("POST /sandboxes/{sandboxID}/connect", h.connect)
+	h.handle("POST /v2/sandboxes/{sandboxID}/connect", h.connect)
+	h.handle("POST /sandboxes/{sandboxID}/resume", h.resume)
+	h.handle("POST /sandboxes/{sandboxID}/timeout", h.setTimeout)
+	h.handle("POST /sandboxes/{sandboxID}/refreshes", h.refresh)
+	h.handle("POST /sandboxes/{sandboxID}/pause", h.pause)
+	h.handle("GET /sandboxes/{sandboxID}/metrics", h.metrics)
+	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
+	return h
+}
+
+// apiHandler returns an error instead of writing one so that every failure
+// goes through the same mapping to {"code","message"}.
+type apiHandler func(w http.ResponseWriter, r *http.Request) error
+
+func (h *Handler) handle(pattern string, fn apiHandler) {
+	h.mux.Handle(pattern, h.authenticated(func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(w, r); err != nil {
+			h.writeErr(w, r, err)
+		}
+	}))
+}
+
+func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = managerError(err, "", "")
+	}
+	switch {
+	case ae.status >= 500:
+		h.log.Error("e2b api request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
+	default:
+		h.log.Debug("e2b api request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
+	}
+	writeError(w, ae.status, ae.message)
+}
+
+// ServeHTTP resolves the route first so that unknown paths and methods get
+// the same JSON error body as everything else (ServeMux writes plain text),
+// and recovers panics into a 500 body so one bad request cannot take the
+// listener's goroutine down silently.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if v == http.ErrAbortHandler { //nolint:errorlint // sentinel compared by identity, as net/http does
+			panic(v)
+		}
+		h.log.Error("e2b api handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+		if !rw.wroteHeader {
+			writeError(rw, http.StatusInternalServerError, fmt.Sprintf("internal error: %v", v))
+		}
+	}()
+
+	if _, pattern := h.mux.Handler(r); pattern == "" {
+		h.unrouted(rw, r)
+		return
+	}
+	h.mux.ServeHTTP(rw, r)
+}
+
+// unrouted lets ServeMux decide between 404, 405 (with its Allow header) and
+// a path-cleaning redirect, then replaces its plain-text body with JSON.
+func (h *Handler) unrouted(w http.ResponseWriter, r *http.Request) {
+	inner, _ := h.mux.Handler(r)
+	cw := &captureWriter{header: w.Header()}
+	inner.ServeHTTP(cw, r)
+	status := cw.status
+	if status == 0 {
+		status = http.StatusNotFound
+	}
+	if status >= 300 && status < 400 {
+		w.WriteHeader(status) // redirect: Location is already in the shared header map
+		return
+	}
+	w.Header().Del("X-Content-Type-Options")
+	msg := fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)
+	if status == http.StatusMethodNotAllowed {
+		msg = fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)
+	}
+	writeError(w, status, msg)
+}
+
+// authenticated accepts the key from X-API-KEY (what the SDKs send) or from
+// "Authorization: Bearer" (what the upstream CLI sends).
+func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+				key = strings.TrimSpace(token)
+			}
+		}
+		if key == "" {
+			writeError(w, http.StatusUnauthorized, "Missing API key: send it in the X-API-KEY header")
+			return
+		}
+		if h.opts.Authenticate == nil || !h.opts.Authenticate(key) {
+			writeError(w, http.StatusUnauthorized, "Invalid API key")
+			return
+		}
+		next(w, r)
+	})
+}
+
+// statusWriter remembers whether the header went out, so the panic handler
+// knows if it can still write an error body.
+type statusWriter struct {
+	http.ResponseWriter
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.wroteHeader = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// captureWriter records ServeMux's status for an unrouted request and drops
+// its plain-text body.
+type captureWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *captureWriter) Header() http.Header { return w.header }
+func (w *captureWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return io.Discard.Write(b)
+}

@@ -1,0 +1,353 @@
+package e2b
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Defaults that differ from Options.DefaultTimeout because upstream's schema
+// says so; the SDKs always send a value, so these only matter to raw clients.
+const (
+	// v1CreateDefaultTimeout is NewSandbox.timeout's schema default.
+	v1CreateDefaultTimeout = 15 * time.Second
+	// resumeDefaultTimeout is ResumedSandbox.timeout's schema default.
+	resumeDefaultTimeout = 15 * time.Second
+	// refreshDefaultDuration keeps a sandbox alive for a minute when a
+	// refresh names no duration.
+	refreshDefaultDuration = 60 * time.Second
+	// refreshMaxDuration is SandboxRefreshRequest.duration's schema maximum.
+	refreshMaxDuration = time.Hour
+)
+
+func (h *Handler) createV1(w http.ResponseWriter, r *http.Request) error {
+	return h.create(w, r, false)
+}
+
+// createV2 serves JS 2.51+, which never sends "secure": v2 sandboxes always
+// get an envd access token.
+func (h *Handler) createV2(w http.ResponseWriter, r *http.Request) error {
+	return h.create(w, r, true)
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error {
+	var body newSandboxBody
+	present, err := h.decodeBody(w, r, &body)
+	if err != nil {
+		return err
+	}
+	if !present {
+		return badRequest("request body is required: {\"templateID\": ...}")
+	}
+	if strings.TrimSpace(body.TemplateID) == "" {
+		return badRequest("templateID is required")
+	}
+	rule := timeoutRule{field: "timeout", def: v1CreateDefaultTimeout}
+	if v2 {
+		rule.def = h.opts.DefaultTimeout
+	}
+	timeout, err := h.timeout(body.Timeout, rule)
+	if err != nil {
+		return err
+	}
+	metadata, err := stringMap("metadata", body.Metadata)
+	if err != nil {
+		return err
+	}
+	envVars, err := stringMap("envVars", body.EnvVars)
+	if err != nil {
+		return err
+	}
+	req := sandbox.CreateRequest{
+		Template:            body.TemplateID,
+		Timeout:             timeout,
+		Metadata:            metadata,
+		EnvVars:             envVars,
+		AllowInternetAccess: body.AllowInternetAccess,
+		Secure:              v2 || (body.Secure != nil && *body.Secure),
+	}
+	if body.Network != nil {
+		if err := body.Network.validate(); err != nil {
+			return err
+		}
+		req.AllowInternetAccess = h.egressFromNetwork(body.Network, req.AllowInternetAccess)
+	}
+	if body.AutoPause != nil && *body.AutoPause {
+		h.log.Warn("autoPause requested but not supported; the sandbox will be killed at its timeout", "template", body.TemplateID)
+	}
+
+	info, err := h.m.Create(r.Context(), req)
+	if err != nil {
+		return managerError(fmt.Errorf("create sandbox from %q: %w", body.TemplateID, err), "", body.TemplateID)
+	}
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(info))
+	return nil
+}
+
+// egressFromNetwork reduces a network config to the one egress switch the
+// manager has. Per-destination rules are not enforced yet, so a config that
+// denies all traffic fails closed (no internet at all, even for allowOut
+// entries) rather than open: a user asking for restricted egress must not
+// get unrestricted egress instead. An explicit allow_internet_access wins.
+func (h *Handler) egressFromNetwork(n *networkBody, explicit *bool) *bool {
+	if explicit != nil {
+		return explicit
+	}
+	if !containsString(n.DenyOut, allTraffic) {
+		if len(n.DenyOut) > 0 {
+			h.log.Warn("network.denyOut entries other than 0.0.0.0/0 are not enforced yet", "denyOut", n.DenyOut)
+		}
+		return nil
+	}
+	if len(n.AllowOut) > 0 {
+		h.log.Warn("network.allowOut is not enforced yet; denying all egress instead", "allowOut", n.AllowOut)
+	}
+	deny := false
+	return &deny
+}
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	info, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		return managerError(fmt.Errorf("get sandbox: %w", err), id, "")
+	}
+	writeJSON(w, http.StatusOK, h.detailJSON(info))
+	return nil
+}
+
+func (h *Handler) kill(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	if err := h.m.Kill(r.Context(), id); err != nil {
+		return managerError(fmt.Errorf("kill sandbox: %w", err), id, "")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// connect serves ConnectSandbox (v1) and ConnectSandboxV2 alike. v1's schema
+// marks timeout required, but a missing one gets the default rather than a
+// 400: connect exists to bring a sandbox back, and refusing over a field the
+// v2 schema made optional helps nobody.
+func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	var body connectBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: h.opts.DefaultTimeout})
+	if err != nil {
+		return err
+	}
+	info, resumed, err := h.m.Connect(r.Context(), id, timeout)
+	if err != nil {
+		return managerError(fmt.Errorf("connect sandbox: %w", err), id, "")
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.sandboxJSON(info))
+	return nil
+}
+
+// resume serves the deprecated POST /sandboxes/{id}/resume (JS 2.0–2.3),
+// which unlike connect refuses a sandbox that is not paused.
+func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	var body connectBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: resumeDefaultTimeout})
+	if err != nil {
+		return err
+	}
+	info, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
+	}
+	if info.State != sandbox.StatePaused {
+		return &apiError{status: http.StatusConflict, message: fmt.Sprintf("sandbox %q is already running", id)}
+	}
+	// Between Get and Connect another client may resume it first; the
+	// sandbox is then running as asked, so that is still a success.
+	info, _, err = h.m.Connect(r.Context(), id, timeout)
+	if err != nil {
+		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
+	}
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(info))
+	return nil
+}
+
+// setTimeout overwrites the sandbox's end. Zero is allowed, unlike on
+// create: it means "end now", and the upstream Python suite relies on
+// set_timeout(0) to expire a sandbox on purpose.
+func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	var body timeoutBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	d, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", allowZero: true})
+	if err != nil {
+		return err
+	}
+	if err := h.m.SetTimeout(r.Context(), id, d); err != nil {
+		return managerError(fmt.Errorf("set sandbox timeout: %w", err), id, "")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// refresh keeps a running sandbox alive for at least duration from now,
+// never shortening it — upstream's keep-alive semantics. It is built from
+// Get + SetTimeout rather than Connect because a refresh must not resume a
+// paused sandbox.
+func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	var body refreshBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	d := refreshDefaultDuration
+	if body.Duration != nil {
+		s := *body.Duration
+		if s < 0 || s > int64(refreshMaxDuration/time.Second) {
+			return badRequest("duration must be between 0 and %d seconds", int64(refreshMaxDuration/time.Second))
+		}
+		d = time.Duration(s) * time.Second
+	}
+	if d > h.opts.MaxTimeout {
+		d = h.opts.MaxTimeout
+	}
+	info, err := h.m.Get(r.Context(), id)
+	if err != nil {
+		return managerError(fmt.Errorf("refresh sandbox: %w", err), id, "")
+	}
+	if info.State == sandbox.StatePaused {
+		return &apiError{status: http.StatusConflict, message: fmt.Sprintf("sandbox %q is paused; connect to resume it", id)}
+	}
+	if time.Now().Add(d).After(info.EndAt) {
+		if err := h.m.SetTimeout(r.Context(), id, d); err != nil {
+			return managerError(fmt.Errorf("refresh sandbox: %w", err), id, "")
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	// {"memory": false} asks for a filesystem-only snapshot; the manager has
+	// one kind of pause, so the field is read only to reject malformed bodies.
+	var body pauseBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	if err := h.m.Pause(r.Context(), id); err != nil {
+		return managerError(fmt.Errorf("pause sandbox: %w", err), id, "")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// metrics returns the samples between start and end (unix seconds, both
+// optional). With neither, every retained sample comes back, which is what
+// the SDK's getMetrics() without arguments expects.
+func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	start, err := unixParam(q.Get("start"), "start", time.Time{})
+	if err != nil {
+		return err
+	}
+	end, err := unixParam(q.Get("end"), "end", time.Now())
+	if err != nil {
+		return err
+	}
+	if end.Before(start) {
+		return badRequest("end (%d) is before start (%d)", end.Unix(), start.Unix())
+	}
+	samples, err := h.m.Metrics(r.Context(), id, start, end)
+	if err != nil {
+		return managerError(fmt.Errorf("sandbox metrics: %w", err), id, "")
+	}
+	out := make([]sandboxMetricJSON, 0, len(samples))
+	for _, m := range samples {
+		out = append(out, metricJSON(m))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// unixBound keeps parsed times inside what RFC 3339 (and so JSON) can carry.
+const unixBound = 253402300799 // 9999-12-31T23:59:59Z
+
+func unixParam(v, name string, def time.Time) (time.Time, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, badRequest("%s must be a unix timestamp in seconds, got %q", name, v)
+	}
+	if n < 0 {
+		n = 0
+	}
+	if n > unixBound {
+		n = unixBound
+	}
+	return time.Unix(n, 0), nil
+}
+
+// updateNetwork validates a SandboxNetworkUpdateConfig and answers 204
+// without applying it: the manager cannot change a running sandbox's egress
+// yet. The warning makes the gap visible to operators instead of silent.
+func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return err
+	}
+	var body networkBody
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	if err := body.validate(); err != nil {
+		return err
+	}
+	if _, err := h.m.Get(r.Context(), id); err != nil {
+		return managerError(fmt.Errorf("update sandbox network: %w", err), id, "")
+	}
+	h.log.Warn("sandbox network update accepted but not applied (not supported yet)", "sandbox", id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
