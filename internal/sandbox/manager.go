@@ -90,7 +90,8 @@ type Manager struct {
 	sandboxes map[string]*entry
 
 	stop chan struct{}
-	wg   sync.WaitGroup
+	// wg tracks background work and teardowns in flight; Close waits for it.
+	wg sync.WaitGroup
 }
 
 // entry is a live sandbox. Fields other than the immutable ones are guarded by
@@ -372,11 +373,13 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 		if e.timer != nil {
 			e.timer.Stop()
 		}
+		m.wg.Add(1)
 	}
 	m.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
+	defer m.wg.Done()
 	m.teardown(e)
 	if err := m.opts.Store.Delete(context.WithoutCancel(ctx), id); err != nil {
 		m.log.Error("forget killed sandbox", "id", id, "err", err)
