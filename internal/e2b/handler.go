@@ -131,7 +131,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if v == nil {
 			return
 		}
-		if v == http.ErrAbortHandler { //nolint:errorlint // sentinel compared by identity, as net/http does
+		if v == http.ErrAbortHandler { // net/http uses this panic to abort a response; it must reach the server
 			panic(v)
 		}
 		h.log.Error("e2b api handler panicked", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))

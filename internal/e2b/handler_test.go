@@ -1,7 +1,10 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -758,4 +761,37 @@ func TestRecoverWritesJSON(t *testing.T) {
 	h, _ := newTestHandler(t)
 	checkError(t, request(t, h, "GET", "/sandboxes/"+idPanic, ""), 500, "internal error: fake manager panicked on purpose")
 	checkError(t, request(t, h, "POST", "/v2/sandboxes", `{"templateID":"panicky"}`), 500, "internal error: fake manager panicked on purpose")
+}
+
+func TestManagerErrorMapping(t *testing.T) {
+	tests := []struct {
+		err         error
+		id, tpl     string
+		status      int
+		msg         string
+		errIsTarget error
+	}{
+		{fmt.Errorf("x: %w", sandbox.ErrNotFound), "abc", "", 404, `sandbox "abc" not found`, sandbox.ErrNotFound},
+		{fmt.Errorf("x: %w", sandbox.ErrNotFound), "", "", 404, "x: sandbox not found", sandbox.ErrNotFound},
+		{fmt.Errorf("x: %w", sandbox.ErrTemplateNotFound), "abc", "py", 404, `template "py" not found`, sandbox.ErrTemplateNotFound},
+		{fmt.Errorf("x: %w", sandbox.ErrTemplateNotFound), "abc", "", 404, "x: template not found", sandbox.ErrTemplateNotFound},
+		{fmt.Errorf("x: %w", sandbox.ErrInvalid), "abc", "", 400, "x: invalid request", sandbox.ErrInvalid},
+		{fmt.Errorf("x: %w", sandbox.ErrConflict), "abc", "", 409, "x: conflict", sandbox.ErrConflict},
+		{fmt.Errorf("x: %w", context.Canceled), "abc", "", 499, "request cancelled", context.Canceled},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), "abc", "", 504, "x: context deadline exceeded", context.DeadlineExceeded},
+		{errors.New("boom"), "abc", "", 500, "boom", nil},
+		{badRequest("already mapped"), "abc", "", 400, "already mapped", nil},
+	}
+	for _, tt := range tests {
+		ae := managerError(tt.err, tt.id, tt.tpl)
+		if ae.status != tt.status || ae.message != tt.msg {
+			t.Errorf("managerError(%v) = %d %q, want %d %q", tt.err, ae.status, ae.message, tt.status, tt.msg)
+		}
+		if tt.errIsTarget != nil && !errors.Is(ae, tt.errIsTarget) {
+			t.Errorf("managerError(%v) does not wrap %v", tt.err, tt.errIsTarget)
+		}
+		if !strings.Contains(ae.Error(), tt.msg) {
+			t.Errorf("Error() = %q lacks the message", ae.Error())
+		}
+	}
 }

@@ -50,10 +50,18 @@ func TestListMetadataDoubleEncoding(t *testing.T) {
 		}
 	}
 
+	// Unicode, "/", "?", "#" and "%", encoded by hand the way the SDK does:
+	// encodeURIComponent on each side, URLSearchParams, then the HTTP client.
+	m.add(sandbox.Info{ID: "odd", StartedAt: fakeEpoch, Metadata: map[string]string{"π/?#": "100%"}})
+	rec := request(t, h, "GET", "/v2/sandboxes?metadata=%2525CF%252580%25252F%25253F%252523%3D100%252525", "")
+	if ids := listIDs(t, rec.Body.Bytes()); !slices.Equal(ids, []string{"odd"}) || m.lastList.Metadata["π/?#"] != "100%" {
+		t.Errorf("unicode filter: ids %v, filter %q", ids, m.lastList.Metadata)
+	}
+
 	// Several pairs, built the way the SDK builds them.
 	q := url.Values{}
 	q.Set("metadata", url.Values{"user": {url.PathEscape("ann")}, "env": {"prod"}}.Encode())
-	rec := request(t, h, "GET", "/v2/sandboxes?"+q.Encode(), "")
+	rec = request(t, h, "GET", "/v2/sandboxes?"+q.Encode(), "")
 	if rec.Code != 200 || !equalMaps(m.lastList.Metadata, map[string]string{"user": "ann", "env": "prod"}) {
 		t.Errorf("two pairs: status %d filter %v", rec.Code, m.lastList.Metadata)
 	}
