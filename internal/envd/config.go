@@ -27,6 +27,13 @@ type Config struct {
 	// lets in-sandbox tools reach envd the way they do on E2B.
 	Listen []string `json:"listen"`
 
+	// AwaitInit starts envd for the host's warm pool: until one POST /init
+	// (body: accessToken, envVars) arrives, envd answers /health and refuses
+	// everything else with 503. The host sends /init over the unix socket when a
+	// client claims the sandbox; a second /init, or one without AwaitInit, is
+	// refused, so nothing inside the sandbox can change its token later.
+	AwaitInit bool `json:"awaitInit,omitempty"`
+
 	// DiskPath is the directory whose filesystem /metrics reports as disk use.
 	DiskPath string `json:"diskPath,omitempty"`
 }

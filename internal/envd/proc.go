@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,6 +50,8 @@ type proc struct {
 	end   *pb.ProcessEvent_EndEvent
 	done  chan struct{}
 	timer *time.Timer // lifetime limit from Connect-Timeout-Ms
+
+	timedOut atomic.Bool // killed for exceeding the lifetime limit
 }
 
 func (p *proc) running() bool {

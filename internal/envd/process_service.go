@@ -229,6 +229,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		p.mu.Lock()
 		p.timer = time.AfterFunc(time.Until(deadline), func() {
 			if p.running() {
+				p.timedOut.Store(true)
 				s.log.Info("process exceeded its time limit; killing", "pid", p.pid)
 				_ = p.signal(syscall.SIGKILL)
 			}
@@ -244,8 +245,18 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	if err := send(startEvent(p.pid)); err != nil {
 		return err
 	}
-	err = pump(ctx, sub, keepaliveInterval(req.Header()), send)
+	// A process killed for exceeding its lifetime ends the stream with
+	// deadline_exceeded (the SDK's TimeoutError), not with an ordinary end event;
+	// the lifetime timer and the stream's context race to notice first.
+	timedOut := func() error {
+		if p.timedOut.Load() {
+			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("process exceeded its time limit and was killed"))
+		}
+		return nil
+	}
+	err = pump(ctx, sub, keepaliveInterval(req.Header()), send, timedOut)
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.running() {
+		p.timedOut.Store(true)
 		_ = p.signal(syscall.SIGKILL)
 	}
 	return err
@@ -257,7 +268,8 @@ func startEvent(pid uint32) *pb.ProcessEvent {
 
 // pump forwards a subscriber's events to a stream until the end event, sending
 // keepalives whenever the stream was otherwise silent for the interval.
-func pump(ctx context.Context, sub *subscriber, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
+// endErr, when it returns an error, replaces the end event.
+func pump(ctx context.Context, sub *subscriber, keepalive time.Duration, send func(*pb.ProcessEvent) error, endErr func() error) error {
 	t := time.NewTimer(keepalive)
 	defer t.Stop()
 	for {
@@ -266,6 +278,11 @@ func pump(ctx context.Context, sub *subscriber, keepalive time.Duration, send fu
 			for _, ev := range sub.take() {
 				var msg *pb.ProcessEvent
 				if ev.end != nil {
+					if endErr != nil {
+						if err := endErr(); err != nil {
+							return err
+						}
+					}
 					msg = &pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: ev.end}}
 				} else {
 					d := &pb.ProcessEvent_DataEvent{}
@@ -310,7 +327,7 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 	if err := send(startEvent(p.pid)); err != nil {
 		return err
 	}
-	return pump(ctx, sub, keepaliveInterval(req.Header()), send)
+	return pump(ctx, sub, keepaliveInterval(req.Header()), send, nil)
 }
 
 func selectorError(err error) error {

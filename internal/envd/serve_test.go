@@ -1,0 +1,176 @@
+package envd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+)
+
+func unixClient(sock string, h2c bool) *http.Client {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	if h2c {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return &http.Client{Transport: tr}
+}
+
+func TestServeUnixSocketAndH2C(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "envd.sock")
+	must(t, os.MkdirAll(filepath.Dir(sock), 0o755))
+	// A stale socket from an earlier envd must not stop this one.
+	stale, err := net.Listen("unix", sock)
+	must(t, err)
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+
+	srv, err := NewServer(Config{Listen: []string{"unix:" + sock, "tcp:127.0.0.1:0"}, AccessToken: "t"}, nil)
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		t.Fatal(err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ready")
+	}
+	fi, err := os.Stat(sock)
+	must(t, err)
+	if fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("socket mode %v", fi.Mode())
+	}
+	for _, h2 := range []bool{false, true} {
+		resp, err := unixClient(sock, h2).Get("http://envd/health")
+		must(t, err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent || (h2 && resp.ProtoMajor != 2) {
+			t.Fatalf("h2c=%v: %d %s", h2, resp.StatusCode, resp.Proto)
+		}
+	}
+	// Streaming RPC over h2c.
+	c := processconnect.NewProcessClient(unixClient(sock, true), "http://envd", connect.WithProtoJSON(),
+		connect.WithInterceptors(headerInterceptor{"X-Access-Token": "t"}))
+	f := false
+	stream, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/echo", Args: []string{"h2"}}, Stdin: &f}))
+	must(t, err)
+	r := collect(stream)
+	if r.stdout != "h2\n" || r.err != nil {
+		t.Fatalf("h2c start: %+v", r)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatal("socket left behind")
+	}
+}
+
+func TestNewServerRejectsBadConfig(t *testing.T) {
+	if _, err := NewServer(Config{Listen: []string{"udp:1.2.3.4:5"}}, nil); err == nil {
+		t.Fatal("bad listen address accepted")
+	}
+	if _, err := NewServer(Config{EnvVars: map[string]string{"A=B": "x"}}, nil); err == nil {
+		t.Fatal("bad env var name accepted")
+	}
+}
+
+// TestBinaryAsPID1 builds the real envd binary and runs it as pid 1 of a new pid
+// namespace, as the host does: the config arrives on stdin, the reaper re-execs
+// the server, commands keep their exit statuses, and orphans get reaped.
+func TestBinaryAsPID1(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the envd binary")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a pid namespace")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "envd")
+	build := exec.Command("go", "build", "-o", bin, "github.com/airlock-sandbox/airlock/cmd/envd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "envd.sock")
+	cfg, _ := json.Marshal(Config{SandboxID: "pid1", Listen: []string{"unix:" + sock}})
+	cmd := exec.Command(bin)
+	cmd.Stdin = bytes.NewReader(cfg)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	start := time.Now()
+	must(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	}()
+	client := unixClient(sock, false)
+	eventually(t, 10*time.Second, "envd to answer /health", func() bool {
+		resp, err := client.Get("http://envd/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusNoContent
+	})
+	t.Logf("exec to healthy over the socket: %v", time.Since(start))
+
+	c := processconnect.NewProcessClient(client, "http://envd", connect.WithProtoJSON())
+	ctx := ctxTimeout(t, 20*time.Second)
+	f := false
+	// The orphaned sleep is re-parented to pid 1 and must be reaped there, while
+	// the shell's own exit status still reaches the server.
+	stream, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "(sleep 0.2 &) ; echo $E2B_SANDBOX_ID; exit 5"}}, Stdin: &f}))
+	must(t, err)
+	r := collect(stream)
+	if r.end.GetExitCode() != 5 || r.stdout != "pid1\n" {
+		t.Fatalf("run under pid 1: %+v\n%s", r, logs.String())
+	}
+	time.Sleep(400 * time.Millisecond)
+	out, _ := exec.Command("ps", "-eo", "stat,ppid,comm").Output()
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && strings.HasPrefix(f[0], "Z") && f[2] == "sleep" {
+			t.Fatalf("zombie left unreaped: %s", line)
+		}
+	}
+
+	// SIGTERM to pid 1 is forwarded; the server shuts down and pid 1 exits 0.
+	must(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		exited <- err
+		if err != nil {
+			t.Fatalf("envd exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("envd did not exit on SIGTERM\n%s", logs.String())
+	}
+}
