@@ -30,7 +30,7 @@ template rootfs as baselines.`,
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			inst, err := start(cmd.Context(), serveConfig{
 				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl},
+				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0,
 			}, log)
 			if err != nil {
 				return err
@@ -45,6 +45,12 @@ template rootfs as baselines.`,
 				Template: tpl, Rootfs: t.RootFS,
 				Sequential: sequential, Concurrent: concurrent, RoundTrips: rtt,
 				Progress: os.Stderr,
+				SetWarmPool: func(n int) {
+					if st, err := (templateSource{inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
+						inst.mgr.SetWarmPool(st, n)
+					}
+				},
+				WarmCount: func() int { return inst.mgr.WarmCount(t.ID) },
 			})
 			if err != nil {
 				return err

@@ -37,6 +37,7 @@ type serveConfig struct {
 	templates            []string
 	killOnExit           bool
 	logLevel             string
+	warmPool             int
 }
 
 func serveCmd() *cobra.Command {
@@ -65,6 +66,7 @@ needed (a few minutes the first time; progress is shown).`,
 	f.StringSliceVar(&c.templates, "templates", []string{"base"}, "built-in templates to build (if needed) before serving")
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
 	return cmd
 }
 
@@ -157,6 +159,11 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		mgr.Close()
 		db.Close()
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
+	}
+	for _, name := range c.templates {
+		if t, err := (templateSource{tpls}).Resolve(ctx, name); err == nil {
+			mgr.SetWarmPool(t, c.warmPool)
+		}
 	}
 	api := e2b.NewHandler(mgr, e2b.Options{
 		Authenticate: func(key string) bool {

@@ -39,6 +39,10 @@ type Config struct {
 	Sequential, Concurrent, RoundTrips int
 	// Progress receives one line per finished measurement.
 	Progress io.Writer
+	// SetWarmPool sets the server's warm pool size for Template, and WarmCount
+	// reports how many pooled sandboxes are ready; nil skips the warm series.
+	SetWarmPool func(n int)
+	WarmCount   func() int
 }
 
 // Row is one measured series.
@@ -67,41 +71,44 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
-	seq := Row{Name: fmt.Sprintf("TTI: create + first commands.run, %d sequential", cfg.Sequential)}
-	for i := 0; i < cfg.Sequential; i++ {
-		d, err := c.createAndRun(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("sequential create %d: %w", i, err)
-		}
-		seq.Samples = append(seq.Samples, d)
+	warm := cfg.SetWarmPool != nil && cfg.WarmCount != nil
+	if warm {
+		cfg.SetWarmPool(0)
 	}
-	add(seq)
-
-	conc := Row{Name: fmt.Sprintf("TTI: create + first commands.run, %d concurrent", cfg.Concurrent)}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
-	)
-	for i := 0; i < cfg.Concurrent; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d, err := c.createAndRun(ctx)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
+	r, err := c.sequential(ctx, "TTI cold: create + first commands.run", cfg.Sequential, nil)
+	if err != nil {
+		return nil, err
+	}
+	add(r)
+	if r, err = c.concurrent(ctx, "TTI cold: create + first commands.run", cfg.Concurrent); err != nil {
+		return nil, err
+	}
+	add(r)
+	if warm {
+		fill := func() error {
+			deadline := time.Now().Add(2 * time.Minute)
+			for cfg.WarmCount() < cfg.Concurrent {
+				if time.Now().After(deadline) {
+					return errors.New("warm pool did not fill within 2 minutes")
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
-			conc.Samples = append(conc.Samples, d)
-		}()
+			return nil
+		}
+		cfg.SetWarmPool(cfg.Concurrent)
+		if r, err = c.sequential(ctx, "TTI warm pool: create + first commands.run", cfg.Sequential, fill); err != nil {
+			return nil, err
+		}
+		add(r)
+		if err := fill(); err != nil {
+			return nil, err
+		}
+		if r, err = c.concurrent(ctx, fmt.Sprintf("TTI warm pool of %d: create + first commands.run", cfg.Concurrent), cfg.Concurrent); err != nil {
+			return nil, err
+		}
+		add(r)
+		cfg.SetWarmPool(0)
 	}
-	wg.Wait()
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("concurrent creates: %w", errors.Join(errs...))
-	}
-	add(conc)
 
 	sb, err := c.create(ctx)
 	if err != nil {
@@ -121,6 +128,54 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	}
 	add(rt)
 	return rows, nil
+}
+
+// sequential measures n creates one after another; before each, ready (if not
+// nil) may wait for the server to be in the state being measured.
+func (c *client) sequential(ctx context.Context, name string, n int, ready func() error) (Row, error) {
+	r := Row{Name: fmt.Sprintf("%s, %d sequential", name, n)}
+	for i := 0; i < n; i++ {
+		if ready != nil {
+			if err := ready(); err != nil {
+				return r, err
+			}
+		}
+		d, err := c.createAndRun(ctx)
+		if err != nil {
+			return r, fmt.Errorf("%s: create %d: %w", name, i, err)
+		}
+		r.Samples = append(r.Samples, d)
+	}
+	return r, nil
+}
+
+// concurrent measures n creates started at once.
+func (c *client) concurrent(ctx context.Context, name string, n int) (Row, error) {
+	r := Row{Name: fmt.Sprintf("%s, %d concurrent", name, n)}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := c.createAndRun(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			r.Samples = append(r.Samples, d)
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return r, fmt.Errorf("%s: %w", name, errors.Join(errs...))
+	}
+	return r, nil
 }
 
 // forkExec is the floor: starting /bin/true on the host with no isolation.

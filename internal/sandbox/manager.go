@@ -88,6 +88,11 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+	// pool holds warm, unclaimed sandboxes per template id (see pool.go).
+	pool       map[string][]*entry
+	poolTarget map[string]poolWant
+	poolKick   chan struct{}
+	closed     bool
 
 	stop chan struct{}
 	// wg tracks background work and teardowns in flight; Close waits for it.
@@ -100,6 +105,7 @@ type entry struct {
 	info      Info
 	rt        runtime.Sandbox
 	dir       string
+	tplRootfs string
 	transport *http.Transport
 	timer     *time.Timer
 	metrics   []Metric
@@ -124,11 +130,15 @@ func New(opts Options) *Manager {
 	m := &Manager{
 		opts:      opts,
 		log:       opts.Logger,
-		sandboxes: map[string]*entry{},
-		stop:      make(chan struct{}),
+		sandboxes:  map[string]*entry{},
+		pool:       map[string][]*entry{},
+		poolTarget: map[string]poolWant{},
+		poolKick:   make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.sampleLoop()
+	go m.poolLoop()
 	return m
 }
 
@@ -168,15 +178,24 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if req.Secure {
 		info.AccessToken = newToken()
 	}
-	// The record exists before the runtime sandbox does, so a crash between the
-	// two leaves something Recover can find and clean.
-	if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
-		return Info{}, err
-	}
-	e, err := m.start(context.WithoutCancel(ctx), info, tpl)
-	if err != nil {
-		_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
-		return Info{}, err
+	e := m.claim(ctx, info, tpl)
+	if e != nil {
+		info.ID = e.info.ID
+		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
+			m.teardown(e)
+			return Info{}, err
+		}
+	} else {
+		// The record exists before the runtime sandbox does, so a crash between
+		// the two leaves something Recover can find and clean.
+		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
+			return Info{}, err
+		}
+		e, err = m.start(context.WithoutCancel(ctx), info, tpl, false)
+		if err != nil {
+			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
+			return Info{}, err
+		}
 	}
 	e.info.State = StateRunning
 	if err := m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info)); err != nil {
@@ -195,8 +214,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	return out, nil
 }
 
-// start creates the runtime sandbox and waits for envd.
-func (m *Manager) start(ctx context.Context, info Info, tpl Template) (*entry, error) {
+// start creates the runtime sandbox and waits for envd. A pooled sandbox's envd
+// waits for its access token and env vars (POST /init) before serving.
+func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
 	dir := m.sandboxDir(info.ID)
 	runDir := filepath.Join(dir, "run")
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
@@ -211,6 +231,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template) (*entry, e
 		DefaultWorkdir: tpl.DefaultWorkdir,
 		Listen:         []string{"unix:" + envdSocketDir + "/envd.sock", fmt.Sprintf("tcp:127.0.0.1:%d", envd.Port)},
 		DiskPath:       "/",
+		AwaitInit:      pooled,
 	}
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
@@ -242,7 +263,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template) (*entry, e
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		m.teardown(e)
 		return nil, fmt.Errorf("sandbox %s: envd did not start: %w (log: %s)", info.ID, err, spec.Init.LogPath)
@@ -388,10 +409,11 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
-// SetTimeout makes the sandbox end d from now.
+// SetTimeout makes the sandbox end d from now; 0 ends it now (E2B's SDK tests
+// use setTimeout(0) to force expiry).
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	if d <= 0 {
-		return fmt.Errorf("%w: timeout must be positive", ErrInvalid)
+	if d < 0 {
+		return fmt.Errorf("%w: timeout must not be negative", ErrInvalid)
 	}
 	if d > m.opts.MaxTimeout {
 		return fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
@@ -694,11 +716,15 @@ func removeSandboxDir(dir string) error {
 	return mountutil.RemoveAll(dir)
 }
 
-// Close stops background work. Sandboxes keep running: a restarted server
-// re-adopts them.
+// Close stops background work and destroys the warm pool. Claimed sandboxes
+// keep running: a restarted server re-adopts them.
 func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
 	close(m.stop)
 	m.wg.Wait()
+	m.drainPool()
 	m.mu.Lock()
 	for _, e := range m.sandboxes {
 		if e.timer != nil {

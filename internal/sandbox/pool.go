@@ -1,0 +1,184 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// The warm pool keeps a few sandboxes per template started ahead of demand, so
+// that a create only has to hand one its identity instead of paying for
+// namespaces, cgroups, the overlay and envd's start (tens of milliseconds of CPU,
+// which queue up when many creates arrive at once on a small machine).
+//
+// A pooled sandbox runs envd with Config.AwaitInit: it answers /health and
+// nothing else until the host's one POST /init (over the unix socket, which no
+// client can reach) gives it the access token and env vars. It is not in the
+// live map, not in the store and not routable; after a restart it is an orphan
+// that Recover destroys. Its StartedAt is the claim time.
+
+// SetWarmPool asks for n sandboxes of tpl to be kept ready (0 turns it off).
+func (m *Manager) SetWarmPool(tpl Template, n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n <= 0 {
+		delete(m.poolTarget, tpl.ID)
+	} else {
+		m.poolTarget[tpl.ID] = poolWant{tpl: tpl, n: n}
+	}
+	m.kickPoolLocked()
+}
+
+// WarmCount is the number of ready pooled sandboxes of a template.
+func (m *Manager) WarmCount(templateID string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.pool[templateID])
+}
+
+type poolWant struct {
+	tpl Template
+	n   int
+}
+
+func (m *Manager) kickPoolLocked() {
+	select {
+	case m.poolKick <- struct{}{}:
+	default:
+	}
+}
+
+// poolLoop refills the pool one sandbox at a time, so that refilling never
+// takes more than one core away from requests.
+func (m *Manager) poolLoop() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.poolKick:
+		}
+		for {
+			want, ok := m.poolDeficit()
+			if !ok {
+				break
+			}
+			e, err := m.start(context.Background(), Info{ID: newID(), TemplateID: want.tpl.ID}, want.tpl, true)
+			if err != nil {
+				m.log.Warn("warm pool: start failed", "template", want.tpl.ID, "err", err)
+				select {
+				case <-m.stop:
+					return
+				case <-time.After(5 * time.Second):
+				}
+				continue
+			}
+			m.mu.Lock()
+			closed := m.closed
+			if !closed {
+				m.pool[want.tpl.ID] = append(m.pool[want.tpl.ID], e)
+			}
+			m.mu.Unlock()
+			if closed {
+				m.teardown(e)
+				return
+			}
+		}
+	}
+}
+
+// poolDeficit returns a template whose pool is below target.
+func (m *Manager) poolDeficit() (poolWant, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return poolWant{}, false
+	}
+	for id, want := range m.poolTarget {
+		if len(m.pool[id]) < want.n {
+			return want, true
+		}
+	}
+	return poolWant{}, false
+}
+
+// claim takes a warm sandbox of tpl, if one is ready, and gives it info's
+// identity. It returns nil when there is none or it could not be claimed (the
+// caller then starts one cold).
+func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
+	m.mu.Lock()
+	var e *entry
+	if list := m.pool[tpl.ID]; len(list) > 0 {
+		e = list[len(list)-1]
+		m.pool[tpl.ID] = list[:len(list)-1]
+		m.kickPoolLocked()
+	}
+	m.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	if e.tplRootfs != tpl.Rootfs {
+		// The template was rebuilt since this sandbox started.
+		go m.teardown(e)
+		return nil
+	}
+	init := initRequest{AccessToken: info.AccessToken, EnvVars: info.EnvVars}
+	if err := postInit(ctx, e.transport, init); err != nil {
+		m.log.Warn("warm pool: claim failed; starting cold", "id", e.info.ID, "err", err)
+		go m.teardown(e)
+		return nil
+	}
+	id := e.info.ID
+	e.info = info
+	e.info.ID = id
+	return e
+}
+
+// initRequest is the body of envd's POST /init: the part of envd.Config that is
+// only known when a client creates the sandbox.
+type initRequest struct {
+	AccessToken string            `json:"accessToken,omitempty"`
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+}
+
+func postInit(ctx context.Context, tr http.RoundTripper, body initRequest) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://envd/init", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("envd /init: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("envd /init: %s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+// drainPool destroys every pooled sandbox (at Close).
+func (m *Manager) drainPool() {
+	m.mu.Lock()
+	var all []*entry
+	for id, list := range m.pool {
+		all = append(all, list...)
+		delete(m.pool, id)
+	}
+	m.mu.Unlock()
+	for _, e := range all {
+		m.teardown(e)
+	}
+}
