@@ -78,6 +78,13 @@ func TestBuildBase(t *testing.T) {
 			t.Errorf("%s in the rootfs: %q, %v", argv[0], out, err)
 		}
 	}
+	// The runtime gives each sandbox its own hostname; sudo must not complain that it
+	// can't resolve it, nor wait on DNS for it.
+	script := "hostname sbx-integration-test && exec chroot --userspec=1000:1000 " + tmpl.RootFS + " /usr/bin/sudo -n id -u"
+	out, err := exec.Command("unshare", "--uts", "sh", "-c", script).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "0" {
+		t.Errorf("sudo as user under another hostname: %q, %v", out, err)
+	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(tmpl.RootFS), "build.log")); err != nil {
 		t.Errorf("build.log: %v", err)
 	}

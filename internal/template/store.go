@@ -455,14 +455,34 @@ func (s *Store) removeSuperseded(nameDir, key string, p *progress) {
 		if s.inUse != nil && s.inUse(filepath.Join(dir, "rootfs")) {
 			continue
 		}
-		// Something mounted inside (a sandbox's bind mount) means someone uses it.
-		if m, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); err != nil || len(m) > 0 {
+		if used, err := mountedFrom(dir); err != nil || used {
 			continue
 		}
 		if err := discard(nameDir, e.Name()); err != nil {
 			p.printf("could not remove superseded build %s: %v", e.Name(), err)
 		}
 	}
+}
+
+// mountedFrom reports whether any mount in our namespace uses the build directory dir:
+// something mounted inside it, a bind or idmapped mount of its rootfs (mountinfo's root
+// field), or an overlay with it as a lower layer. Deleting files under a live overlay is
+// undefined behaviour, so this guards sandboxes even when no InUse hook is given.
+func mountedFrom(dir string) (bool, error) {
+	mounts, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return false, fmt.Errorf("list mounts: %w", err)
+	}
+	// The key directory name is a 64-bit hash, so this suffix names one build even when
+	// the data directory sits on its own filesystem and roots are relative to it.
+	rootfs := "/" + filepath.Base(dir) + "/rootfs"
+	for _, m := range mounts {
+		if m.Mountpoint == dir || strings.HasPrefix(m.Mountpoint, dir+"/") ||
+			strings.Contains(m.Root+"/", rootfs+"/") || strings.Contains(m.VFSOptions, rootfs) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // discard deletes the build directory nameDir/key. It renames it first so Get never

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // These tests drive the store with stand-in debootstrap and chroot scripts placed first
@@ -357,4 +359,53 @@ func alive(pid int) bool {
 	// The state follows the ")" that ends the command name.
 	i := strings.LastIndexByte(string(st), ')')
 	return i < 0 || i+2 >= len(st) || st[i+2] != 'Z'
+}
+
+// A superseded build that is the lower layer of a mounted overlay (a running sandbox)
+// must survive the next build even when nobody passed an InUse hook.
+func TestSupersededBuildUnderOverlayIsKept(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting an overlay needs root")
+	}
+	f := setupFake(t, "ok")
+	old, err := f.store(t, testDefs("echo v1")).Ensure(context.Background(), "tiny", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := t.TempDir()
+	for _, d := range []string{"upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(sb, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s/upper,workdir=%s/work", old.RootFS, sb, sb)
+	merged := filepath.Join(sb, "merged")
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Fatalf("mount overlay: %v", err)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			_ = unix.Unmount(merged, unix.MNT_DETACH)
+		}
+	}()
+
+	v2, err := f.store(t, testDefs("echo v2")).Ensure(context.Background(), "tiny", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(old.RootFS, "etc/motd")); err != nil {
+		t.Fatalf("the rootfs under a live overlay was removed: %v", err)
+	}
+	if err := unix.Unmount(merged, 0); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	v3, err := f.store(t, testDefs("echo v3")).Ensure(context.Background(), "tiny", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.entries(t); strings.Join(got, " ") != ".lock "+v3.Key {
+		t.Errorf("after unmount and v3: %v (v2 %s), want only .lock and %s", got, v2.Key, v3.Key)
+	}
 }
