@@ -309,7 +309,11 @@ func (e *BuildError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "build template %s: %v", e.Name, e.Err)
 	if len(e.Tail) > 0 && !errors.Is(e.Err, context.Canceled) && !errors.Is(e.Err, context.DeadlineExceeded) {
-		fmt.Fprintf(&b, "\nlast %d lines of output (full log: %s):", len(e.Tail), e.Log)
+		fmt.Fprintf(&b, "\nlast %d lines of output", len(e.Tail))
+		if e.Log != "" {
+			fmt.Fprintf(&b, " (full log: %s)", e.Log)
+		}
+		b.WriteString(":")
 		for _, l := range e.Tail {
 			b.WriteString("\n  ")
 			b.WriteString(l)
