@@ -94,8 +94,10 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	})
 	e := &env{t: t, root: root, srv: srv, ts: ts, home: home, rhome: rhome}
 	hdr := connect.WithInterceptors(headerInterceptor{"X-Access-Token": testToken})
-	e.proc = processconnect.NewProcessClient(ts.Client(), ts.URL, connect.WithProtoJSON(), hdr)
-	e.fs = filesystemconnect.NewFilesystemClient(ts.Client(), ts.URL, connect.WithProtoJSON(), hdr)
+	// Like the E2B SDKs: JSON codec, no compression.
+	noGzip := connect.WithAcceptCompression("gzip", nil, nil)
+	e.proc = processconnect.NewProcessClient(ts.Client(), ts.URL, connect.WithProtoJSON(), hdr, noGzip)
+	e.fs = filesystemconnect.NewFilesystemClient(ts.Client(), ts.URL, connect.WithProtoJSON(), hdr, noGzip)
 	return e
 }
 

@@ -26,6 +26,7 @@ const (
 	// pipes after the process exited. A background grandchild that inherited stdout
 	// keeps the pipe open indefinitely; without a bound `cmd &` would never end.
 	exitDrainGrace = 100 * time.Millisecond
+	maxExitDrain   = subscriberStall + 3*time.Second
 	// inputWriteTimeout bounds a stdin write to a process that does not read, when
 	// the RPC itself carries no deadline.
 	inputWriteTimeout = 60 * time.Second
@@ -75,19 +76,30 @@ func (p *proc) subscribe() *subscriber {
 }
 
 func (p *proc) unsubscribe(s *subscriber) {
+	s.detach()
 	p.mu.Lock()
 	delete(p.subs, s)
 	p.mu.Unlock()
 }
 
+// publish hands a chunk to every subscriber. Subscribers with room get it at once;
+// only then does the reader wait, outside the process lock, for those that are
+// full (bounded by subscriberStall).
 func (p *proc) publish(k outKind, data []byte) {
+	var full []*subscriber
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.end != nil {
+		p.mu.Unlock()
 		return
 	}
 	for s := range p.subs {
-		s.pushData(k, data)
+		if !s.tryPush(k, data) {
+			full = append(full, s)
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range full {
+		s.pushWait(k, data)
 	}
 }
 
@@ -101,14 +113,19 @@ func (p *proc) signal(sig syscall.Signal) error {
 }
 
 // readOutput copies one output stream into the subscribers until EOF or error.
-func (p *proc) readOutput(r *os.File, k outKind) {
+// progress and busy let wait() tell a reader that is still delivering output from
+// one blocked on a pipe that a background grandchild holds open.
+func (p *proc) readOutput(r *os.File, k outKind, progress *atomic.Int64, busy *atomic.Int32) {
 	buf := make([]byte, chunkLimit(k))
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			busy.Add(1)
+			progress.Add(1)
 			chunk := make([]byte, n)
 			copy(chunk, buf[:n])
 			p.publish(k, chunk)
+			busy.Add(-1)
 		}
 		if err != nil {
 			return
@@ -119,7 +136,11 @@ func (p *proc) readOutput(r *os.File, k outKind) {
 // wait reaps the process, lets the readers drain what it wrote, then publishes the
 // single end event and schedules the process's removal.
 func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		progress atomic.Int64
+		busy     atomic.Int32
+	)
 	for i, r := range readers {
 		wg.Add(1)
 		go func(r *os.File, k outKind) {
@@ -129,15 +150,27 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 					p.log.Error("output reader panicked", "pid", p.pid, "panic", v)
 				}
 			}()
-			p.readOutput(r, k)
+			p.readOutput(r, k, &progress, &busy)
 		}(r, kinds[i])
 	}
 	err := p.cmd.Wait()
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(exitDrainGrace):
+	// Keep waiting while output is still flowing; stop once the readers sit idle
+	// on pipes that only a background grandchild still holds open. What an exited
+	// process left behind is at most a pipe buffer, so maxExitDrain only cuts off
+	// a grandchild that keeps writing.
+	drainDeadline := time.Now().Add(maxExitDrain)
+	for {
+		before := progress.Load()
+		select {
+		case <-drained:
+		case <-time.After(exitDrainGrace):
+			if (busy.Load() > 0 || progress.Load() != before) && time.Now().Before(drainDeadline) {
+				continue
+			}
+		}
+		break
 	}
 	end := endEvent(p.cmd.ProcessState, err)
 
@@ -147,6 +180,9 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 		p.timer.Stop()
 	}
 	for s := range p.subs {
+		if d := s.droppedBytes(); d > 0 {
+			p.log.Warn("a client stopped reading process output; some output was not delivered to it", "pid", p.pid, "dropped_bytes", d)
+		}
 		s.pushEnd(end)
 	}
 	p.subs = nil

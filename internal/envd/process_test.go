@@ -539,3 +539,31 @@ func processGone(pid int) bool {
 	_, after, ok := strings.Cut(string(b), ") ")
 	return ok && strings.HasPrefix(after, "Z")
 }
+
+// A client that reads more slowly than the process writes still receives every
+// byte: the process is throttled, not truncated.
+func TestSlowReaderGetsEverything(t *testing.T) {
+	e := newEnv(t)
+	const size = 12 << 20
+	stream, err := e.proc.Start(ctxTimeout(t, 30*time.Second), startReq(&pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "head -c 12582912 /dev/zero"}}))
+	must(t, err)
+	defer stream.Close()
+	n, msgs := 0, 0
+	var end *pb.ProcessEvent_EndEvent
+	for stream.Receive() {
+		if d := stream.Msg().GetEvent().GetData(); d != nil {
+			n += len(d.GetStdout())
+			msgs++
+			if msgs%8 == 0 {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		if en := stream.Msg().GetEvent().GetEnd(); en != nil {
+			end = en
+		}
+	}
+	must(t, stream.Err())
+	if n != size || end.GetExitCode() != 0 {
+		t.Fatalf("received %d of %d bytes, end %v", n, size, end)
+	}
+}
