@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -154,10 +155,12 @@ func TestBinaryAsPID1(t *testing.T) {
 		t.Fatalf("run under pid 1: %+v\n%s", r, logs.String())
 	}
 	time.Sleep(400 * time.Millisecond)
+	// Orphans of the namespace are re-parented to envd's pid 1 (host pid
+	// cmd.Process.Pid); none of its children may be left a zombie.
 	out, _ := exec.Command("ps", "-eo", "stat,ppid,comm").Output()
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) == 3 && strings.HasPrefix(f[0], "Z") && f[2] == "sleep" {
+		if len(f) == 3 && strings.HasPrefix(f[0], "Z") && f[1] == strconv.Itoa(cmd.Process.Pid) {
 			t.Fatalf("zombie left unreaped: %s", line)
 		}
 	}
