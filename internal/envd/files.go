@@ -341,14 +341,59 @@ func (s *Server) upload(r *http.Request, pathParam string, u *User) ([]uploadRes
 
 // partFileName reads a part's filename from its Content-Disposition. Go's
 // Part.FileName() keeps only the base name, but the SDKs put the full target path
-// there (spec §3.7.3).
+// there (spec §3.7.3). Browsers and undici follow the HTML form encoding, which
+// escapes only '"', CR and LF (as %22, %0D, %0A) and leaves backslashes alone, so
+// the quoted value is read literally rather than as an RFC 2616 quoted-string.
 func partFileName(p *multipart.Part) (name string, isFile bool) {
-	_, params, err := mime.ParseMediaType(p.Header.Get("Content-Disposition"))
-	if err != nil {
-		return "", false
+	cd := p.Header.Get("Content-Disposition")
+	_, params, err := mime.ParseMediaType(cd)
+	raw := dispositionParams(cd)
+	if _, extended := raw["filename*"]; !extended {
+		if v, ok := raw["filename"]; ok {
+			return formUnescaper.Replace(v), true
+		}
 	}
-	fn, ok := params["filename"]
-	return fn, ok || params["name"] == "file"
+	if err == nil {
+		if fn, ok := params["filename"]; ok {
+			return fn, true
+		}
+		return "", params["name"] == "file"
+	}
+	return "", raw["name"] == "file"
+}
+
+var formUnescaper = strings.NewReplacer("%22", `"`, "%0D", "\r", "%0A", "\n", "%0d", "\r", "%0a", "\n")
+
+// dispositionParams splits a Content-Disposition value into lower-cased parameter
+// names and their values, quotes removed, with no escape processing.
+func dispositionParams(v string) map[string]string {
+	out := map[string]string{}
+	var parts []string
+	inQuote, start := false, 0
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			inQuote = !inQuote
+		case ';':
+			if !inQuote {
+				parts = append(parts, v[start:i])
+				start = i + 1
+			}
+		}
+	}
+	parts = append(parts, v[start:])
+	for _, part := range parts[1:] {
+		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+			val = val[1 : len(val)-1]
+		}
+		out[strings.ToLower(strings.TrimSpace(k))] = val
+	}
+	return out
 }
 
 func (s *Server) uploadMultipart(mr *multipart.Reader, pathParam string, u *User, meta map[string]string) ([]uploadResult, *filesError) {

@@ -171,6 +171,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		Handler:           s.handler,
 		Protocols:         protocols,
 		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}

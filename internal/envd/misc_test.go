@@ -1,0 +1,120 @@
+package envd
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"net/textproto"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Uploading into a full filesystem answers 507 with the text the SDKs map to
+// NotEnoughSpaceError. A small tmpfs provides the full disk.
+func TestUploadNoSpace(t *testing.T) {
+	e := newEnv(t)
+	small := filepath.Join(e.root, "small")
+	must(t, os.Mkdir(small, 0o755))
+	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	resp, body := e.httpDo("POST", "/files?path="+filepath.Join(small, "big"), bytes.NewReader(big), map[string]string{
+		"Content-Type": "application/octet-stream", "X-Access-Token": testToken})
+	if resp.StatusCode != http.StatusInsufficientStorage || strings.TrimSpace(body) != `{"code":507,"message":"not enough disk space available"}` {
+		t.Fatalf("full disk: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestRecoverHTTP(t *testing.T) {
+	s := &Server{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	h := s.recoverHTTP(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/x", nil))
+	if rec.Code != 500 || !strings.Contains(rec.Body.String(), `"code":500`) {
+		t.Fatalf("%d %s", rec.Code, rec.Body.String())
+	}
+}
+
+func TestEtcUserDB(t *testing.T) {
+	root := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(root, "etc"), 0o755))
+	passwd := filepath.Join(root, "etc/passwd")
+	must(t, os.WriteFile(passwd, []byte("# comment\nuser:x:1000:1000::/home/user:/bin/bash\nbroken line\n"), 0o644))
+	must(t, os.WriteFile(filepath.Join(root, "etc/group"), []byte("user:x:1000:\nsudo:x:27:other,user\ndocker:x:999:other\n"), 0o644))
+	db := &EtcUserDB{Root: root}
+	u, err := db.LookupUser("user")
+	must(t, err)
+	if u.UID != 1000 || u.GID != 1000 || u.Home != "/home/user" || len(u.Groups) != 2 || u.Groups[1] != 27 {
+		t.Fatalf("user %+v", u)
+	}
+	// root resolves even when the rootfs's passwd lacks it.
+	if r, err := db.LookupUser("root"); err != nil || r.UID != 0 || r.Home != "/root" {
+		t.Fatalf("root %+v %v", r, err)
+	}
+	if _, err := db.LookupUser("ghost"); err == nil {
+		t.Fatal("ghost found")
+	}
+	if n, ok := db.GroupName(27); !ok || n != "sudo" {
+		t.Fatal("group name")
+	}
+	if _, ok := db.UserName(4242); ok {
+		t.Fatal("unknown uid named")
+	}
+	// Accounts added while envd runs (useradd in the sandbox) are seen.
+	time.Sleep(10 * time.Millisecond)
+	must(t, os.WriteFile(passwd, []byte("user:x:1000:1000::/home/user:/bin/bash\nnew:x:1001:1001::/home/new:/bin/sh\n"), 0o644))
+	if n, ok := db.UserName(1001); !ok || n != "new" {
+		t.Fatal("new user not seen")
+	}
+}
+
+func TestDefaultUserFallsBackToRoot(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.DefaultUser = "absent" })
+	u, err := e.srv.lookupUser("")
+	if err != nil || u.Name != "root" {
+		t.Fatalf("fallback %+v %v", u, err)
+	}
+	e2 := newEnv(t, func(c *Config) { c.DefaultUser = ""; c.DefaultWorkdir = "/srv/work" })
+	u, err = e2.srv.lookupUser("")
+	if err != nil || u.Name != "root" {
+		t.Fatalf("empty default %+v %v", u, err)
+	}
+	if got := e2.srv.resolvePath("", u); got != "/srv/work" {
+		t.Fatalf("empty path resolves to %q", got)
+	}
+	if got := e2.srv.resolvePath("a/../b", u); got != filepath.Join(e2.rhome, "b") {
+		t.Fatalf("relative path resolves to %q", got)
+	}
+	if got := e2.srv.resolvePath("/x/./y/", u); got != "/x/y" {
+		t.Fatalf("absolute path resolves to %q", got)
+	}
+}
+
+func TestDispositionFilename(t *testing.T) {
+	for cd, want := range map[string]string{
+		`form-data; name="file"; filename="/tmp/dir/x.txt"`:          "/tmp/dir/x.txt",
+		`form-data; name="file"; filename="rel/y"`:                   "rel/y",
+		`form-data; name="file"; filename="a\b; c.txt"`:              `a\b; c.txt`,
+		`form-data; name="file"; filename="q%22uote"`:                `q"uote`,
+		`form-data; name="file"; filename*=UTF-8''%C3%A9t%C3%A9.txt`: "été.txt",
+		`form-data; name="file"; filename=plain.txt`:                 "plain.txt",
+	} {
+		h := http.Header{}
+		h.Set("Content-Disposition", cd)
+		got, ok := partFileName(&multipart.Part{Header: textprotoHeader(h)})
+		if !ok || got != want {
+			t.Errorf("%s: got %q %v, want %q", cd, got, ok, want)
+		}
+	}
+}
+
+func textprotoHeader(h http.Header) textproto.MIMEHeader { return textproto.MIMEHeader(h) }
