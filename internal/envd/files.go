@@ -75,7 +75,7 @@ func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
 // checkFilesAuth implements spec §3.7.3: the access token header, or else a URL
 // signature (optionally expiring) made with the token.
 func (s *Server) checkFilesAuth(r *http.Request, q url.Values, op string) *filesError {
-	token := s.cfg.AccessToken
+	token := s.id.accessToken()
 	if token == "" {
 		return nil
 	}

@@ -70,7 +70,7 @@ func (s *Server) processEnv(u *User, reqEnv map[string]string) []string {
 	set("HOME", u.Home)
 	set("USER", u.Name)
 	set("LOGNAME", u.Name)
-	for _, kv := range s.sandboxEnv {
+	for _, kv := range s.id.sandboxEnv() {
 		set(kv[0], kv[1])
 	}
 	keys := make([]string, 0, len(reqEnv))

@@ -177,3 +177,81 @@ func TestBinaryAsPID1(t *testing.T) {
 		t.Fatalf("envd did not exit on SIGTERM\n%s", logs.String())
 	}
 }
+
+// A warm-pool envd serves nothing but /health until the host's one /init over
+// the unix socket gives it its token and env vars.
+func TestAwaitInit(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "envd.sock")
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	tcpAddr := tcp.Addr().String()
+	tcp.Close()
+	srv, err := NewServer(Config{SandboxID: "pooled", Listen: []string{"unix:" + sock, "tcp:" + tcpAddr}, AwaitInit: true}, nil)
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-srv.Ready()
+
+	uc := unixClient(sock, false)
+	do := func(c *http.Client, method, url, body string, hdr map[string]string) (*http.Response, string) {
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		must(t, err)
+		defer resp.Body.Close()
+		b := new(bytes.Buffer)
+		_, _ = b.ReadFrom(resp.Body)
+		return resp, b.String()
+	}
+	if resp, _ := do(uc, "GET", "http://envd/health", "", nil); resp.StatusCode != 204 {
+		t.Fatalf("health before init: %d", resp.StatusCode)
+	}
+	for _, path := range []string{"/envs", "/files?path=/etc/hostname"} {
+		if resp, _ := do(uc, "GET", "http://envd"+path, "", nil); resp.StatusCode != 503 {
+			t.Fatalf("%s before init: %d", path, resp.StatusCode)
+		}
+	}
+	if resp, body := do(uc, "POST", "http://envd/process.Process/List", "{}", map[string]string{"Content-Type": "application/json"}); resp.StatusCode != 503 {
+		t.Fatalf("rpc before init: %d %s", resp.StatusCode, body)
+	}
+	initBody := `{"accessToken":"claimed","envVars":{"FROM_INIT":"1"}}`
+	// Processes in the sandbox reach envd over TCP; they must not be able to init it.
+	if resp, _ := do(http.DefaultClient, "POST", "http://"+tcpAddr+"/init", initBody, nil); resp.StatusCode != 403 {
+		t.Fatalf("init over tcp: %d", resp.StatusCode)
+	}
+	resp, body := do(uc, "POST", "http://envd/init", initBody, nil)
+	if resp.StatusCode != 204 || resp.Header.Get("X-Envd-Version") != Version {
+		t.Fatalf("init: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := do(uc, "POST", "http://envd/init", `{"accessToken":"stolen"}`, nil); resp.StatusCode != 409 {
+		t.Fatalf("second init: %d", resp.StatusCode)
+	}
+	if resp, _ := do(uc, "GET", "http://envd/envs", "", nil); resp.StatusCode != 401 {
+		t.Fatalf("envs without the new token: %d", resp.StatusCode)
+	}
+	resp, body = do(uc, "GET", "http://envd/envs", "", map[string]string{"X-Access-Token": "claimed"})
+	if resp.StatusCode != 200 || !strings.Contains(body, `"FROM_INIT":"1"`) || !strings.Contains(body, `"E2B_SANDBOX_ID":"pooled"`) {
+		t.Fatalf("envs after init: %d %s", resp.StatusCode, body)
+	}
+	c := processconnect.NewProcessClient(uc, "http://envd", connect.WithProtoJSON(),
+		connect.WithInterceptors(headerInterceptor{"X-Access-Token": "claimed"}))
+	f := false
+	stream, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo $FROM_INIT"}}, Stdin: &f}))
+	must(t, err)
+	if r := collect(stream); r.stdout != "1\n" {
+		t.Fatalf("process env after init: %+v", r)
+	}
+}
+
+func TestInitRefusedWithoutAwaitInit(t *testing.T) {
+	e := newEnv(t)
+	resp, _ := e.httpDo("POST", "/init", strings.NewReader(`{"accessToken":"x"}`), tokenHdr)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("init: %d", resp.StatusCode)
+	}
+}

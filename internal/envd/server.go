@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +37,7 @@ type Server struct {
 	log   *slog.Logger
 	users UserDB
 
-	sandboxEnv [][2]string // ordered sandbox-level env vars, E2B_* last
+	id identity
 
 	procs    *processManager
 	watchers *watcherRegistry
@@ -78,22 +77,11 @@ func NewServer(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error)
 	if s.users == nil {
 		s.users = &EtcUserDB{Root: "/"}
 	}
-	keys := make([]string, 0, len(cfg.EnvVars))
-	for k := range cfg.EnvVars {
-		keys = append(keys, k)
+	env, err := buildSandboxEnv(cfg, cfg.EnvVars)
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, fmt.Errorf("invalid sandbox env var name %q", k)
-		}
-		s.sandboxEnv = append(s.sandboxEnv, [2]string{k, cfg.EnvVars[k]})
-	}
-	s.sandboxEnv = append(s.sandboxEnv,
-		[2]string{"E2B_SANDBOX", "true"},
-		[2]string{"E2B_SANDBOX_ID", cfg.SandboxID},
-		[2]string{"E2B_TEMPLATE_ID", cfg.TemplateID},
-	)
+	s.id.token, s.id.env, s.id.initialized = cfg.AccessToken, env, !cfg.AwaitInit
 	for _, l := range cfg.Listen {
 		if _, _, err := parseListen(l); err != nil {
 			return nil, err
@@ -174,6 +162,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		IdleTimeout:       5 * time.Minute,
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnContext:       connContext,
 	}
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {
@@ -206,7 +195,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) buildHandler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(authInterceptor{token: s.cfg.AccessToken}),
+		connect.WithInterceptors(authInterceptor{id: &s.id}),
 		connect.WithReadMaxBytes(maxRPCMessage),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, v any) error {
 			s.log.Error("rpc handler panicked", "procedure", spec.Procedure, "panic", v, "stack", string(debug.Stack()))
@@ -217,13 +206,14 @@ func (s *Server) buildHandler() http.Handler {
 	mux.Handle(processconnect.NewProcessHandler(&processService{srv: s}, opts...))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{srv: s}, opts...))
 	mux.HandleFunc("/health", s.handleHealth)
+	mux.HandleFunc("/init", s.handleInit)
 	mux.HandleFunc("/files", s.handleFiles)
 	mux.Handle("/envs", s.requireToken(http.HandlerFunc(s.handleEnvs)))
 	mux.Handle("/metrics", s.requireToken(http.HandlerFunc(s.handleMetrics)))
 	mux.Handle("/", s.requireToken(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not found")
 	})))
-	return s.recoverHTTP(cors(mux))
+	return s.recoverHTTP(cors(s.awaitInit(mux)))
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -240,8 +230,9 @@ func (s *Server) handleEnvs(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed")
 		return
 	}
-	out := make(map[string]string, len(s.sandboxEnv))
-	for _, kv := range s.sandboxEnv {
+	env := s.id.sandboxEnv()
+	out := make(map[string]string, len(env))
+	for _, kv := range env {
 		out[kv[0]] = kv[1]
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -297,7 +288,7 @@ func tokenMatches(got, want string) bool {
 
 func (s *Server) requireToken(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.AccessToken != "" && !tokenMatches(r.Header.Get("X-Access-Token"), s.cfg.AccessToken) {
+		if token := s.id.accessToken(); token != "" && !tokenMatches(r.Header.Get("X-Access-Token"), token) {
 			writeJSONError(w, http.StatusUnauthorized, unauthorizedMessage)
 			return
 		}
@@ -307,10 +298,10 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 
 // authInterceptor checks the access token on RPCs so that failures are Connect
 // errors (code unauthenticated) rather than plain-HTTP 401 bodies.
-type authInterceptor struct{ token string }
+type authInterceptor struct{ id *identity }
 
 func (a authInterceptor) check(h http.Header) error {
-	if a.token == "" || tokenMatches(h.Get("X-Access-Token"), a.token) {
+	if token := a.id.accessToken(); token == "" || tokenMatches(h.Get("X-Access-Token"), token) {
 		return nil
 	}
 	return connect.NewError(connect.CodeUnauthenticated, errors.New(unauthorizedMessage))
