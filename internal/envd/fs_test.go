@@ -342,3 +342,21 @@ func TestPollingWatcher(t *testing.T) {
 		t.Fatalf("unknown watcher: %v", err)
 	}
 }
+
+func TestLegacyPythonClientGetsOldEntryShape(t *testing.T) {
+	e := newEnv(t)
+	writeFile(t, filepath.Join(e.home, "f.txt"), "x")
+	for ua, wantFull := range map[string]bool{"connect-python/0.1": false, "e2b-python-sdk/2.0.0": true} {
+		req := connect.NewRequest(&fspb.ListDirRequest{Path: "~"})
+		req.Header().Set("User-Agent", ua)
+		resp, err := e.fs.ListDir(ctxTimeout(t, 10*time.Second), req)
+		must(t, err)
+		en := resp.Msg.GetEntries()[0]
+		if en.GetName() != "f.txt" || en.GetPath() != filepath.Join(e.home, "f.txt") || en.GetType() != fspb.FileType_FILE_TYPE_FILE {
+			t.Fatalf("%s: %v", ua, en)
+		}
+		if full := en.GetPermissions() != "" && en.GetModifiedTime() != nil; full != wantFull {
+			t.Fatalf("%s: full entry %v, want %v: %v", ua, full, wantFull, en)
+		}
+	}
+}

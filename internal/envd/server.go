@@ -195,7 +195,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) buildHandler() http.Handler {
 	opts := []connect.HandlerOption{
-		connect.WithInterceptors(authInterceptor{id: &s.id}),
+		connect.WithInterceptors(authInterceptor{id: &s.id}, legacyClientInterceptor{}),
 		connect.WithReadMaxBytes(maxRPCMessage),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, v any) error {
 			s.log.Error("rpc handler panicked", "procedure", spec.Procedure, "panic", v, "stack", string(debug.Stack()))
