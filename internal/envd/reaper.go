@@ -31,8 +31,10 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 		return 1
 	}
 	// Register before the child exists so no signal falls between the cracks.
+	// Only the signals the server handles (as a graceful stop) are forwarded; pid 1
+	// ignores the rest, as the kernel does for a namespace's init.
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	child, err := os.StartProcess(exe, os.Args, &os.ProcAttr{
 		Env:   append(os.Environ(), ChildEnv+"=1"),
 		Files: []*os.File{r, os.Stdout, os.Stderr},

@@ -1,6 +1,20 @@
 // Package envd is the in-sandbox agent: it serves the E2B envd protocol (spec §3)
 // — Connect RPC process and filesystem services plus /files, /health, /envs and
 // /metrics — over the listeners the host asks for.
+//
+// The host starts cmd/envd as a sandbox's pid 1 and writes a Config to its stdin.
+// As pid 1, envd re-execs itself and only reaps orphans (RunReaper); the child
+// runs a Server. Design points worth knowing before changing anything here:
+//
+//   - Processes outlive the streams that started them. A Start stream is one
+//     subscriber of the process's output; Connect adds more. Output is never
+//     buffered without bound: a subscriber that stops reading is throttled for
+//     a short while, then loses output (output.go).
+//   - Connect-Timeout-Ms on Start is the process's lifetime, not the stream's.
+//   - Users come from the sandbox's own /etc/passwd and /etc/group (users.go),
+//     never from the host's, and files envd creates are chowned to them.
+//   - A warm-pool envd (Config.AwaitInit) serves nothing but /health until the
+//     host's POST /init over the unix socket gives it its token (init.go).
 package envd
 
 import (
