@@ -173,7 +173,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request, path string) {
 		case errors.Is(err, fs.ErrPermission):
 			writeJSONError(w, http.StatusForbidden, fmt.Sprintf("cannot read '%s': permission denied", path))
 		default:
-			writeJSONError(w, http.StatusInternalServerError, fmt.Sprintf("cannot open '%s': %v", path, err))
+			writeJSONError(w, pathErrorStatus(err), fmt.Sprintf("cannot open '%s': %v", path, err))
 		}
 		return
 	}
@@ -456,7 +456,7 @@ func (s *Server) writeUpload(dst string, r io.Reader, u *User, meta map[string]s
 		case errors.Is(err, syscall.ENOTDIR):
 			return uploadResult{}, filesErr(http.StatusBadRequest, "cannot create '%s': a parent is not a directory", dst)
 		}
-		return uploadResult{}, filesErr(http.StatusInternalServerError, "creating parent directories of '%s': %v", dst, err)
+		return uploadResult{}, filesErr(pathErrorStatus(err), "creating parent directories of '%s': %v", dst, err)
 	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
 	if err != nil {
@@ -468,7 +468,7 @@ func (s *Server) writeUpload(dst string, r io.Reader, u *User, meta map[string]s
 		case errors.Is(err, fs.ErrPermission):
 			return uploadResult{}, filesErr(http.StatusForbidden, "cannot write '%s': permission denied", dst)
 		}
-		return uploadResult{}, filesErr(http.StatusInternalServerError, "opening '%s': %v", dst, err)
+		return uploadResult{}, filesErr(pathErrorStatus(err), "opening '%s': %v", dst, err)
 	}
 	if os.Geteuid() == 0 {
 		_ = f.Chown(int(u.UID), int(u.GID))
@@ -512,4 +512,20 @@ func (w *fileWriter) Write(p []byte) (int, error) {
 		w.err = err
 	}
 	return n, err
+}
+
+// pathErrorStatus tells a path the client got wrong (400) from envd's own failure.
+func pathErrorStatus(err error) int {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return http.StatusNotFound
+	case errors.Is(err, fs.ErrPermission):
+		return http.StatusForbidden
+	case isNoSpace(err):
+		return http.StatusInsufficientStorage
+	case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ENOTDIR),
+		errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.ETXTBSY):
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
 }

@@ -118,3 +118,42 @@ func TestDispositionFilename(t *testing.T) {
 }
 
 func textprotoHeader(h http.Header) textproto.MIMEHeader { return textproto.MIMEHeader(h) }
+
+// Hostile or malformed input gets a clear client error, never a panic (which the
+// recover middleware would turn into "internal error").
+func TestMalformedInputNeverPanics(t *testing.T) {
+	e := newEnv(t)
+	procs := []string{
+		"/process.Process/List", "/process.Process/Update", "/process.Process/SendInput", "/process.Process/SendSignal",
+		"/process.Process/CloseStdin", "/filesystem.Filesystem/Stat", "/filesystem.Filesystem/MakeDir",
+		"/filesystem.Filesystem/Move", "/filesystem.Filesystem/ListDir", "/filesystem.Filesystem/Remove",
+		"/filesystem.Filesystem/CreateWatcher", "/filesystem.Filesystem/GetWatcherEvents", "/filesystem.Filesystem/RemoveWatcher",
+	}
+	bodies := []string{``, `{`, `[]`, `null`, `{"path":"a\u0000b","source":"\u0000","destination":"x","process":{"pid":4294967295},"input":{"stdin":"!!"}}`,
+		`{"path":"` + strings.Repeat("x/", 3000) + `"}`, `{"process":{"tag":""},"pty":{"size":{"cols":0,"rows":99999999}}}`, `{"watcherId":"../../etc"}`}
+	for _, p := range procs {
+		for _, b := range bodies {
+			resp, body := e.httpDo("POST", p, strings.NewReader(b), map[string]string{"Content-Type": "application/json", "X-Access-Token": testToken})
+			// 501 is SendSignal's documented answer to an unsupported signal.
+			if (resp.StatusCode >= 500 && resp.StatusCode != 501) || strings.Contains(body, "internal error") {
+				t.Errorf("%s %.60q: %d %.200s", p, b, resp.StatusCode, body)
+			}
+		}
+	}
+	for _, q := range []string{"path=%00", "path=" + strings.Repeat("a", 5000), "path=/proc/self/status", "path=/dev/null", "username=%00"} {
+		resp, body := e.httpDo("GET", "/files?"+q, nil, tokenHdr)
+		if resp.StatusCode >= 500 {
+			t.Errorf("GET /files?%.40s: %d %.200s", q, resp.StatusCode, body)
+		}
+		resp, body = e.httpDo("POST", "/files?"+q, strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream", "X-Access-Token": testToken})
+		if resp.StatusCode >= 500 && !strings.Contains(q, "proc") {
+			t.Errorf("POST /files?%.40s: %d %.200s", q, resp.StatusCode, body)
+		}
+	}
+	for _, ct := range []string{"multipart/form-data", "multipart/form-data; boundary=zz", "a/b; ===", "application/octet-stream; charset"} {
+		resp, body := e.httpDo("POST", "/files?path=m", strings.NewReader("--zz\r\nContent-Disposition: form-data; name=file; filename=\"\x00\"\r\n\r\nx\r\n--zz--"), map[string]string{"Content-Type": ct, "X-Access-Token": testToken})
+		if resp.StatusCode >= 500 {
+			t.Errorf("content type %q: %d %.200s", ct, resp.StatusCode, body)
+		}
+	}
+}
