@@ -32,6 +32,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -132,12 +133,16 @@ func listen(addr string) (net.Listener, error) {
 		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
 			return nil, fmt.Errorf("creating socket dir: %w", err)
 		}
+		// Only root (envd, and the host through the mount) may talk to envd directly:
+		// sandbox users reach it over TCP like on E2B, with the access token. The
+		// umask makes the socket private from the moment it exists; nothing else
+		// runs yet at startup, so changing it process-wide is safe.
+		old := syscall.Umask(0o177)
 		l, err := net.Listen("unix", address)
+		syscall.Umask(old)
 		if err != nil {
 			return nil, err
 		}
-		// Only root (envd, and the host through the mount) may talk to envd directly:
-		// sandbox users reach it over TCP like on E2B, with the access token.
 		if err := os.Chmod(address, 0o600); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("chmod socket: %w", err)
