@@ -83,4 +83,16 @@ else
 	echo "warning: could not raise kernel.pid_max from $current (sandbox density will be limited)" >&2
 fi
 
+step "Node.js and npm (for the SDK conformance tests)"
+# The SDK tests drive the official npm packages; Debian's nodejs (18) is enough
+# when the machine has none.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+	echo "node $(node --version), npm $(npm --version)"
+else
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update
+	apt-get install -y --no-install-recommends nodejs npm
+	echo "node $(node --version), npm $(npm --version)"
+fi
+
 step "done"

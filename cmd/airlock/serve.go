@@ -120,6 +120,18 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	if err != nil {
 		return nil, err
 	}
+	// Two servers on one data dir would each take the other's sandboxes for
+	// orphans and destroy them.
+	unlock, err := lockDataDir(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unlock()
+		}
+	}()
 	apiKey, err := loadAPIKey(dataDir)
 	if err != nil {
 		return nil, err
@@ -216,8 +228,24 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		}
 		mgr.Close()
 		db.Close()
+		unlock()
 	}
+	ok = true
 	return inst, nil
+}
+
+// lockDataDir takes the data dir's server lock (an flock, released by the
+// kernel if the process dies).
+func lockDataDir(dataDir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dataDir, "serve.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another airlock server is using the data dir %s (%w); stop it or pass a different --data-dir", dataDir, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // loadAPIKey returns AIRLOCK_API_KEY, or the key kept in the data dir, made on

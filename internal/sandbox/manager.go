@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -128,8 +129,8 @@ func New(opts Options) *Manager {
 		opts.PidsMax = 4096
 	}
 	m := &Manager{
-		opts:      opts,
-		log:       opts.Logger,
+		opts:       opts,
+		log:        opts.Logger,
 		sandboxes:  map[string]*entry{},
 		pool:       map[string][]*entry{},
 		poolTarget: map[string]poolWant{},
@@ -265,10 +266,26 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	}
 	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
+		// The log goes with the teardown; keep its end in the error.
+		tail := logTail(spec.Init.LogPath, 2048)
 		m.teardown(e)
-		return nil, fmt.Errorf("sandbox %s: envd did not start: %w (log: %s)", info.ID, err, spec.Init.LogPath)
+		return nil, fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)
 	}
 	return e, nil
+}
+
+// logTail returns up to n bytes from the end of a file.
+func logTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(st.Size()-n, 0)
+	}
+	b, _ := io.ReadAll(f)
+	return string(b)
 }
 
 // envdTransport reaches one sandbox's envd through its unix socket.

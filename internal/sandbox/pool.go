@@ -30,6 +30,17 @@ func (m *Manager) SetWarmPool(tpl Template, n int) {
 	} else {
 		m.poolTarget[tpl.ID] = poolWant{tpl: tpl, n: n}
 	}
+	if list := m.pool[tpl.ID]; len(list) > max(n, 0) {
+		excess := list[max(n, 0):]
+		m.pool[tpl.ID] = list[:max(n, 0)]
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			for _, e := range excess {
+				m.teardown(e)
+			}
+		}()
+	}
 	m.kickPoolLocked()
 }
 

@@ -114,6 +114,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		sandboxGone(w, id)
 		return
 	}
+	// envd often answers (and flushes) before the proxy has forwarded the end of
+	// the request body; without full duplex, net/http's HTTP/1.1 server then
+	// closes the request body, the transport's write to envd fails, and it
+	// closes the connection under the response still streaming back.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	ctx := context.WithValue(r.Context(), routeKey{}, route{id: id, port: port, transport: tr})
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
