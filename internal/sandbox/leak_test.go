@@ -57,7 +57,11 @@ func count(t *testing.T, dataDir string, ids []string) resources {
 	}
 	r.netns = len(netns)
 	entries, _ := os.ReadDir(filepath.Join(dataDir, "sandboxes"))
-	r.dirs = len(entries)
+	for _, e := range entries {
+		if e.IsDir() {
+			r.dirs++
+		}
+	}
 	return r
 }
 

@@ -276,3 +276,60 @@ func TestRestartReadopts(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmPoolClaim checks that a sandbox taken from the warm pool gets the
+// identity of its create request (env vars, token, id in its environment),
+// that pooled sandboxes are invisible, and that Close destroys the pool.
+func TestWarmPoolClaim(t *testing.T) {
+	r := newRig(t)
+	m := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			m.KillAll(context.Background())
+			m.Close()
+		}
+	})
+	m.SetWarmPool(r.tpl, 2)
+	deadline := time.Now().Add(20 * time.Second)
+	for m.WarmCount("base") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pool did not fill: %d ready", m.WarmCount("base"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if list, _ := m.List(context.Background(), sandbox.ListFilter{}); len(list) != 0 {
+		t.Fatalf("pooled sandboxes are listed: %v", list)
+	}
+	info := create(t, m, time.Minute)
+	if m.WarmCount("base") > 1 {
+		t.Fatalf("create did not take a pooled sandbox")
+	}
+	out, code := run(t, m, info, `echo "$FOO $E2B_SANDBOX_ID"`)
+	if want := "bar " + info.ID + "\n"; out != want || code != 0 {
+		t.Fatalf("claimed sandbox: output %q, want %q", out, want)
+	}
+	wrong := info
+	wrong.AccessToken = "not-the-token"
+	tr, _ := m.EnvdTransport(info.ID)
+	c := processconnect.NewProcessClient(&http.Client{Transport: tr}, "http://envd", connect.WithProtoJSON())
+	req := connect.NewRequest(&process.ListRequest{})
+	req.Header().Set("X-Access-Token", wrong.AccessToken)
+	if _, err := c.List(context.Background(), req); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("claimed sandbox accepted a wrong token: %v", err)
+	}
+
+	// Close destroys the pool but leaves the claimed sandbox for re-adoption.
+	m.Close()
+	closed = true
+	if left := count(t, r.dataDir, nil).dirs; left != 1 {
+		t.Fatalf("after Close %d sandbox dirs remain, want only the claimed one", left)
+	}
+	if _, err := r.rt.Load(info.ID); err != nil {
+		t.Fatalf("claimed sandbox did not survive Close: %v", err)
+	}
+	again := r.manager(t, 0)
+	if err := again.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
