@@ -98,11 +98,17 @@ trap cleanup EXIT
 trap 'status=130; exit' INT
 trap 'status=143; exit' TERM
 
-log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir"
+# Sandboxes must not outlive the run (the default keeps them for re-adoption).
+extra_args=()
+if "$bin" serve --help 2>&1 | grep -q -- '--kill-on-exit'; then
+  extra_args+=(--kill-on-exit)
+fi
+
+log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir ${extra_args[*]}"
 AIRLOCK_API_KEY="$api_key" "$bin" serve \
   --api-addr "127.0.0.1:$api_port" \
   --sandbox-addr "127.0.0.1:$sandbox_port" \
-  --data-dir "$data_dir" >"$server_log" 2>&1 &
+  --data-dir "$data_dir" "${extra_args[@]}" >"$server_log" 2>&1 &
 server_pid=$!
 log "airlock serve pid $server_pid, log $server_log"
 

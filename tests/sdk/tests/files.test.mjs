@@ -215,12 +215,16 @@ describe('files', { concurrency: true }, () => {
     const dir = `${HOME}/${uniq('watch')}`
     await sbx.files.makeDir(dir)
     const events = []
-    const handle = await sbx.files.watchDir(dir, (e) => { events.push(e) }, { timeoutMs: 30_000 })
+    let ended = 'no'
+    const handle = await sbx.files.watchDir(dir, (e) => { events.push(e) }, {
+      timeoutMs: 30_000,
+      onExit: (err) => { ended = err ? `${err.constructor.name}: ${err.message}` : 'yes, without error' },
+    })
     try {
       await sbx.files.write(`${dir}/w.txt`, 'watched')
       await waitFor(
         () => events.some((e) => e.name === 'w.txt' && [FilesystemEventType.CREATE, FilesystemEventType.WRITE].includes(e.type)),
-        { what: `create/write event for w.txt (got ${JSON.stringify(events)})` },
+        { what: () => `create/write event for w.txt (got ${JSON.stringify(events)}; watch stream ended: ${ended})` },
       )
     } finally {
       await handle.stop()
@@ -236,12 +240,18 @@ describe('files', { concurrency: true }, () => {
     const dir = `${HOME}/${uniq('watchr')}`
     await sbx.files.makeDir(`${dir}/sub`)
     const events = []
-    const handle = await sbx.files.watchDir(dir, (e) => { events.push(e) }, { recursive: true, includeEntry: true, timeoutMs: 30_000 })
+    let ended = 'no'
+    const handle = await sbx.files.watchDir(dir, (e) => { events.push(e) }, {
+      recursive: true,
+      includeEntry: true,
+      timeoutMs: 30_000,
+      onExit: (err) => { ended = err ? `${err.constructor.name}: ${err.message}` : 'yes, without error' },
+    })
     try {
       await sbx.files.write(`${dir}/sub/inner.txt`, 'inner')
       const ev = await waitFor(
         () => events.find((e) => e.name === 'sub/inner.txt' && e.type === FilesystemEventType.CREATE),
-        { what: `create event for sub/inner.txt (got ${JSON.stringify(events)})` },
+        { what: () => `create event for sub/inner.txt (got ${JSON.stringify(events)}; watch stream ended: ${ended})` },
       )
       if (ev.entry) {
         assert.equal(ev.entry.path, `${dir}/sub/inner.txt`)

@@ -92,7 +92,7 @@ export function assertErrorBody(res, what) {
   assert.ok(res.json.message.length > 0, `${ctx}: body.message must not be empty`)
 }
 
-/** Poll `fn` until it returns a truthy value or `timeoutMs` passes. */
+/** Poll `fn` until it returns a truthy value or `timeoutMs` passes. `what` may be a function (evaluated on failure). */
 export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what = 'condition' } = {}) {
   const deadline = Date.now() + timeoutMs
   let last
@@ -104,7 +104,8 @@ export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what =
       last = e
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`)
+      const desc = typeof what === 'function' ? what() : what
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${desc} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`)
     }
     await sleep(intervalMs)
   }

@@ -91,7 +91,12 @@ describe('paths stay inside the sandbox', { concurrency: true }, () => {
     }
   })
 
-  test('writes through symlinks and `..` land inside the sandbox, not on the host', async () => {
+  test('writes through symlinks and `..` land inside the sandbox, not on the host', async (t) => {
+    // a host dir of its own: the other tests assert that hostDir is absent in the sandbox
+    const hostDir = mkdtempSync(join(tmpdir(), 'airlock-sdk-host-w-'))
+    t.after(() => rmSync(hostDir, { recursive: true, force: true }))
+    const hostMarker = join(hostDir, 'marker.txt')
+    writeFileSync(hostMarker, markerContent)
     const name = `airlock-escape-${uniq('w')}.txt`
     const hostTarget = join(tmpdir(), name)
     // through the symlink to /

@@ -86,13 +86,17 @@ describe('sandbox lifecycle', { concurrency: true }, () => {
     assert.equal(typeof b.envdAccessToken, 'string', 'secure: true must return envdAccessToken')
     assert.ok(b.envdAccessToken.length > 0)
 
+    // check the expiry before connecting: connect without a timeout may extend it to 300 s
+    const before = await Sandbox.getInfo(b.sandboxID)
+    assert.deepEqual(before.metadata, metadata)
+    assertNear(before.endAt.getTime() - Date.now(), 60_000, 5_000, 'v1 timeout 60 s → endAt')
+    assertNear(before.endAt.getTime() - before.startedAt.getTime(), 60_000, 3_000, 'v1 timeout 60 s → endAt - startedAt')
+
     const sbx = await Sandbox.connect(b.sandboxID)
     assert.equal(sbx.sandboxId, b.sandboxID)
     const r = await sbx.commands.run('echo "$V1_VAR"; whoami')
     assert.equal(r.stdout, `${envVal}\nuser\n`)
-    const info = await sbx.getInfo()
-    assert.deepEqual(info.metadata, metadata)
-    assertNear(info.endAt.getTime() - Date.now(), 60_000, 10_000, 'v1 timeout 60 s → endAt')
+    assert.equal((await sbx.getInfo()).state, 'running')
   })
 
   test('POST /v2/sandboxes: 201 with required fields and envdVersion >= 0.6.4', async () => {
