@@ -93,6 +93,7 @@ type Manager struct {
 	pool       map[string][]*entry
 	poolTarget map[string]poolWant
 	poolKick   chan struct{}
+	lastClaim  time.Time
 	closed     bool
 
 	stop chan struct{}
@@ -181,8 +182,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	e := m.claim(ctx, info, tpl)
 	if e != nil {
-		info.ID = e.info.ID
-		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
+		// Already serving: one write of the record, straight as running.
+		e.info.State = StateRunning
+		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
 			m.teardown(e)
 			return Info{}, err
 		}
@@ -197,15 +199,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
 			return Info{}, err
 		}
-	}
-	e.info.State = StateRunning
-	if err := m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info)); err != nil {
-		m.teardown(e)
-		_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
-		return Info{}, err
+		e.info.State = StateRunning
+		if err := m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info)); err != nil {
+			m.teardown(e)
+			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
+			return Info{}, err
+		}
 	}
 	m.mu.Lock()
-	m.sandboxes[info.ID] = e
+	m.sandboxes[e.info.ID] = e
 	m.armTimerLocked(e)
 	out := e.info
 	m.mu.Unlock()
