@@ -60,6 +60,7 @@ server_log="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-serve.XXXXXX.log")"
 
 server_pid=""
 tail_pid=""
+node_pid=""
 status=1
 
 stop_tail() {
@@ -73,6 +74,10 @@ stop_tail() {
 cleanup() {
   trap - EXIT INT TERM
   stop_tail
+  if [ -n "$node_pid" ] && kill -0 "$node_pid" 2>/dev/null; then
+    kill -TERM "$node_pid" 2>/dev/null
+    wait "$node_pid" 2>/dev/null
+  fi
   if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
     log "stopping airlock serve (pid $server_pid)"
     kill -TERM "$server_pid" 2>/dev/null
@@ -149,8 +154,12 @@ else
   files=(tests/*.test.mjs)
 fi
 
-node --test --test-concurrency="$concurrency" --test-timeout=120000 --test-reporter=spec "${files[@]}"
+# In the background + wait, so that a signal to this script is handled at once.
+node --test --test-concurrency="$concurrency" --test-timeout=120000 --test-reporter=spec "${files[@]}" &
+node_pid=$!
+wait "$node_pid"
 status=$?
+node_pid=""
 
 # Anything of this run still listed is a leak (or a kill the server did not honour).
 node leakcheck.mjs || { [ "$status" -eq 0 ] && status=1; }

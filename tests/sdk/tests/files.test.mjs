@@ -91,6 +91,37 @@ describe('files', { concurrency: true }, () => {
     assert.deepEqual([...(await sbx.files.read(expectPaths[3], { format: 'bytes' }))], [0, 1, 2, 255])
   })
 
+  test('write via octet-stream, gzip and a ReadableStream; metadata; read as stream and gzip', async () => {
+    const d = `/tmp/${uniq('oct')}`
+    const payload = 'octet payload '.repeat(1000)
+    const w1 = await sbx.files.write(`${d}/octet.txt`, payload, { useOctetStream: true, metadata: { Owner: 'sdk-suite', purpose: 'test' } })
+    assert.equal(w1.path, `${d}/octet.txt`)
+    assert.deepEqual(w1.metadata, { owner: 'sdk-suite', purpose: 'test' }, 'metadata keys lower-cased in the upload result')
+    assert.equal(await sbx.files.read(`${d}/octet.txt`), payload)
+    const info = await sbx.files.getInfo(`${d}/octet.txt`)
+    assert.deepEqual(info.metadata, { owner: 'sdk-suite', purpose: 'test' }, 'getInfo returns the metadata')
+
+    await sbx.files.write(`${d}/gz.txt`, payload, { gzip: true })
+    assert.equal(await sbx.files.read(`${d}/gz.txt`), payload, 'gzip upload is stored decompressed')
+    assert.equal(await sbx.files.read(`${d}/gz.txt`, { gzip: true }), payload, 'gzip download decodes')
+
+    const stream = new ReadableStream({
+      start(c) {
+        c.enqueue(new TextEncoder().encode('chunk-1;'))
+        c.enqueue(new TextEncoder().encode('chunk-2'))
+        c.close()
+      },
+    })
+    await sbx.files.write(`${d}/stream.txt`, stream)
+    assert.equal(await sbx.files.read(`${d}/stream.txt`), 'chunk-1;chunk-2')
+
+    const rs = await sbx.files.read(`${d}/octet.txt`, { format: 'stream' })
+    let got = ''
+    const dec = new TextDecoder()
+    for await (const chunk of rs) got += dec.decode(chunk, { stream: true })
+    assert.equal(got, payload)
+  })
+
   test('list with depth 1 and depth 2: entries, order, name/path/type', async () => {
     const dir = `${HOME}/${uniq('lst')}`
     await sbx.files.write([
