@@ -291,6 +291,19 @@ func isDomainPattern(s string) bool {
 // address sandboxes as "<sandboxID>-<clientID>"; upstream strips the suffix,
 // and so do we. Ids are DNS labels (^[a-z0-9]+$), so anything else is a 400,
 // while a well-formed id that does not exist stays a 404 from the manager.
+// sandboxRequest reads what most per-sandbox endpoints take: the sandbox id
+// from the path and an optional JSON body into v.
+func (h *Handler) sandboxRequest(w http.ResponseWriter, r *http.Request, v any) (string, error) {
+	id, err := sandboxIDParam(r)
+	if err != nil {
+		return "", err
+	}
+	if _, err := h.decodeBody(w, r, v); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
 func sandboxIDParam(r *http.Request) (string, error) {
 	raw := r.PathValue("sandboxID")
 	id := raw

@@ -140,12 +140,9 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request) error {
 // 400: connect exists to bring a sandbox back, and refusing over a field the
 // v2 schema made optional helps nobody.
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	var body connectBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: h.opts.DefaultTimeout})
@@ -167,12 +164,9 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 // resume serves the deprecated POST /sandboxes/{id}/resume (JS 2.0–2.3),
 // which unlike connect refuses a sandbox that is not paused.
 func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	var body connectBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: resumeDefaultTimeout})
@@ -200,12 +194,9 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 // create: it means "end now", and the upstream Python suite relies on
 // set_timeout(0) to expire a sandbox on purpose.
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	var body timeoutBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	d, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", allowZero: true})
@@ -224,12 +215,9 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
 // Get + SetTimeout rather than Connect because a refresh must not resume a
 // paused sandbox.
 func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	var body refreshBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	d := refreshDefaultDuration
@@ -260,14 +248,11 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	// {"memory": false} asks for a filesystem-only snapshot; the manager has
 	// one kind of pause, so the field is read only to reject malformed bodies.
 	var body pauseBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	if err := h.m.Pause(r.Context(), id); err != nil {
@@ -333,12 +318,9 @@ func unixParam(v, name string, def time.Time) (time.Time, error) {
 // without applying it: the manager cannot change a running sandbox's egress
 // yet. The warning makes the gap visible to operators instead of silent.
 func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
-	id, err := sandboxIDParam(r)
-	if err != nil {
-		return err
-	}
 	var body networkBody
-	if _, err := h.decodeBody(w, r, &body); err != nil {
+	id, err := h.sandboxRequest(w, r, &body)
+	if err != nil {
 		return err
 	}
 	if err := body.validate(); err != nil {
