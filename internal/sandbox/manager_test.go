@@ -302,6 +302,13 @@ func TestWarmPoolClaim(t *testing.T) {
 		t.Fatalf("pooled sandboxes are listed: %v", list)
 	}
 	info := create(t, m, time.Minute)
+	// The claimed sandbox outlives Close by design; destroy it even if the
+	// test stops before the re-adopting manager below takes it over.
+	t.Cleanup(func() {
+		if sb, err := r.rt.Load(info.ID); err == nil {
+			_ = sb.Destroy(context.Background())
+		}
+	})
 	if m.WarmCount("base") > 1 {
 		t.Fatalf("create did not take a pooled sandbox")
 	}
