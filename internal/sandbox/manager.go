@@ -150,11 +150,8 @@ func (m *Manager) sandboxDir(id string) string {
 
 // Create starts a sandbox and returns when its envd answers.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
-	if req.Timeout <= 0 {
-		return Info{}, fmt.Errorf("%w: timeout must be positive", ErrInvalid)
-	}
-	if req.Timeout > m.opts.MaxTimeout {
-		return Info{}, fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	if err := m.checkTimeout(req.Timeout, false); err != nil {
+		return Info{}, err
 	}
 	tpl, err := m.opts.Templates.Resolve(ctx, req.Template)
 	if err != nil {
@@ -428,14 +425,26 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
+// checkTimeout enforces the bounds every timeout shares: positive (or zero
+// where that means "now") and at most MaxTimeout.
+func (m *Manager) checkTimeout(d time.Duration, allowZero bool) error {
+	switch {
+	case d < 0 || (d == 0 && !allowZero):
+		if allowZero {
+			return fmt.Errorf("%w: timeout must not be negative", ErrInvalid)
+		}
+		return fmt.Errorf("%w: timeout must be positive", ErrInvalid)
+	case d > m.opts.MaxTimeout:
+		return fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	}
+	return nil
+}
+
 // SetTimeout makes the sandbox end d from now; 0 ends it now (E2B's SDK tests
 // use setTimeout(0) to force expiry).
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	if d < 0 {
-		return fmt.Errorf("%w: timeout must not be negative", ErrInvalid)
-	}
-	if d > m.opts.MaxTimeout {
-		return fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	if err := m.checkTimeout(d, true); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	e, ok := m.sandboxes[id]
@@ -453,11 +462,8 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 // Connect returns a running sandbox, resuming it if paused, and extends its
 // life to at least timeout from now.
 func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (Info, bool, error) {
-	if timeout <= 0 {
-		return Info{}, false, fmt.Errorf("%w: timeout must be positive", ErrInvalid)
-	}
-	if timeout > m.opts.MaxTimeout {
-		return Info{}, false, fmt.Errorf("%w: timeout cannot be greater than %s", ErrInvalid, m.opts.MaxTimeout)
+	if err := m.checkTimeout(timeout, false); err != nil {
+		return Info{}, false, err
 	}
 	e, err := m.lookup(id)
 	if err != nil {
