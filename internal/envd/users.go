@@ -105,21 +105,11 @@ func (db *EtcUserDB) loadPasswd() passwdTable {
 		db.passwd = cachedFile[passwdTable]{}
 		return t
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		f := strings.Split(line, ":")
-		if len(f) < 7 {
-			continue
-		}
+	forEachRecord(data, 7, func(f []string) {
 		uid, err1 := strconv.ParseUint(f[2], 10, 32)
 		gid, err2 := strconv.ParseUint(f[3], 10, 32)
 		if err1 != nil || err2 != nil || f[0] == "" {
-			continue
+			return
 		}
 		if _, dup := t.byName[f[0]]; !dup {
 			t.byName[f[0]] = &User{Name: f[0], UID: uint32(uid), GID: uint32(gid), Home: f[5], Shell: f[6]}
@@ -127,7 +117,7 @@ func (db *EtcUserDB) loadPasswd() passwdTable {
 		if _, dup := t.byUID[uint32(uid)]; !dup {
 			t.byUID[uint32(uid)] = f[0]
 		}
-	}
+	})
 	db.passwd = cachedFile[passwdTable]{mtime: fi.ModTime(), size: fi.Size(), ok: true, val: t}
 	return t
 }
@@ -144,20 +134,10 @@ func (db *EtcUserDB) loadGroup() groupTable {
 		db.group = cachedFile[groupTable]{}
 		return t
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		f := strings.Split(line, ":")
-		if len(f) < 4 {
-			continue
-		}
+	forEachRecord(data, 4, func(f []string) {
 		gid, err := strconv.ParseUint(f[2], 10, 32)
 		if err != nil || f[0] == "" {
-			continue
+			return
 		}
 		var members []string
 		for _, m := range strings.Split(f[3], ",") {
@@ -169,9 +149,26 @@ func (db *EtcUserDB) loadGroup() groupTable {
 		if _, dup := t.byGID[uint32(gid)]; !dup {
 			t.byGID[uint32(gid)] = f[0]
 		}
-	}
+	})
 	db.group = cachedFile[groupTable]{mtime: fi.ModTime(), size: fi.Size(), ok: true, val: t}
 	return t
+}
+
+// forEachRecord calls fn with the colon-separated fields of every non-empty,
+// non-comment line of a passwd- or group-style file that has at least min
+// fields.
+func forEachRecord(data []byte, min int, fn func(fields []string)) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if f := strings.Split(line, ":"); len(f) >= min {
+			fn(f)
+		}
+	}
 }
 
 // LookupUser implements UserDB. root always resolves, even in a rootfs whose passwd
