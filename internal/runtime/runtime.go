@@ -85,6 +85,10 @@ type Spec struct {
 	Init Process
 	// Resources are the limits the backend enforces.
 	Resources Resources
+	// NetNS is the path of a network namespace (a bind-mounted nsfs file) the
+	// sandbox joins; the caller owns it and its interfaces. Empty means a new,
+	// private namespace with only loopback.
+	NetNS string
 }
 
 // Mount binds a host path into the sandbox.
@@ -122,4 +126,7 @@ type Stats struct {
 	MemoryLimit   int64         // bytes
 	Pids          int64
 	WritableBytes int64 // bytes used by the sandbox's private writable layer
+	// OOMKills counts processes the kernel killed because the sandbox reached
+	// its memory limit, since the sandbox started.
+	OOMKills int64
 }
