@@ -38,6 +38,8 @@ type serveConfig struct {
 	killOnExit           bool
 	logLevel             string
 	warmPool             int
+	limits               e2b.Limits
+	maxPerKey            int
 }
 
 func serveCmd() *cobra.Command {
@@ -47,8 +49,9 @@ func serveCmd() *cobra.Command {
 		Short: "Run the E2B-compatible API and the sandbox-traffic proxy",
 		Long: `Run the E2B-compatible control-plane API and the proxy for all sandbox traffic.
 
-The API key comes from AIRLOCK_API_KEY; without it a key is generated once, kept
-in the data dir, and printed. Templates named by --templates are built first if
+The API key comes from AIRLOCK_API_KEY (several keys: separate them with commas;
+rate limits and the sandbox cap apply to each key on its own); without it a key is
+generated once, kept in the data dir, and printed. Templates named by --templates are built first if
 needed (a few minutes the first time; progress is shown).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -67,6 +70,11 @@ needed (a few minutes the first time; progress is shown).`,
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
+	f.Float64Var(&c.limits.Requests.Rate, "rate-limit", e2b.DefaultLimits.Requests.Rate, "API requests per second allowed per API key (0: no limit)")
+	f.IntVar(&c.limits.Requests.Burst, "rate-burst", e2b.DefaultLimits.Requests.Burst, "API requests per API key allowed in a burst above --rate-limit")
+	f.Float64Var(&c.limits.Creates.Rate, "create-rate-limit", e2b.DefaultLimits.Creates.Rate, "sandbox creations per second allowed per API key (0: no limit)")
+	f.IntVar(&c.limits.Creates.Burst, "create-burst", e2b.DefaultLimits.Creates.Burst, "sandbox creations per API key allowed in a burst above --create-rate-limit")
+	f.IntVar(&c.maxPerKey, "max-sandboxes-per-key", 100, "sandboxes one API key may have alive at once (0: no limit)")
 	return cmd
 }
 
@@ -132,7 +140,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			unlock()
 		}
 	}()
-	apiKey, err := loadAPIKey(dataDir)
+	apiKeys, err := loadAPIKeys(dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -159,13 +167,14 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		return nil, err
 	}
 	mgr := sandbox.New(sandbox.Options{
-		Runtime:    rt,
-		Store:      db,
-		Templates:  templateSource{tpls},
-		DataDir:    dataDir,
-		EnvdPath:   envdPath,
-		MaxTimeout: c.maxTimeout,
-		Logger:     log,
+		Runtime:     rt,
+		Store:       db,
+		Templates:   templateSource{tpls},
+		DataDir:     dataDir,
+		EnvdPath:    envdPath,
+		MaxTimeout:  c.maxTimeout,
+		MaxPerOwner: c.maxPerKey,
+		Logger:      log,
 	})
 	if err := mgr.Recover(ctx); err != nil {
 		mgr.Close()
@@ -179,10 +188,15 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	}
 	api := e2b.NewHandler(mgr, e2b.Options{
 		Authenticate: func(key string) bool {
-			return subtle.ConstantTimeCompare([]byte(key), []byte(apiKey)) == 1
+			ok := 0
+			for _, k := range apiKeys { // no early exit: time does not tell which key matched
+				ok |= subtle.ConstantTimeCompare([]byte(key), []byte(k))
+			}
+			return ok == 1
 		},
 		MaxTimeout: c.maxTimeout,
 		Domain:     c.domain,
+		Limits:     c.limits,
 		Logger:     log,
 	})
 	proxy := server.NewProxy(mgr, log)
@@ -207,7 +221,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	inst := &instance{
 		apiURL:     "http://" + lns[0].Addr().String(),
 		sandboxURL: "http://" + lns[1].Addr().String(),
-		apiKey:     apiKey,
+		apiKey:     apiKeys[0],
 		mgr:        mgr,
 		tpls:       tpls,
 		errc:       make(chan error, 2),
@@ -248,12 +262,30 @@ func lockDataDir(dataDir string) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// loadAPIKey returns AIRLOCK_API_KEY, or the key kept in the data dir, made on
-// first use in the e2b_<40 hex> shape the Python SDK insists on.
-func loadAPIKey(dataDir string) (string, error) {
-	if k := os.Getenv("AIRLOCK_API_KEY"); k != "" {
-		return k, nil
+// loadAPIKeys returns the keys of AIRLOCK_API_KEY (comma-separated), or the
+// key kept in the data dir, made on first use in the e2b_<40 hex> shape the
+// Python SDK insists on. The first key is the one printed for clients.
+func loadAPIKeys(dataDir string) ([]string, error) {
+	if v := os.Getenv("AIRLOCK_API_KEY"); v != "" {
+		var keys []string
+		for _, k := range strings.Split(v, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) == 0 {
+			return nil, errors.New("AIRLOCK_API_KEY holds no key")
+		}
+		return keys, nil
 	}
+	key, err := storedAPIKey(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	return []string{key}, nil
+}
+
+func storedAPIKey(dataDir string) (string, error) {
 	path := filepath.Join(dataDir, "api-key")
 	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
 		return strings.TrimSpace(string(b)), nil

@@ -43,7 +43,10 @@ type Options struct {
 	EnvdVersion string
 	// MaxBodySize bounds request bodies (413 beyond it). Default 1 MiB.
 	MaxBodySize int64
-	Logger      *slog.Logger
+	// Limits are the per-API-key rate limits (429 with Retry-After beyond
+	// them). The zero value limits nothing; servers pass DefaultLimits.
+	Limits Limits
+	Logger *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (spec §2) over a Manager.
@@ -52,6 +55,8 @@ type Handler struct {
 	opts Options
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// requests and creates are the per-key token buckets (nil: no limit).
+	requests, creates *keyLimiters
 }
 
 // NewHandler returns the API handler. Mount it at the root of the API
@@ -72,13 +77,17 @@ func NewHandler(m Manager, opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &Handler{m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	h := &Handler{
+		m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux(),
+		requests: newKeyLimiters(opts.Limits.Requests),
+		creates:  newKeyLimiters(opts.Limits.Creates),
+	}
 
 	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	h.handle("POST /sandboxes", h.createV1)
-	h.handle("POST /v2/sandboxes", h.createV2)
+	h.handleCreate("POST /sandboxes", h.createV1)
+	h.handleCreate("POST /v2/sandboxes", h.createV2)
 	h.handle("GET /sandboxes", h.listV1)
 	h.handle("GET /v2/sandboxes", h.listV2)
 	h.handle("GET /sandboxes/{sandboxID}", h.get)
@@ -99,11 +108,28 @@ func NewHandler(m Manager, opts Options) *Handler {
 type apiHandler func(w http.ResponseWriter, r *http.Request) error
 
 func (h *Handler) handle(pattern string, fn apiHandler) {
+	h.mux.Handle(pattern, h.authenticated(h.serveAPI(fn)))
+}
+
+// handleCreate is handle for the sandbox-creating routes, which also spend a
+// token of the key's create bucket.
+func (h *Handler) handleCreate(pattern string, fn apiHandler) {
+	serve := h.serveAPI(fn)
 	h.mux.Handle(pattern, h.authenticated(func(w http.ResponseWriter, r *http.Request) {
+		if ok, wait := h.creates.take(ownerFrom(r.Context()), time.Now()); !ok {
+			tooManyRequests(w, "sandbox creations", h.opts.Limits.Creates, wait)
+			return
+		}
+		serve(w, r)
+	}))
+}
+
+func (h *Handler) serveAPI(fn apiHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if err := fn(w, r); err != nil {
 			h.writeErr(w, r, err)
 		}
-	}))
+	}
 }
 
 func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
@@ -187,7 +213,12 @@ func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
 			writeError(w, http.StatusUnauthorized, "Invalid API key")
 			return
 		}
-		next(w, r)
+		owner := OwnerOf(key)
+		if ok, wait := h.requests.take(owner, time.Now()); !ok {
+			tooManyRequests(w, "requests", h.opts.Limits.Requests, wait)
+			return
+		}
+		next(w, r.WithContext(withOwner(r.Context(), owner)))
 	})
 }
 

@@ -69,6 +69,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		EnvVars:             envVars,
 		AllowInternetAccess: body.AllowInternetAccess,
 		Secure:              v2 || (body.Secure != nil && *body.Secure),
+		Owner:               ownerFrom(r.Context()),
 	}
 	if body.Network != nil {
 		if err := body.Network.validate(); err != nil {

@@ -69,7 +69,10 @@ type Options struct {
 	MetricsInterval time.Duration
 	// PidsMax limits processes per sandbox (default 4096).
 	PidsMax int64
-	Logger  *slog.Logger
+	// MaxPerOwner caps the sandboxes one owner (API key) may have alive at
+	// once, counting creations in flight; 0 means no cap.
+	MaxPerOwner int
+	Logger      *slog.Logger
 }
 
 // envdMountPath is where envd appears inside every sandbox.
@@ -95,6 +98,9 @@ type Manager struct {
 	poolKick   chan struct{}
 	lastClaim  time.Time
 	closed     bool
+	// creating counts creations in flight per owner, so that concurrent
+	// requests cannot all pass the MaxPerOwner check before any finishes.
+	creating map[string]int
 
 	stop chan struct{}
 	// wg tracks background work and teardowns in flight; Close waits for it.
@@ -137,6 +143,7 @@ func New(opts Options) *Manager {
 		poolTarget: map[string]poolWant{},
 		poolKick:   make(chan struct{}, 1),
 		stop:       make(chan struct{}),
+		creating:   map[string]int{},
 	}
 	m.wg.Add(2)
 	go m.sampleLoop()
@@ -157,6 +164,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	release, err := m.reserve(req.Owner)
+	if err != nil {
+		return Info{}, err
+	}
+	defer release()
 	now := time.Now()
 	info := Info{
 		ID:                  newID(),
@@ -173,6 +185,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		DiskSizeMB:          tpl.DiskSizeMB,
 		EnvdVersion:         envd.Version,
 		AllowInternetAccess: req.AllowInternetAccess,
+		Owner:               req.Owner,
 	}
 	if req.Secure {
 		info.AccessToken = newToken()
@@ -212,6 +225,43 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	// the first tick.
 	go m.sample(e)
 	return out, nil
+}
+
+// SetMaxPerOwner changes Options.MaxPerOwner; sandboxes already alive are
+// left alone even when they exceed the new cap.
+func (m *Manager) SetMaxPerOwner(n int) {
+	m.mu.Lock()
+	m.opts.MaxPerOwner = n
+	m.mu.Unlock()
+}
+
+// reserve counts one creation in flight for owner, or fails with ErrLimit when
+// the owner already has MaxPerOwner sandboxes alive or being created. The
+// returned release must be called once the creation has ended either way (a
+// created sandbox is then counted among the live ones).
+func (m *Manager) reserve(owner string) (release func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.opts.MaxPerOwner <= 0 {
+		return func() {}, nil
+	}
+	n := m.creating[owner]
+	for _, e := range m.sandboxes {
+		if e.info.Owner == owner {
+			n++
+		}
+	}
+	if limit := m.opts.MaxPerOwner; n >= limit {
+		return nil, fmt.Errorf("%w: this API key has %d sandboxes running, paused or starting, the most it may have at once; kill one first", ErrLimit, limit)
+	}
+	m.creating[owner]++
+	return func() {
+		m.mu.Lock()
+		if m.creating[owner]--; m.creating[owner] <= 0 {
+			delete(m.creating, owner)
+		}
+		m.mu.Unlock()
+	}, nil
 }
 
 // start creates the runtime sandbox and waits for envd. A pooled sandbox's envd
@@ -809,7 +859,7 @@ func toRecord(i Info) store.Sandbox {
 		Metadata: i.Metadata, EnvVars: i.EnvVars, AccessToken: i.AccessToken,
 		StartedAt: i.StartedAt, EndAt: i.EndAt, State: string(i.State),
 		CPUCount: i.CPUCount, MemoryMB: i.MemoryMB, DiskSizeMB: i.DiskSizeMB,
-		AllowInternet: i.AllowInternetAccess,
+		AllowInternet: i.AllowInternetAccess, Owner: i.Owner,
 	}
 }
 
@@ -819,6 +869,6 @@ func fromRecord(r store.Sandbox) Info {
 		Metadata: r.Metadata, EnvVars: r.EnvVars, AccessToken: r.AccessToken,
 		StartedAt: r.StartedAt, EndAt: r.EndAt, State: State(r.State),
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB,
-		EnvdVersion: envd.Version, AllowInternetAccess: r.AllowInternet,
+		EnvdVersion: envd.Version, AllowInternetAccess: r.AllowInternet, Owner: r.Owner,
 	}
 }

@@ -37,6 +37,8 @@ type Info struct {
 	AccessToken         string
 	EnvdVersion         string
 	AllowInternetAccess *bool
+	// Owner identifies who created the sandbox (a digest of the API key).
+	Owner string
 }
 
 // CreateRequest is what a client asks for.
@@ -48,6 +50,8 @@ type CreateRequest struct {
 	AllowInternetAccess *bool
 	// Secure asks for an envd access token. The v2 create path always sets it.
 	Secure bool
+	// Owner is who asks (a digest of the API key); Options.MaxPerOwner counts by it.
+	Owner string
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.
@@ -76,4 +80,6 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")
 	ErrInvalid          = errors.New("invalid request")
 	ErrConflict         = errors.New("conflict")
+	// ErrLimit means a per-owner quota (concurrent sandboxes) is used up.
+	ErrLimit = errors.New("limit reached")
 )

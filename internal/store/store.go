@@ -34,6 +34,9 @@ type Sandbox struct {
 	DiskSizeMB  int
 	// AllowInternet is nil when the client did not say.
 	AllowInternet *bool
+	// Owner identifies the API key that created the sandbox (a digest, never
+	// the key); per-key limits count by it.
+	Owner string
 }
 
 // Store holds sandbox records.
@@ -65,8 +68,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	cpu_count     INTEGER NOT NULL,
 	memory_mb     INTEGER NOT NULL,
 	disk_size_mb  INTEGER NOT NULL,
-	allow_internet INTEGER
+	allow_internet INTEGER,
+	owner         TEXT NOT NULL DEFAULT ''
 );`
+
+// migrations bring a database made by an older Airlock up to the schema above;
+// each is applied only when its column is missing.
+var migrations = []struct{ column, ddl string }{
+	{"owner", `ALTER TABLE sandboxes ADD COLUMN owner TEXT NOT NULL DEFAULT ''`},
+}
 
 // OpenSQLite opens (creating if needed) the database file at path.
 func OpenSQLite(path string) (*SQLite, error) {
@@ -81,7 +91,37 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: schema: %w", err)
 	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return &SQLite{db: db}, nil
+}
+
+func migrate(db *sql.DB) error {
+	have := map[string]bool{}
+	rows, err := db.Query(`SELECT name FROM pragma_table_info('sandboxes')`)
+	if err != nil {
+		return fmt.Errorf("store: read schema: %w", err)
+	}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("store: read schema: %w", err)
+		}
+		have[name] = true
+	}
+	rows.Close()
+	for _, m := range migrations {
+		if have[m.column] {
+			continue
+		}
+		if _, err := db.Exec(m.ddl); err != nil {
+			return fmt.Errorf("store: add column %s: %w", m.column, err)
+		}
+	}
+	return nil
 }
 
 func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
@@ -98,17 +138,17 @@ func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
 		allow = *sb.AllowInternet
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(`+columns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
-		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow)
+		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
 	return nil
 }
 
-const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet`
+const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -153,7 +193,7 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 		allow          sql.NullBool
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
-		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow); err != nil {
+		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {

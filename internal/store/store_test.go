@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
@@ -21,6 +22,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 		Metadata: map[string]string{"a b": "c&d"}, EnvVars: map[string]string{"FOO": "bar"},
 		AccessToken: "tok", StartedAt: time.Unix(100, 5), EndAt: time.Unix(400, 7),
 		State: "running", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024, AllowInternet: &yes,
+		Owner: "k1",
 	}
 	if err := s.Put(ctx, in); err != nil {
 		t.Fatal(err)
@@ -41,7 +43,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.State != "paused" || got.Metadata["a b"] != "c&d" || got.EnvVars["FOO"] != "bar" ||
-		!got.StartedAt.Equal(in.StartedAt) || !got.EndAt.Equal(in.EndAt) || got.AllowInternet == nil || !*got.AllowInternet {
+		!got.StartedAt.Equal(in.StartedAt) || !got.EndAt.Equal(in.EndAt) || got.AllowInternet == nil || !*got.AllowInternet || got.Owner != "k1" {
 		t.Fatalf("round trip lost data: %+v", got)
 	}
 	list, err := s.List(ctx)
@@ -53,5 +55,42 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, "abc123"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get after Delete: %v", err)
+	}
+}
+
+// TestSQLiteMigratesOldSchema opens a database made before the owner column
+// existed: its records must stay readable and new ones must keep their owner.
+func TestSQLiteMigratesOldSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE sandboxes (
+		id TEXT PRIMARY KEY, template_id TEXT NOT NULL, alias TEXT NOT NULL, client_id TEXT NOT NULL,
+		metadata TEXT NOT NULL, env_vars TEXT NOT NULL, access_token TEXT NOT NULL,
+		started_at INTEGER NOT NULL, end_at INTEGER NOT NULL, state TEXT NOT NULL,
+		cpu_count INTEGER NOT NULL, memory_mb INTEGER NOT NULL, disk_size_mb INTEGER NOT NULL,
+		allow_internet INTEGER);
+		INSERT INTO sandboxes VALUES ('old1','base','base','c','{}','{}','',1,2,'running',2,512,1024,NULL);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old, err := s.Get(ctx, "old1")
+	if err != nil || old.Owner != "" || old.State != "running" {
+		t.Fatalf("old record after migration = %+v, %v", old, err)
+	}
+	if err := s.Put(ctx, Sandbox{ID: "new1", State: "running", Owner: "k2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "new1"); err != nil || got.Owner != "k2" {
+		t.Fatalf("new record = %+v, %v", got, err)
 	}
 }

@@ -1,0 +1,105 @@
+package e2b
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// RateLimit is a token bucket: Rate requests per second on average, bursts of
+// up to Burst. A zero Rate means no limit.
+type RateLimit struct {
+	Rate  float64
+	Burst int
+}
+
+// Limits bound what one API key may do, so that one runaway client (an agent in
+// a retry loop, a leaked key) cannot starve the others or the machine.
+type Limits struct {
+	// Requests applies to every authenticated request.
+	Requests RateLimit
+	// Creates applies to sandbox creation on top of Requests: each one costs
+	// tens of milliseconds of CPU, where a list or get costs microseconds.
+	Creates RateLimit
+}
+
+// DefaultLimits are generous for one user's agents and still stop a loop.
+var DefaultLimits = Limits{
+	Requests: RateLimit{Rate: 200, Burst: 400},
+	Creates:  RateLimit{Rate: 20, Burst: 40},
+}
+
+// keyLimiters holds one token bucket per API key. It is keyed by owner digest,
+// and only authenticated keys reach it, so it grows with the configured keys,
+// not with what clients send.
+type keyLimiters struct {
+	limit RateLimit
+	mu    sync.Mutex
+	byKey map[string]*rate.Limiter
+}
+
+func newKeyLimiters(l RateLimit) *keyLimiters {
+	if l.Rate <= 0 {
+		return nil
+	}
+	if l.Burst < 1 {
+		l.Burst = max(1, int(math.Ceil(l.Rate)))
+	}
+	return &keyLimiters{limit: l, byKey: map[string]*rate.Limiter{}}
+}
+
+// take spends one token of owner's bucket. When the bucket is empty it spends
+// nothing and says how long until a token is there.
+func (k *keyLimiters) take(owner string, now time.Time) (ok bool, retryAfter time.Duration) {
+	if k == nil {
+		return true, 0
+	}
+	k.mu.Lock()
+	l := k.byKey[owner]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(k.limit.Rate), k.limit.Burst)
+		k.byKey[owner] = l
+	}
+	k.mu.Unlock()
+	r := l.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return false, d
+	}
+	return true, 0
+}
+
+// tooManyRequests writes a 429 with Retry-After in whole seconds, rounded up
+// (a client that waits that long is sure to find a token).
+func tooManyRequests(w http.ResponseWriter, what string, l RateLimit, retryAfter time.Duration) {
+	secs := max(1, int(math.Ceil(retryAfter.Seconds())))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeError(w, http.StatusTooManyRequests,
+		fmt.Sprintf("rate limit exceeded: at most %g %s per second (bursts of %d) per API key; retry after %d s", l.Rate, what, l.Burst, secs))
+}
+
+// OwnerOf is the identity per-key limits and sandbox ownership use for an API
+// key: a digest, so that the key itself is never stored or logged.
+func OwnerOf(apiKey string) string {
+	sum := sha256.Sum256([]byte(apiKey))
+	return hex.EncodeToString(sum[:8])
+}
+
+type ownerKey struct{}
+
+func withOwner(ctx context.Context, owner string) context.Context {
+	return context.WithValue(ctx, ownerKey{}, owner)
+}
+
+func ownerFrom(ctx context.Context) string {
+	s, _ := ctx.Value(ownerKey{}).(string)
+	return s
+}
