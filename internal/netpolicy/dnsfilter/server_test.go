@@ -30,7 +30,7 @@ func (u *fakeUpstream) queries() []*dns.Msg {
 
 // startUpstream serves answer on UDP and TCP of one loopback port. UDP
 // replies are truncated to the size the query offers, as a real server does.
-func startUpstream(t *testing.T, answer func(req *dns.Msg) *dns.Msg) *fakeUpstream {
+func startUpstream(t testing.TB, answer func(req *dns.Msg) *dns.Msg) *fakeUpstream {
 	t.Helper()
 	u := &fakeUpstream{}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, req *dns.Msg) {
@@ -63,7 +63,7 @@ func startUpstream(t *testing.T, answer func(req *dns.Msg) *dns.Msg) *fakeUpstre
 }
 
 // listenPair opens UDP and TCP on the same loopback port.
-func listenPair(t *testing.T) (net.PacketConn, net.Listener) {
+func listenPair(t testing.TB) (net.PacketConn, net.Listener) {
 	t.Helper()
 	for range 20 {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -82,7 +82,7 @@ func listenPair(t *testing.T) (net.PacketConn, net.Listener) {
 }
 
 // answerWith builds a reply to req from zone-file lines.
-func answerWith(t *testing.T, rcode int, lines ...string) func(req *dns.Msg) *dns.Msg {
+func answerWith(t testing.TB, rcode int, lines ...string) func(req *dns.Msg) *dns.Msg {
 	return func(req *dns.Msg) *dns.Msg {
 		m := new(dns.Msg)
 		m.SetRcode(req, rcode)
@@ -752,5 +752,40 @@ func TestCloseInterruptsPendingUpstream(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// BenchmarkForwardUDP measures one allowed A query end to end on loopback:
+// client -> filter -> fake upstream -> OnAnswer -> client.
+func BenchmarkForwardUDP(b *testing.B) {
+	up := startUpstream(b, answerWith(b, dns.RcodeSuccess, "a.example.com. 60 IN A 192.0.2.1"))
+	s := New(Config{
+		Upstreams:        []string{up.addr},
+		QueriesPerSecond: 1e9,
+		Lookup: func(netip.Addr) (Rules, bool) {
+			return Rules{Allow: []string{"*.example.com"}, DenyAll: true}, true
+		},
+		OnAnswer: func(context.Context, netip.Addr, string, []netip.Addr, time.Duration) error { return nil },
+	})
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = s.Serve(pc, nil) }()
+	defer s.Close()
+	c, err := (&dns.Client{Net: "udp", Timeout: 10 * time.Second}).Dial(pc.LocalAddr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion("a.example.com.", dns.TypeA)
+	cl := &dns.Client{Net: "udp", Timeout: 10 * time.Second}
+	b.ResetTimer()
+	for b.Loop() {
+		r, _, err := cl.ExchangeWithConn(q, c)
+		if err != nil || len(r.Answer) != 1 {
+			b.Fatalf("%v %v", r, err)
+		}
 	}
 }
