@@ -32,6 +32,8 @@ fuzz FuzzCreateBody ./internal/e2b
 fuzz FuzzListQuery ./internal/e2b
 fuzz FuzzResolvePath ./internal/envd
 fuzz FuzzPartFileName ./internal/envd
+fuzz FuzzServeMessage ./internal/netpolicy/dnsfilter
+fuzz FuzzUpstreamAnswer ./internal/netpolicy/dnsfilter
 
 step "SDK conformance (npm e2b against airlock serve)"
 AIRLOCK_DATA_DIR="$AIRLOCK_TEST_DATA_DIR" tests/sdk/run.sh bin/airlock
