@@ -18,15 +18,18 @@
 // rootfs-backed filestore) overlay on top, and the sandbox's writes would then not
 // land in <Spec.Dir>/upper, where disk accounting and quotas look for them.
 //
-// Hardening: the OCI spec carries the same intent as the linux backend (Docker's
-// default capability set, no_new_privs off so that sudo works, RLIMIT_NOFILE, a
-// cgroup per sandbox with its memory, CPU and pids limits), and runsc runs with
-// --allow-suid for the same reason (sudo). There is no seccomp profile in the spec
-// on purpose: the sandbox's processes talk to the sentry, which implements the
-// Linux system call surface itself, and runsc confines the sentry and the gofer
-// with its own seccomp filters on the host. Masked and read-only /proc and /sys
-// paths are left out too: runsc ignores them, because the sentry's /proc and /sys
-// are synthetic and expose no host kernel files.
+// Hardening: the OCI spec carries the same intent as the hardened linux backend:
+// the same small capability set, no_new_privs (and no --allow-suid), no core
+// dumps, a cgroup per sandbox with its memory, CPU and pids limits. There is no
+// seccomp profile in the spec on purpose: the sandbox's processes talk to the
+// sentry, which implements the Linux system call surface itself (namespaces,
+// mounts, devices inside are the sentry's, not the host's), and runsc confines the
+// sentry and the gofer with its own seccomp filters on the host. (runsc could load
+// an OCI profile inside with --oci-seccomp, but it answers every denial with
+// EPERM, and glibc only falls back from clone3 to clone on ENOSYS, so the linux
+// profile would break thread creation.) Masked and read-only paths are left out
+// too: runsc ignores them; the sentry's /proc and /sys are synthetic and expose no
+// host kernel files, and /proc is mounted read-only as a whole instead.
 package gvisor
 
 import (
@@ -132,7 +135,6 @@ func (r *Runtime) flags(network string) []string {
 		// its bind mounts, and nothing more: it cannot connect to host sockets.
 		"--host-uds=create",
 		"--overlay2=none",
-		"--allow-suid",
 	}
 }
 
@@ -292,12 +294,14 @@ func mountOverlay(lower, dir string) (string, error) {
 	return rootfs, nil
 }
 
-// defaultCaps is Docker's default capability set, as in the linux backend:
-// enough for envd (root in the sandbox) to switch users and for sudo to work.
-var defaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+// Capabilities is the capability set of a sandbox's root (bounding, permitted
+// and effective; nothing inheritable or ambient), the same as the hardened
+// linux backend's and for the same reasons: what envd and package installation
+// need (chown, file access across users, switching users, signalling, ports
+// below 1024). Capabilities in gVisor are the sentry's, checked by the sentry.
+var Capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
 }
 
 // ociSpec is the runtime-spec document runsc creates the sandbox from.
@@ -314,16 +318,25 @@ func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
 			Args: spec.Init.Args,
 			Env:  spec.Init.Env,
 			Cwd:  cwd,
-			// sudo needs setuid, which no_new_privs forbids; root in the sandbox is
-			// confined by the sentry, capabilities and the cgroup instead.
-			NoNewPrivileges: false,
+			// No setuid binary can raise privileges (and runsc runs without
+			// --allow-suid, so the sentry ignores setuid bits anyway); sudo goes
+			// through envd, as in the linux backend.
+			NoNewPrivileges: true,
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding: defaultCaps, Permitted: defaultCaps, Effective: defaultCaps,
+				Bounding: Capabilities, Permitted: Capabilities, Effective: Capabilities,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+			Rlimits: []specs.POSIXRlimit{
+				// As in the linux backend: the usual soft limit, raisable to 65536;
+				// no core dumps (they would land in the writable layer).
+				{Type: "RLIMIT_NOFILE", Soft: 1024, Hard: 65536},
+				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
+			},
 		},
 		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
+			// Read-only: runsc ignores the OCI readonlyPaths (/proc/sys and the
+			// like), so the whole of the sentry's /proc is; nothing in a sandbox
+			// needs to write it, and /proc/sys is the sentry's state.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
