@@ -14,7 +14,7 @@ import (
 func benchCmd() *cobra.Command {
 	var (
 		dataDir                     string
-		tpl                         string
+		tpl, rtName                 string
 		sequential, concurrent, rtt int
 	)
 	cmd := &cobra.Command{
@@ -30,7 +30,7 @@ template rootfs as baselines.`,
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			inst, err := start(cmd.Context(), serveConfig{
 				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0,
+				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: rtName,
 			}, log)
 			if err != nil {
 				return err
@@ -55,7 +55,7 @@ template rootfs as baselines.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("\nAirlock bench, template %s, %s\n\n", tpl, time.Now().UTC().Format(time.DateOnly))
+			fmt.Printf("\nAirlock bench, template %s, runtime %s, %s\n\n", tpl, rtName, time.Now().UTC().Format(time.DateOnly))
 			bench.Print(os.Stdout, rows)
 			return nil
 		},
@@ -63,6 +63,7 @@ template rootfs as baselines.`,
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
 	f.StringVar(&tpl, "template", "base", "template to create sandboxes from")
+	f.StringVar(&rtName, "runtime", "linux", `isolation backend the sandboxes run on: "linux" or "gvisor"`)
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")

@@ -22,6 +22,8 @@ import (
 	"golang.org/x/net/http2/h2c"
 
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/server"
@@ -40,6 +42,7 @@ type serveConfig struct {
 	warmPool             int
 	limits               e2b.Limits
 	maxPerKey            int
+	runtime              string
 }
 
 func serveCmd() *cobra.Command {
@@ -75,6 +78,7 @@ needed (a few minutes the first time; progress is shown).`,
 	f.Float64Var(&c.limits.Creates.Rate, "create-rate-limit", e2b.DefaultLimits.Creates.Rate, "sandbox creations per second allowed per API key (0: no limit)")
 	f.IntVar(&c.limits.Creates.Burst, "create-burst", e2b.DefaultLimits.Creates.Burst, "sandbox creations per API key allowed in a burst above --create-rate-limit")
 	f.IntVar(&c.maxPerKey, "max-sandboxes-per-key", 100, "sandboxes one API key may have alive at once (0: no limit)")
+	f.StringVar(&c.runtime, "runtime", "linux", `default isolation backend: "linux" (namespaces, cgroups, seccomp) or "gvisor" (runsc, systrap); a template's "runtime" setting overrides it`)
 	return cmd
 }
 
@@ -161,13 +165,14 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	if err != nil {
 		return nil, err
 	}
-	rt, err := linux.New(filepath.Join(dataDir, "runtime", "linux"), log)
+	rt, others, err := runtimes(c.runtime, dataDir, log)
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	mgr := sandbox.New(sandbox.Options{
 		Runtime:     rt,
+		Runtimes:    others,
 		Store:       db,
 		Templates:   templateSource{tpls},
 		DataDir:     dataDir,
@@ -246,6 +251,33 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	}
 	ok = true
 	return inst, nil
+}
+
+// runtimes returns the default backend named by --runtime and every backend
+// available: linux always, gvisor when runsc is installed (a template may ask
+// for it, and Recover must find its sandboxes whatever the default).
+func runtimes(name, dataDir string, log *slog.Logger) (runtime.Runtime, []runtime.Runtime, error) {
+	if name == "" {
+		name = "linux"
+	}
+	lx, err := linux.New(filepath.Join(dataDir, "runtime", "linux"), log)
+	if err != nil {
+		return nil, nil, err
+	}
+	all := []runtime.Runtime{lx}
+	gv, gvErr := gvisor.New(filepath.Join(dataDir, "runtime", "gvisor"), log)
+	if gvErr == nil {
+		all = append(all, gv)
+	}
+	for _, r := range all {
+		if r.Name() == name {
+			return r, all, nil
+		}
+	}
+	if name == "gvisor" {
+		return nil, nil, fmt.Errorf("--runtime gvisor: %w", gvErr)
+	}
+	return nil, nil, fmt.Errorf("--runtime %q: want linux or gvisor", name)
 }
 
 // lockDataDir takes the data dir's server lock (an flock, released by the
@@ -338,5 +370,6 @@ func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Templat
 		DiskSizeMB:     tpl.Settings.DiskSizeMB,
 		DefaultUser:    tpl.Settings.DefaultUser,
 		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
+		Runtime:        tpl.Settings.Runtime,
 	}, nil
 }

@@ -45,6 +45,9 @@ type Template struct {
 	DiskSizeMB     int
 	DefaultUser    string
 	DefaultWorkdir string
+	// Runtime names the backend its sandboxes run on ("linux", "gvisor");
+	// empty means the server's default, Options.Runtime.
+	Runtime string
 }
 
 // Templates resolves a template id or alias to a built template. It returns an
@@ -55,7 +58,10 @@ type Templates interface {
 
 // Options configure a Manager.
 type Options struct {
+	// Runtime is the default backend; Runtimes are the others a template may
+	// name (by Runtime.Name()). Recover looks for sandboxes in all of them.
 	Runtime   runtime.Runtime
+	Runtimes  []runtime.Runtime
 	Store     store.Store
 	Templates Templates
 	// DataDir holds one directory per sandbox under DataDir/sandboxes.
@@ -308,7 +314,12 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 			PidsMax:  m.opts.PidsMax,
 		},
 	}
-	rt, err := m.opts.Runtime.Create(ctx, spec)
+	backend, err := m.runtimeFor(tpl.Runtime)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
+	rt, err := backend.Create(ctx, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
@@ -716,7 +727,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		info := fromRecord(rec)
-		rt, err := m.opts.Runtime.Load(rec.ID)
+		rt, err := m.loadAny(rec.ID)
 		alive := err == nil
 		var st runtime.Status
 		if alive {
@@ -761,17 +772,19 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Unlock()
 		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
 	}
-	ids, err := m.opts.Runtime.List()
-	if err != nil {
-		return err
-	}
-	for _, id := range ids {
-		if known[id] {
-			continue
+	for _, backend := range m.runtimes() {
+		ids, err := backend.List()
+		if err != nil {
+			return err
 		}
-		if rt, err := m.opts.Runtime.Load(id); err == nil {
-			m.log.Info("destroying orphaned sandbox", "id", id)
-			_ = rt.Destroy(ctx)
+		for _, id := range ids {
+			if known[id] {
+				continue
+			}
+			if rt, err := backend.Load(id); err == nil {
+				m.log.Info("destroying orphaned sandbox", "id", id, "runtime", backend.Name())
+				_ = rt.Destroy(ctx)
+			}
 		}
 	}
 	dirs, _ := os.ReadDir(filepath.Join(m.opts.DataDir, "sandboxes"))
@@ -782,6 +795,46 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// runtimes returns every backend: the default first.
+func (m *Manager) runtimes() []runtime.Runtime {
+	all := []runtime.Runtime{m.opts.Runtime}
+	for _, r := range m.opts.Runtimes {
+		if r != nil && r != m.opts.Runtime {
+			all = append(all, r)
+		}
+	}
+	return all
+}
+
+// runtimeFor returns the backend a template names; empty is the default.
+func (m *Manager) runtimeFor(name string) (runtime.Runtime, error) {
+	if name == "" {
+		return m.opts.Runtime, nil
+	}
+	for _, r := range m.runtimes() {
+		if r.Name() == name {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: runtime %q is not available on this server", ErrInvalid, name)
+}
+
+// loadAny finds a sandbox in whichever backend holds it: the store does not
+// record the backend, and ids are unique across backends.
+func (m *Manager) loadAny(id string) (runtime.Sandbox, error) {
+	var firstErr error
+	for _, r := range m.runtimes() {
+		sb, err := r.Load(id)
+		if err == nil {
+			return sb, nil
+		}
+		if firstErr == nil || !errors.Is(err, runtime.ErrNotFound) {
+			firstErr = err
+		}
+	}
+	return nil, firstErr
 }
 
 // removeSandboxDir removes a sandbox directory whose runtime state is gone,

@@ -57,12 +57,16 @@ type Settings struct {
 	DefaultUser string `json:"defaultUser"`
 	// DefaultWorkdir empty means the default user's home directory.
 	DefaultWorkdir string `json:"defaultWorkdir"`
+	// Runtime is the isolation backend sandboxes of this template run on
+	// ("linux", "gvisor"); empty means the server's default (serve --runtime).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 var (
 	validName    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 	validPackage = regexp.MustCompile(`^[a-z0-9][a-z0-9.+-]+$`)
 	validSuite   = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]*$`)
+	validRuntime = regexp.MustCompile(`^[a-z0-9]+$`)
 )
 
 // ParseDefinition decodes and validates one definition. Unknown fields are rejected:
@@ -113,6 +117,9 @@ func (d *Definition) validate() error {
 	}
 	if st.DefaultUser == "" {
 		return fmt.Errorf("template %s: defaultUser is required", d.Name)
+	}
+	if st.Runtime != "" && !validRuntime.MatchString(st.Runtime) {
+		return fmt.Errorf("template %s: bad runtime name %q", d.Name, st.Runtime)
 	}
 	return nil
 }

@@ -109,3 +109,27 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestRuntimeSetting checks the per-template backend: a sandbox default, so it
+// is parsed and validated but does not change the build key.
+func TestRuntimeSetting(t *testing.T) {
+	const tmpl = `{"name": "g", "from": {"debootstrap": {"suite": "bookworm"}},
+	  "settings": {"cpuCount": 1, "memoryMB": 512, "diskSizeMB": 1024, "defaultUser": "user"%s}}`
+	plain, err := ParseDefinition([]byte(fmt.Sprintf(tmpl, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gv, err := ParseDefinition([]byte(fmt.Sprintf(tmpl, `, "runtime": "gvisor"`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Settings.Runtime != "" || gv.Settings.Runtime != "gvisor" {
+		t.Fatalf("runtime = %q and %q, want empty and gvisor", plain.Settings.Runtime, gv.Settings.Runtime)
+	}
+	if plain.Key() != gv.Key() {
+		t.Errorf("the runtime setting changed the build key")
+	}
+	if _, err := ParseDefinition([]byte(fmt.Sprintf(tmpl, `, "runtime": "../linux"`))); err == nil {
+		t.Errorf("a malformed runtime name was accepted")
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
@@ -90,4 +91,12 @@ func EnvdBinary(t testing.TB) string {
 		t.Fatalf("build envd: %v\n%s", envdErr, envdPath)
 	}
 	return envdPath
+}
+
+// NeedRunsc stops a test that needs gVisor's runsc (scripts/setup.sh builds it).
+func NeedRunsc(t testing.TB) {
+	t.Helper()
+	if _, err := gvisor.Find(); err != nil {
+		missing(t, err.Error())
+	}
 }

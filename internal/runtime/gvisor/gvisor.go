@@ -1,0 +1,650 @@
+// Package gvisor is the stronger runtime backend: every sandbox runs on gVisor's
+// user-space kernel (the sentry, platform systrap), so the sandbox's system calls
+// never reach the host kernel directly. It drives the runsc command line (create,
+// start, state, pause, resume, delete); no Go API of gVisor is linked in.
+//
+// On the host, a sandbox is:
+//
+//	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes)
+//	<Spec.Dir>/rootfs        the overlay mount, handed to runsc as the OCI root
+//	<Spec.Dir>/bundle        the OCI bundle (config.json)
+//	<Spec.Dir>/runsc.log     runsc's own error messages from create
+//	<stateRoot>/             runsc --root: one state file per sandbox, the control
+//	                         sockets, and runsc's shared "null-netns" pin
+//	cgroup <each controller>/airlock/<id>   the sentry's and the gofer's host threads
+//
+// The root filesystem is the same host overlay as the linux backend's, passed to
+// runsc with --overlay2=none: runsc's default would put a private in-memory (or
+// rootfs-backed filestore) overlay on top, and the sandbox's writes would then not
+// land in <Spec.Dir>/upper, where disk accounting and quotas look for them.
+//
+// Hardening: the OCI spec carries the same intent as the hardened linux backend:
+// the same small capability set, no_new_privs (and no --allow-suid), no core
+// dumps, a cgroup per sandbox with its memory, CPU and pids limits. There is no
+// seccomp profile in the spec on purpose: the sandbox's processes talk to the
+// sentry, which implements the Linux system call surface itself (namespaces,
+// mounts, devices inside are the sentry's, not the host's), and runsc confines the
+// sentry and the gofer with its own seccomp filters on the host. (runsc could load
+// an OCI profile inside with --oci-seccomp, but it answers every denial with
+// EPERM, and glibc only falls back from clone3 to clone on ENOSYS, so the linux
+// profile would break thread creation.) Masked and read-only paths are left out
+// too: runsc ignores them; the sentry's /proc and /sys are synthetic and expose no
+// host kernel files, and /proc is mounted read-only as a whole instead.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/cgroups"
+	cgroupsfs "github.com/opencontainers/cgroups/fs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// CgroupParent is the cgroup under which every sandbox cgroup is created, the
+// same parent as the linux backend's; nothing outside it is ever touched.
+const CgroupParent = "/airlock"
+
+// DefaultBinary is where scripts/setup.sh installs runsc.
+const DefaultBinary = "/usr/local/bin/runsc"
+
+// cidSuffix is appended to a sandbox id to make its runsc container id. runsc
+// resolves ids by prefix and refuses an id that is the prefix of another ("d1"
+// with "d10" present is "ambiguous"), even when an exact match exists. Sandbox
+// ids are [a-z0-9]+, so with a suffix holding a character outside that set no
+// container id can be the prefix of another.
+const cidSuffix = "-gv"
+
+// runscTimeout bounds one runsc invocation; create is the slowest, at about
+// 0.1 s on an idle machine.
+const runscTimeout = 60 * time.Second
+
+var validID = regexp.MustCompile(`^[a-z0-9]+$`)
+
+// Find returns the runsc binary to use: AIRLOCK_RUNSC if set, else runsc on
+// PATH, else DefaultBinary. It fails when none is executable.
+func Find() (string, error) {
+	if p := os.Getenv("AIRLOCK_RUNSC"); p != "" {
+		return exec.LookPath(p)
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p, nil
+	}
+	if _, err := exec.LookPath(DefaultBinary); err != nil {
+		return "", fmt.Errorf("gvisor runtime: runsc not found on PATH nor at %s (scripts/setup.sh builds it): %w", DefaultBinary, err)
+	}
+	return DefaultBinary, nil
+}
+
+// Runtime is the gVisor backend.
+type Runtime struct {
+	bin  string
+	root string // runsc --root
+	log  *slog.Logger
+}
+
+// New returns a backend keeping runsc's state under stateRoot, using the runsc
+// binary Find reports.
+func New(stateRoot string, log *slog.Logger) (*Runtime, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	bin, err := Find()
+	if err != nil {
+		return nil, err
+	}
+	root, err := filepath.Abs(stateRoot)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: state dir: %w", err)
+	}
+	return &Runtime{bin: bin, root: root, log: log}, nil
+}
+
+func (r *Runtime) Name() string { return "gvisor" }
+
+// flags are the global runsc flags. Every invocation gets the same set: runsc
+// reads some of them in commands other than create (start scrapes the network
+// according to its own --network, not create's).
+func (r *Runtime) flags(network string) []string {
+	return []string{
+		"--root=" + r.root,
+		"--platform=systrap",
+		"--network=" + network,
+		// envd listens on a unix socket in a directory bound from the host; the
+		// host connects to it. "create" lets the sandbox create host sockets in
+		// its bind mounts, and nothing more: it cannot connect to host sockets.
+		"--host-uds=create",
+		"--overlay2=none",
+	}
+}
+
+// runsc runs one runsc command that is not create and returns its output; its
+// error carries runsc's message.
+func (r *Runtime) runsc(ctx context.Context, network string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, runscTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.bin, append(r.flags(network), args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+func cid(id string) string { return id + cidSuffix }
+
+// Create assembles the root filesystem and the OCI bundle, then creates and
+// starts the sandbox with runsc.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
+		return nil, errors.New("gvisor runtime: spec needs ID, Dir, Lower and Init.Args")
+	}
+	if !validID.MatchString(spec.ID) {
+		return nil, fmt.Errorf("gvisor runtime: sandbox id %q: want [a-z0-9]+", spec.ID)
+	}
+	// runsc's control socket lives in --root; a unix socket path has 108 bytes.
+	if sock := filepath.Join(r.root, "runsc-"+cid(spec.ID)+".sock"); len(sock) >= 108 {
+		return nil, fmt.Errorf("gvisor runtime: control socket path %s is too long for a unix socket; use a shorter state dir", sock)
+	}
+	dir, err := filepath.Abs(spec.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	s := &sandbox{rt: r, id: spec.ID, dir: dir, network: network}
+	defer func() {
+		if retErr != nil {
+			_ = s.Destroy(context.WithoutCancel(ctx))
+		}
+	}()
+	rootfs, err := mountOverlay(spec.Lower, dir)
+	if err != nil {
+		return nil, err
+	}
+	bundle := filepath.Join(dir, "bundle")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	cfg, err := json.Marshal(ociSpec(spec, rootfs))
+	if err != nil {
+		return nil, fmt.Errorf("gvisor runtime: config: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: config: %w", err)
+	}
+	if err := r.create(ctx, spec, dir, bundle, network); err != nil {
+		return nil, err
+	}
+	if _, err := r.runsc(ctx, network, "start", cid(spec.ID)); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: start %s: %w", spec.ID, err)
+	}
+	return s, nil
+}
+
+// create runs `runsc create`. The init process gets runsc's own stdio: stdin
+// from an unlinked file holding Spec.Init.Stdin, stdout and stderr appended to
+// Spec.Init.LogPath. Files, not pipes, so that the sandbox outlives us.
+func (r *Runtime) create(ctx context.Context, spec runtime.Spec, dir, bundle, network string) error {
+	stdin, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer stdin.Close()
+	if len(spec.Init.Stdin) > 0 {
+		f, err := os.CreateTemp(dir, ".stdin-*")
+		if err != nil {
+			return fmt.Errorf("gvisor runtime: stdin: %w", err)
+		}
+		defer f.Close()
+		_ = os.Remove(f.Name())
+		if _, err := f.Write(spec.Init.Stdin); err != nil {
+			return fmt.Errorf("gvisor runtime: stdin: %w", err)
+		}
+		if _, err := f.Seek(0, 0); err != nil {
+			return fmt.Errorf("gvisor runtime: stdin: %w", err)
+		}
+		stdin = f
+	}
+	out, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	if spec.Init.LogPath != "" {
+		out.Close()
+		out, err = os.OpenFile(spec.Init.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("gvisor runtime: log: %w", err)
+		}
+	}
+	defer out.Close()
+	// runsc's stderr is the sandbox's, so its error messages are taken from
+	// --log, where runsc writes them as JSON lines.
+	errLog := filepath.Join(dir, "runsc.log")
+	ctx, cancel := context.WithTimeout(ctx, runscTimeout)
+	defer cancel()
+	args := append(r.flags(network), "--log="+errLog, "create", "--bundle="+bundle, cid(spec.ID))
+	cmd := exec.CommandContext(ctx, r.bin, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, out
+	// The sandbox and gofer processes runsc forks stay in this session; a new
+	// one keeps a terminal's Ctrl-C on the server from reaching them (they are
+	// re-adopted after a restart).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("gvisor runtime: create %s: %w: %s", spec.ID, err, runscErrors(errLog))
+	}
+	return nil
+}
+
+// runscErrors returns the messages runsc wrote to its --log file.
+func runscErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no runsc log: " + err.Error() + ")"
+	}
+	var msgs []string
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var e struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal(line, &e) == nil && e.Msg != "" {
+			msgs = append(msgs, e.Msg)
+		}
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// mountOverlay mounts the template (read-only lower) under a private writable
+// upper at dir/rootfs, as the linux backend does.
+func mountOverlay(lower, dir string) (string, error) {
+	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	for _, d := range []string{upper, work, rootfs} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", fmt.Errorf("gvisor runtime: %w", err)
+		}
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return "", fmt.Errorf("gvisor runtime: mount overlay on %s: %w", rootfs, err)
+	}
+	return rootfs, nil
+}
+
+// Capabilities is the capability set of a sandbox's root (bounding, permitted
+// and effective; nothing inheritable or ambient), the same as the hardened
+// linux backend's and for the same reasons: what envd and package installation
+// need (chown, file access across users, switching users, signalling, ports
+// below 1024). Capabilities in gVisor are the sentry's, checked by the sentry.
+var Capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+}
+
+// ociSpec is the runtime-spec document runsc creates the sandbox from.
+func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
+	cwd := spec.Init.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	s := &specs.Spec{
+		Version:  specs.Version,
+		Root:     &specs.Root{Path: rootfs},
+		Hostname: spec.Hostname,
+		Process: &specs.Process{
+			Args: spec.Init.Args,
+			Env:  spec.Init.Env,
+			Cwd:  cwd,
+			// No setuid binary can raise privileges (and runsc runs without
+			// --allow-suid, so the sentry ignores setuid bits anyway); sudo goes
+			// through envd, as in the linux backend.
+			NoNewPrivileges: true,
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: Capabilities, Permitted: Capabilities, Effective: Capabilities,
+			},
+			Rlimits: []specs.POSIXRlimit{
+				// As in the linux backend: the usual soft limit, raisable to 65536;
+				// no core dumps (they would land in the writable layer).
+				{Type: "RLIMIT_NOFILE", Soft: 1024, Hard: 65536},
+				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
+			},
+		},
+		Mounts: []specs.Mount{
+			// Read-only: runsc ignores the OCI readonlyPaths (/proc/sys and the
+			// like), so the whole of the sentry's /proc is; nothing in a sandbox
+			// needs to write it, and /proc/sys is the sentry's state.
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			// No /sys/fs/cgroup: with a cgroupfs mount the sentry moves the init
+			// into a cgroup named after the runsc container id, and the sandbox
+			// would see "/<id>-gv" as its cgroup path. Without one it sees "/",
+			// and tools that size themselves from memory (node) read the limit
+			// from /proc/meminfo, which the sentry sizes to the memory limit.
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.NetworkNamespace, Path: spec.NetNS},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: CgroupParent + "/" + spec.ID,
+			Resources:   &specs.LinuxResources{},
+		},
+	}
+	for _, m := range spec.Mounts {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		s.Mounts = append(s.Mounts, specs.Mount{Source: m.Source, Destination: m.Target, Type: "bind", Options: opts})
+	}
+	res := spec.Resources
+	if res.MemoryMB > 0 {
+		limit := res.MemoryMB << 20
+		s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
+	}
+	if res.CPUs > 0 {
+		period := uint64(100000)
+		quota := int64(res.CPUs * float64(period))
+		s.Linux.Resources.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if res.PidsMax > 0 {
+		s.Linux.Resources.Pids = &specs.LinuxPids{Limit: &res.PidsMax}
+	}
+	return s
+}
+
+// Load re-attaches to a sandbox created earlier, by this or a previous process.
+func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
+	if !validID.MatchString(id) || !r.exists(id) {
+		return nil, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	st, err := r.state(id)
+	if err != nil {
+		return nil, err
+	}
+	network := "none"
+	var spec specs.Spec
+	if b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.Linux != nil {
+		for _, ns := range spec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+				network = "sandbox"
+			}
+		}
+	}
+	return &sandbox{rt: r, id: id, dir: filepath.Dir(st.Bundle), network: network}, nil
+}
+
+// stateFiles returns the container ids runsc holds state for. Its state files
+// are named <sandbox id>_sandbox:<container id>.state.
+func (r *Runtime) stateFiles() ([]string, error) {
+	entries, err := os.ReadDir(r.root)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor runtime: list: %w", err)
+	}
+	var cids []string
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".state")
+		if !ok {
+			continue
+		}
+		if _, c, ok := strings.Cut(name, "_sandbox:"); ok {
+			cids = append(cids, c)
+		}
+	}
+	return cids, nil
+}
+
+func (r *Runtime) exists(id string) bool {
+	matches, _ := filepath.Glob(filepath.Join(r.root, "*_sandbox:"+cid(id)+".state"))
+	return len(matches) > 0
+}
+
+// List returns the ids of all sandboxes runsc holds state for.
+func (r *Runtime) List() ([]string, error) {
+	cids, err := r.stateFiles()
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, c := range cids {
+		if id, ok := strings.CutSuffix(c, cidSuffix); ok && validID.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// ociState is what `runsc state` prints.
+type ociState struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+	Bundle string `json:"bundle"`
+}
+
+func (r *Runtime) state(id string) (ociState, error) {
+	out, err := r.runsc(context.Background(), "none", "state", cid(id))
+	if err != nil {
+		if !r.exists(id) {
+			return ociState{}, fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+		}
+		return ociState{}, fmt.Errorf("gvisor runtime: state of %s: %w", id, err)
+	}
+	var st ociState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return ociState{}, fmt.Errorf("gvisor runtime: state of %s: %w", id, err)
+	}
+	return st, nil
+}
+
+type sandbox struct {
+	rt      *Runtime
+	id, dir string
+	network string
+}
+
+func (s *sandbox) ID() string { return s.id }
+
+func (s *sandbox) Status() (runtime.Status, error) {
+	st, err := s.rt.state(s.id)
+	if err != nil {
+		return "", err
+	}
+	switch st.Status {
+	case "created", "running":
+		return runtime.StatusRunning, nil
+	case "paused":
+		return runtime.StatusPaused, nil
+	default:
+		return runtime.StatusStopped, nil
+	}
+}
+
+// cgroup returns a manager for the sandbox's cgroup (only read and removed;
+// runsc creates it and applies the limits).
+func (s *sandbox) cgroup() (*cgroupsfs.Manager, error) {
+	m, err := cgroupsfs.NewManager(&cgroups.Cgroup{Path: CgroupParent + "/" + s.id, Resources: &cgroups.Resources{}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor runtime: cgroup of %s: %w", s.id, err)
+	}
+	return m, nil
+}
+
+// Stats reads the sandbox's host cgroup: the memory and CPU the sentry and the
+// gofer use on the host, which is what the sandbox costs (the sentry's own
+// accounting, `runsc events --stats`, leaves its overhead out and costs a runsc
+// exec per sample). Pids counts host threads of the sentry and gofer, not the
+// processes inside.
+func (s *sandbox) Stats() (runtime.Stats, error) {
+	m, err := s.cgroup()
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	st, err := m.GetStats()
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("gvisor runtime: stats: %w", err)
+	}
+	out := runtime.Stats{Time: time.Now()}
+	out.CPUUsage = time.Duration(st.CpuStats.CpuUsage.TotalUsage)
+	mem := st.MemoryStats
+	out.MemoryCache = int64(mem.Cache)
+	out.MemoryUsed = int64(mem.Usage.Usage) - int64(mem.Cache)
+	if out.MemoryUsed < 0 {
+		out.MemoryUsed = int64(mem.Usage.Usage)
+	}
+	out.MemoryLimit = int64(mem.Usage.Limit)
+	out.Pids = int64(st.PidsStats.Current)
+	out.OOMKills = oomKills(m.Path("memory"))
+	out.WritableBytes = diskUsage(filepath.Join(s.dir, "upper"))
+	return out, nil
+}
+
+// oomKills reads the kernel's OOM kill counter of a v1 memory cgroup.
+func oomKills(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// diskUsage sums the allocated blocks under dir, as du does.
+func diskUsage(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			total += st.Blocks * 512
+		}
+		return nil
+	})
+	return total
+}
+
+// Pause stops every task in the sentry (runsc pause); the host threads stay in
+// the cgroup, not frozen, but run nothing of the sandbox's.
+func (s *sandbox) Pause() error {
+	if _, err := s.rt.runsc(context.Background(), s.network, "pause", cid(s.id)); err != nil {
+		return fmt.Errorf("gvisor runtime: pause %s: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *sandbox) Resume() error {
+	if _, err := s.rt.runsc(context.Background(), s.network, "resume", cid(s.id)); err != nil {
+		return fmt.Errorf("gvisor runtime: resume %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// Destroy tears down in order: the sandbox (runsc delete --force kills the
+// sentry and the gofer, paused or not, and removes runsc's state and the
+// cgroup), then anything left in the cgroup, the cgroup, the overlay mount, the
+// sandbox directory, and runsc's null-netns pin once no sandbox is left.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	var errs []error
+	if s.rt.exists(s.id) {
+		if _, err := s.rt.runsc(ctx, s.network, "delete", "--force", cid(s.id)); err != nil && s.rt.exists(s.id) {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.removeCgroup(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := mountutil.Unmount(filepath.Join(s.dir, "rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	if err := mountutil.RemoveAll(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	s.rt.releaseNullNetNS()
+	if len(errs) > 0 {
+		return fmt.Errorf("gvisor runtime: destroy %s: %w", s.id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// removeCgroup kills whatever is still in the sandbox's cgroup (after a failed
+// delete, or a runsc that died half-way) and removes the cgroup. Every pid in
+// it is the sandbox's: the cgroup is /airlock/<id>.
+func (s *sandbox) removeCgroup(ctx context.Context) error {
+	m, err := s.cgroup()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		pids, _ := cgroups.GetAllPids(m.Path("memory"))
+		if len(pids) == 0 || time.Now().After(deadline) {
+			break
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+	if err := m.Destroy(); err != nil {
+		return fmt.Errorf("remove cgroup: %w", err)
+	}
+	return nil
+}
+
+// releaseNullNetNS unmounts runsc's <root>/null-netns once no sandbox is left.
+// runsc bind-mounts an empty network namespace there for its gofers to share
+// and never removes it; the mount would outlive us and, copied into later
+// mount namespaces, break CRIU dumps. A create racing with this only loses the
+// shared pin (runsc then makes a new one), never its sandbox.
+func (r *Runtime) releaseNullNetNS() {
+	if cids, err := r.stateFiles(); err != nil || len(cids) > 0 {
+		return
+	}
+	path := filepath.Join(r.root, "null-netns")
+	for unix.Unmount(path, unix.MNT_DETACH) == nil {
+	}
+	_ = os.Remove(path)
+}
