@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -69,7 +70,12 @@ type Options struct {
 	MetricsInterval time.Duration
 	// PidsMax limits processes per sandbox (default 4096).
 	PidsMax int64
-	Logger  *slog.Logger
+	// Disk, when set, holds every sandbox directory (DataDir/sandboxes is its
+	// mount point) and enforces each sandbox's diskSizeMB (see limits.go).
+	Disk *diskquota.Pool
+	// MaxDiskSizeMB bounds a create request's diskSizeMB (default 64 GiB).
+	MaxDiskSizeMB int
+	Logger        *slog.Logger
 }
 
 // envdMountPath is where envd appears inside every sandbox.
@@ -113,6 +119,8 @@ type entry struct {
 	metrics   []Metric
 	lastCPU   time.Duration
 	lastAt    time.Time
+	// seenOOM is the OOM-kill count already recorded as events.
+	seenOOM int64
 }
 
 // New returns a manager; call Recover before serving, and Close at shutdown.
@@ -157,6 +165,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	diskMB, err := m.diskSize(req, tpl)
+	if err != nil {
+		return Info{}, err
+	}
 	now := time.Now()
 	info := Info{
 		ID:                  newID(),
@@ -170,7 +182,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		State:               StateCreating,
 		CPUCount:            tpl.CPUCount,
 		MemoryMB:            tpl.MemoryMB,
-		DiskSizeMB:          tpl.DiskSizeMB,
+		DiskSizeMB:          diskMB,
 		EnvdVersion:         envd.Version,
 		AllowInternetAccess: req.AllowInternetAccess,
 	}
@@ -219,7 +231,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
 	dir := m.sandboxDir(info.ID)
 	runDir := filepath.Join(dir, "run")
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
+	if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
+		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	cfg := envd.Config{
@@ -261,6 +274,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	rt, err := m.opts.Runtime.Create(ctx, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
@@ -334,6 +348,7 @@ func (m *Manager) teardown(e *entry) {
 	if err := e.rt.Destroy(context.Background()); err != nil {
 		m.log.Error("sandbox teardown", "id", e.info.ID, "err", err)
 	}
+	m.releaseDisk(e.dir)
 	_ = os.Remove(filepath.Join(m.opts.DataDir, "sandboxes", e.info.ID+".log"))
 }
 
@@ -623,6 +638,8 @@ func (m *Manager) sample(e *entry) {
 	if err != nil {
 		return
 	}
+	m.noteOOM(e, st)
+	diskUsed := m.diskUsed(e, st)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prevCPU, prevAt := e.lastCPU, e.lastAt
@@ -646,7 +663,7 @@ func (m *Manager) sample(e *entry) {
 		MemUsed:    st.MemoryUsed,
 		MemTotal:   memTotal,
 		MemCache:   st.MemoryCache,
-		DiskUsed:   st.WritableBytes,
+		DiskUsed:   diskUsed,
 		DiskTotal:  int64(e.info.DiskSizeMB) << 20,
 	})
 	if len(e.metrics) > metricsKept {
@@ -680,7 +697,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 			alive = false
 		}
 		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
-			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock"))}
+			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock")),
+			seenOOM:   m.seenOOMOf(ctx, rec.ID)}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
 				alive = false
@@ -692,6 +710,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				m.teardown(e)
 			} else {
 				_ = removeSandboxDir(e.dir)
+				m.releaseDisk(e.dir)
 			}
 			if err := m.opts.Store.Delete(ctx, rec.ID); err != nil {
 				return err
@@ -729,6 +748,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		id := d.Name()
 		if d.IsDir() && !known[id] {
 			_ = removeSandboxDir(filepath.Join(m.opts.DataDir, "sandboxes", id))
+			m.releaseDisk(filepath.Join(m.opts.DataDir, "sandboxes", id))
 		}
 	}
 	return nil

@@ -48,6 +48,9 @@ type CreateRequest struct {
 	AllowInternetAccess *bool
 	// Secure asks for an envd access token. The v2 create path always sets it.
 	Secure bool
+	// DiskSizeMB bounds the sandbox's writable layer; 0 takes the template's
+	// (or DefaultDiskSizeMB).
+	DiskSizeMB int
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.
