@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -38,6 +39,8 @@ type serveConfig struct {
 	killOnExit           bool
 	logLevel             string
 	warmPool             int
+	diskQuota            bool
+	diskImageMB          int64
 }
 
 func serveCmd() *cobra.Command {
@@ -67,6 +70,8 @@ needed (a few minutes the first time; progress is shown).`,
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
+	f.BoolVar(&c.diskQuota, "disk-quota", true, "enforce each sandbox's diskSizeMB: sandboxes live on a btrfs image (<data-dir>/sandboxes.img, needs btrfs-progs) mounted on <data-dir>/sandboxes")
+	f.Int64Var(&c.diskImageMB, "disk-image-size", 0, "size in MiB of the sparse sandbox image when it is created (0: min(free space, 64 GiB))")
 	return cmd
 }
 
@@ -158,7 +163,18 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, err
 	}
+	var disk *diskquota.Pool
+	if c.diskQuota {
+		// Mounted once per boot; a restarted server adopts the mount, and the
+		// per-sandbox limits live in the filesystem.
+		disk, err = diskquota.Open(filepath.Join(dataDir, "sandboxes.img"), filepath.Join(dataDir, "sandboxes"), c.diskImageMB<<20)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("disk quota (--disk-quota=false to run without): %w", err)
+		}
+	}
 	mgr := sandbox.New(sandbox.Options{
+		Disk:       disk,
 		Runtime:    rt,
 		Store:      db,
 		Templates:  templateSource{tpls},

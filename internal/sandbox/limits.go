@@ -166,3 +166,6 @@ func (m *Manager) Logs(ctx context.Context, id string, start time.Time) ([]LogEn
 	}
 	return out, nil
 }
+
+// DataDir is the directory the manager keeps sandboxes under.
+func (m *Manager) DataDir() string { return m.opts.DataDir }
