@@ -243,6 +243,13 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			mgr.KillAll(context.Background())
 		}
 		mgr.Close()
+		if killAll && disk != nil {
+			// Nothing is left on the sandbox image: unmount it (the image
+			// file stays for the next start).
+			if err := disk.Close(false); err != nil {
+				log.Warn("unmount sandbox image", "err", err)
+			}
+		}
 		db.Close()
 		unlock()
 	}
