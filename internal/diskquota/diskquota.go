@@ -46,7 +46,14 @@ type Pool struct {
 	// sysfs is /sys/fs/btrfs/<fsid>, where the kernel publishes qgroup usage.
 	sysfs string
 
-	mu sync.Mutex // serialises qgroup removal sweeps
+	mu sync.Mutex
+	// ids caches the subvolume id of each sandbox directory by name, so
+	// that kill does not have to look at every other sandbox.
+	ids map[string]uint64
+	// pending holds qgroups of deleted subvolumes not removed yet: the kernel
+	// drops a subvolume in the background and refuses (EBUSY) to remove its
+	// qgroup until then, so each Remove retries them.
+	pending map[uint64]bool
 }
 
 // Open mounts the image at mountPoint, creating and formatting the image
@@ -74,7 +81,7 @@ func Open(image, mountPoint string, size int64) (*Pool, error) {
 	default:
 		return nil, fmt.Errorf("diskquota: %s is already a %s mount, not btrfs", mountPoint, fstype)
 	}
-	p := &Pool{image: image, mountPoint: mountPoint}
+	p := &Pool{image: image, mountPoint: mountPoint, ids: map[string]uint64{}, pending: map[uint64]bool{}}
 	if err := p.init(); err != nil {
 		return nil, err
 	}
@@ -266,6 +273,14 @@ func (p *Pool) Create(dir string, limit int64) error {
 	if err := subvolCreate(parent, filepath.Base(dir)); err != nil {
 		return fmt.Errorf("diskquota: create subvolume %s: %w", dir, err)
 	}
+	id, err := subvolID(dir)
+	if err != nil {
+		_ = p.Remove(dir)
+		return err
+	}
+	p.mu.Lock()
+	p.ids[filepath.Base(dir)] = id
+	p.mu.Unlock()
 	if err := p.SetLimit(dir, limit); err != nil {
 		_ = p.Remove(dir)
 		return err
@@ -276,7 +291,7 @@ func (p *Pool) Create(dir string, limit int64) error {
 // SetLimit changes the limit of a sandbox directory (a warm sandbox gets the
 // size its claimer asked for).
 func (p *Pool) SetLimit(dir string, limit int64) error {
-	id, err := subvolID(dir)
+	id, err := p.id(dir)
 	if err != nil {
 		return err
 	}
@@ -295,7 +310,7 @@ func (p *Pool) SetLimit(dir string, limit int64) error {
 // the kernel last accounted them (at most one commit interval old). It reads
 // two small sysfs files: no walk of the directory.
 func (p *Pool) Usage(dir string) (used, limit int64, err error) {
-	id, err := subvolID(dir)
+	id, err := p.id(dir)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -320,17 +335,39 @@ func readInt(path string) (int64, error) {
 	return v, nil
 }
 
+// id returns the subvolume id of a sandbox directory.
+func (p *Pool) id(dir string) (uint64, error) {
+	p.mu.Lock()
+	id, ok := p.ids[filepath.Base(dir)]
+	p.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	return subvolID(dir)
+}
+
 // Remove deletes a sandbox directory's subvolume (if the runtime has not
-// removed it already) and the qgroups of deleted subvolumes. Whatever is
-// inside goes with it, so the caller unmounts first.
+// removed it already) and its qgroup. Whatever is inside goes with it, so the
+// caller unmounts first.
 func (p *Pool) Remove(dir string) error {
+	name := filepath.Base(dir)
+	p.mu.Lock()
+	id, known := p.ids[name]
+	delete(p.ids, name)
+	p.mu.Unlock()
 	var errs []error
 	if _, err := os.Lstat(dir); err == nil {
+		if !known {
+			id, known = 0, false
+			if v, err := subvolID(dir); err == nil {
+				id, known = v, true
+			}
+		}
 		parent, err := unix.Open(filepath.Dir(dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("diskquota: %w", err)
 		}
-		err = subvolDestroy(parent, filepath.Base(dir))
+		err = subvolDestroy(parent, name)
 		unix.Close(parent)
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			// Not a subvolume (a directory made before quotas were on).
@@ -339,18 +376,38 @@ func (p *Pool) Remove(dir string) error {
 			}
 		}
 	}
-	p.sweep()
+	p.mu.Lock()
+	if known {
+		p.pending[id] = true
+	}
+	p.mu.Unlock()
+	p.removePending()
 	return errors.Join(errs...)
 }
 
-// sweep removes level-0 qgroups whose subvolume is gone. The kernel drops a
-// deleted subvolume in the background, and its qgroup can only go once that
-// is done (EBUSY before), so a qgroup missed now is removed by a later sweep.
-func (p *Pool) sweep() {
-	if !p.mu.TryLock() {
+// removePending removes the qgroups of deleted subvolumes that the kernel
+// has finished dropping.
+func (p *Pool) removePending() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pending) == 0 {
 		return
 	}
-	defer p.mu.Unlock()
+	fd, err := unix.Open(p.mountPoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	for id := range p.pending {
+		if err := qgroupRemove(fd, id); err == nil || errors.Is(err, unix.ENOENT) {
+			delete(p.pending, id)
+		}
+	}
+}
+
+// sweep, at Open, learns the subvolume of every sandbox directory and queues
+// the qgroups whose subvolume is gone (left by an earlier server).
+func (p *Pool) sweep() {
 	entries, err := os.ReadDir(filepath.Join(p.sysfs, "qgroups"))
 	if err != nil {
 		return
@@ -359,38 +416,43 @@ func (p *Pool) sweep() {
 	if err != nil {
 		return
 	}
-	fd, err := unix.Open(p.mountPoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return
+	p.mu.Lock()
+	for name, id := range live {
+		p.ids[name] = id
 	}
-	defer unix.Close(fd)
+	seen := map[uint64]bool{}
+	for _, id := range live {
+		seen[id] = true
+	}
 	for _, e := range entries {
 		rest, ok := strings.CutPrefix(e.Name(), "0_")
 		if !ok {
 			continue
 		}
 		id, err := strconv.ParseUint(rest, 10, 64)
-		if err != nil || id == 5 || live[id] { // 5 is the top-level subvolume
+		if err != nil || id == 5 || seen[id] { // 5 is the top-level subvolume
 			continue
 		}
-		_ = qgroupRemove(fd, id)
+		p.pending[id] = true
 	}
+	p.mu.Unlock()
+	p.removePending()
 }
 
-// subvolIDs returns the ids of the subvolumes directly under the mount point
+// subvolIDs returns the ids of the subvolumes, by name, directly under the mount point
 // (the only place sandboxes create them).
-func (p *Pool) subvolIDs() (map[uint64]bool, error) {
+func (p *Pool) subvolIDs() (map[string]uint64, error) {
 	entries, err := os.ReadDir(p.mountPoint)
 	if err != nil {
 		return nil, fmt.Errorf("diskquota: %w", err)
 	}
-	ids := map[uint64]bool{}
+	ids := map[string]uint64{}
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
 		if id, err := subvolID(filepath.Join(p.mountPoint, e.Name())); err == nil {
-			ids[id] = true
+			ids[e.Name()] = id
 		}
 	}
 	return ids, nil

@@ -5,14 +5,16 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // openTestPool mounts a fresh 512 MiB image under a temp dir and unmounts
 // and deletes it when the test ends.
-func openTestPool(t *testing.T) *Pool {
+func openTestPool(t testing.TB) *Pool {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -87,11 +89,26 @@ func TestLimitHoldsAndIsReleased(t *testing.T) {
 	if _, limit, _ := p.Usage(dir); limit != 64<<20 {
 		t.Errorf("limit after SetLimit = %d", limit)
 	}
+	id := p.ids["sb1"]
 	if err := p.Remove(dir); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("dir survived Remove: %v", err)
+	}
+	// The qgroup goes once the kernel has dropped the subvolume.
+	qdir := filepath.Join(p.sysfs, "qgroups", "0_"+strconv.FormatUint(id, 10))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p.removePending()
+		if _, err := os.Stat(qdir); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("qgroup %s of a removed subvolume still there", qdir)
+		}
+		unix.Sync()
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -107,5 +124,33 @@ func TestReopenAdoptsMount(t *testing.T) {
 	}
 	if _, limit, err := again.Usage(dir); err != nil || limit != 16<<20 {
 		t.Fatalf("after reopen: limit %d, err %v", limit, err)
+	}
+}
+
+// BenchmarkCreateRemove is the per-sandbox cost of the quota: subvolume +
+// limit on create, subvolume delete + qgroup sweep on kill.
+func BenchmarkCreateRemove(b *testing.B) {
+	p := openTestPool(b)
+	for i := 0; i < b.N; i++ {
+		dir := filepath.Join(p.MountPoint(), "sb"+strconv.Itoa(i))
+		if err := p.Create(dir, 1<<30); err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Remove(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkUsage(b *testing.B) {
+	p := openTestPool(b)
+	dir := filepath.Join(p.MountPoint(), "sb")
+	if err := p.Create(dir, 1<<30); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		if _, _, err := p.Usage(dir); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

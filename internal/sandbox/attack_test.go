@@ -50,16 +50,20 @@ func attackManager(t *testing.T) (*rig, *sandbox.Manager) {
 			t.Errorf("disk pool: %v", err)
 		}
 	})
-	m := sandbox.New(sandbox.Options{
-		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
-		MaxTimeout: time.Hour, MetricsInterval: 250 * time.Millisecond,
-		PidsMax: attackPidsMax, Disk: pool,
-	})
+	m := newAttackManager(r, pool)
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()
 	})
 	return r, m
+}
+
+func newAttackManager(r *rig, pool *diskquota.Pool) *sandbox.Manager {
+	return sandbox.New(sandbox.Options{
+		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
+		MaxTimeout: time.Hour, MetricsInterval: 250 * time.Millisecond,
+		PidsMax: attackPidsMax, Disk: pool,
+	})
 }
 
 func attackSandbox(t *testing.T, m *sandbox.Manager, diskMB int) sandbox.Info {
@@ -396,4 +400,46 @@ func TestAttackFDExhaustion(t *testing.T) {
 	}
 	f.Close()
 	mustWork(t, m, info)
+}
+
+// TestAttackDiskQuotaSurvivesRestart: a restarted server adopts the mounted
+// pool and the re-adopted sandbox keeps its limit; killing it then releases
+// its subvolume.
+func TestAttackDiskQuotaSurvivesRestart(t *testing.T) {
+	r, second := attackManager(t)
+	ctx := context.Background()
+	pool, err := diskquota.Open(filepath.Join(r.dataDir, "sandboxes.img"), filepath.Join(r.dataDir, "sandboxes"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := newAttackManager(r, pool)
+	info := attackSandbox(t, first, sandbox.MinDiskSizeMB)
+	first.Close() // a server stopping without killing its sandboxes
+
+	// A new server: it opens the pool again (adopting the mount) and recovers.
+	if pool, err = diskquota.Open(filepath.Join(r.dataDir, "sandboxes.img"), filepath.Join(r.dataDir, "sandboxes"), 0); err != nil {
+		t.Fatal(err)
+	}
+	second = newAttackManager(r, pool)
+	t.Cleanup(func() {
+		second.KillAll(context.Background())
+		second.Close()
+	})
+	if err := second.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := sh(second, info, `dd if=/dev/zero of=$HOME/fill bs=1M count=256 conv=fsync 2>&1; stat -c %s $HOME/fill`, time.Minute, nil)
+	if res.err != nil || !strings.Contains(res.out, "Disk quota exceeded") {
+		t.Fatalf("fill after restart: %+v", res)
+	}
+	dir := filepath.Join(r.dataDir, "sandboxes", info.ID)
+	if _, limit, err := pool.Usage(dir); err != nil || limit != sandbox.MinDiskSizeMB<<20 {
+		t.Fatalf("limit after restart: %d, %v", limit, err)
+	}
+	if err := second.Kill(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("subvolume survived the kill: %v", err)
+	}
 }
