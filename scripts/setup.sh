@@ -16,10 +16,11 @@ RUNSC=/usr/local/bin/runsc
 # debootstrap: template rootfs builds; runc, libseccomp-dev: the libcontainer runtime
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
 # namespaces; protobuf-compiler: scripts/gen-proto.sh; make, gcc: the build itself;
-# debian-archive-keyring: debootstrap verifies the mirror's Release file with it.
+# debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
+# btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas).
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	protobuf-compiler ca-certificates make gcc debian-archive-keyring
+	protobuf-compiler ca-certificates make gcc debian-archive-keyring btrfs-progs
 )
 
 step() { printf '\n==> %s\n' "$*"; }

@@ -30,7 +30,7 @@ template rootfs as baselines.`,
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			inst, err := start(cmd.Context(), serveConfig{
 				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: rtName,
+				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: rtName, diskQuota: true,
 			}, log)
 			if err != nil {
 				return err
@@ -67,5 +67,51 @@ template rootfs as baselines.`,
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
+	cmd.AddCommand(benchAttacksCmd())
+	return cmd
+}
+
+func benchAttacksCmd() *cobra.Command {
+	var (
+		dataDir, tpl string
+		rtt          int
+		settle       time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "attacks",
+		Short: "Measure a neighbour sandbox's command round trip while another sandbox attacks its limits",
+		Long: `Start an Airlock server in this process, create a neighbour sandbox, and measure
+its commands.run('true') round trip (p50/p99) while idle and while a second
+sandbox runs each attack in turn: fork bomb, memory bomb (OOM loop), CPU spin on
+all cores, disk fill to its quota, output flood through commands.run, and fd
+exhaustion. The ratio to idle is the isolation figure (goal: p99 under 2x).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+			inst, err := start(cmd.Context(), serveConfig{
+				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
+				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, diskQuota: true,
+			}, log)
+			if err != nil {
+				return err
+			}
+			defer inst.close(true)
+			rows, err := bench.RunAttacks(cmd.Context(), bench.AttacksConfig{
+				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey,
+				Template: tpl, RoundTrips: rtt, Settle: settle, Progress: os.Stderr,
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("\nAirlock bench attacks, template %s, %s\n\n", tpl, time.Now().UTC().Format(time.DateOnly))
+			bench.PrintAttacks(os.Stdout, rows)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&tpl, "template", "base", "template to create sandboxes from")
+	f.IntVar(&rtt, "round-trips", 200, "neighbour commands.run('true') round trips per attack")
+	f.DurationVar(&settle, "settle", 3*time.Second, "how long each attack runs before the neighbour is measured")
 	return cmd
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -43,6 +44,8 @@ type serveConfig struct {
 	limits               e2b.Limits
 	maxPerKey            int
 	runtime              string
+	diskQuota            bool
+	diskImageMB          int64
 }
 
 func serveCmd() *cobra.Command {
@@ -79,6 +82,8 @@ needed (a few minutes the first time; progress is shown).`,
 	f.IntVar(&c.limits.Creates.Burst, "create-burst", e2b.DefaultLimits.Creates.Burst, "sandbox creations per API key allowed in a burst above --create-rate-limit")
 	f.IntVar(&c.maxPerKey, "max-sandboxes-per-key", 100, "sandboxes one API key may have alive at once (0: no limit)")
 	f.StringVar(&c.runtime, "runtime", "linux", `default isolation backend: "linux" (namespaces, cgroups, seccomp) or "gvisor" (runsc, systrap); a template's "runtime" setting overrides it`)
+	f.BoolVar(&c.diskQuota, "disk-quota", true, "enforce each sandbox's diskSizeMB: sandboxes live on a btrfs image (<data-dir>/sandboxes.img, needs btrfs-progs) mounted on <data-dir>/sandboxes")
+	f.Int64Var(&c.diskImageMB, "disk-image-size", 0, "size in MiB of the sparse sandbox image when it is created (0: min(free space, 64 GiB))")
 	return cmd
 }
 
@@ -170,7 +175,18 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, err
 	}
+	var disk *diskquota.Pool
+	if c.diskQuota {
+		// Mounted once per boot; a restarted server adopts the mount, and the
+		// per-sandbox limits live in the filesystem.
+		disk, err = diskquota.Open(filepath.Join(dataDir, "sandboxes.img"), filepath.Join(dataDir, "sandboxes"), c.diskImageMB<<20)
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("disk quota (--disk-quota=false to run without): %w", err)
+		}
+	}
 	mgr := sandbox.New(sandbox.Options{
+		Disk:        disk,
 		Runtime:     rt,
 		Runtimes:    others,
 		Store:       db,
@@ -246,6 +262,13 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			mgr.KillAll(context.Background())
 		}
 		mgr.Close()
+		if killAll && disk != nil {
+			// Nothing is left on the sandbox image: unmount it (the image
+			// file stays for the next start).
+			if err := disk.Close(false); err != nil {
+				log.Warn("unmount sandbox image", "err", err)
+			}
+		}
 		db.Close()
 		unlock()
 	}

@@ -29,6 +29,9 @@ type newSandboxBody struct {
 	AllowInternetAccess *bool          `json:"allow_internet_access"` // snake_case on the wire, unlike everything else
 	AutoPause           *bool          `json:"autoPause"`
 	Network             *networkBody   `json:"network"`
+	// DiskSizeMB is an Airlock extension: the size limit of the sandbox's
+	// writable layer (the template's, by default).
+	DiskSizeMB *int `json:"diskSizeMB"`
 }
 
 // connectBody is ConnectSandbox, ConnectSandboxV2 and ResumedSandbox.

@@ -33,6 +33,7 @@ type fakeManager struct {
 	sandboxes map[string]*sandbox.Info
 	templates map[string]string // alias or id -> template id
 	metrics   map[string][]sandbox.Metric
+	logs      map[string][]sandbox.LogEntry
 	seq       int
 	listErr   error
 	// plain turns off the special ids, so a fuzzer that stumbles on "boom"
@@ -279,6 +280,22 @@ func (f *fakeManager) Metrics(_ context.Context, id string, start, end time.Time
 	for _, m := range f.metrics[id] {
 		if !m.Time.Before(start) && !m.Time.After(end) {
 			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeManager) Logs(_ context.Context, id string, start time.Time) ([]sandbox.LogEntry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if _, err := f.lookup(id); err != nil {
+		return nil, err
+	}
+	var out []sandbox.LogEntry
+	for _, e := range f.logs[id] {
+		if !e.Time.Before(start) {
+			out = append(out, e)
 		}
 	}
 	return out, nil

@@ -99,6 +99,8 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("POST /sandboxes/{sandboxID}/refreshes", h.refresh)
 	h.handle("POST /sandboxes/{sandboxID}/pause", h.pause)
 	h.handle("GET /sandboxes/{sandboxID}/metrics", h.metrics)
+	h.handle("GET /sandboxes/{sandboxID}/logs", h.logsV1)
+	h.handle("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)
 	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
 	return h
 }

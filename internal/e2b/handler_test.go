@@ -796,3 +796,57 @@ func TestManagerErrorMapping(t *testing.T) {
 		}
 	}
 }
+
+func TestLogsEndpointsShowEvents(t *testing.T) {
+	h, f := newTestHandler(t)
+	f.add(sandbox.Info{ID: "sbx1", TemplateID: "base", State: sandbox.StateRunning})
+	t0 := time.UnixMilli(1700000000000)
+	f.logs = map[string][]sandbox.LogEntry{"sbx1": {
+		{Time: t0, Level: "error", Message: "out of memory: 1", Fields: map[string]string{"event": "oom", "count": "1"}},
+		{Time: t0.Add(time.Second), Level: "error", Message: "out of memory: 2", Fields: map[string]string{"event": "oom", "count": "2"}},
+	}}
+
+	var v1 struct {
+		Logs       []struct{ Line string }
+		LogEntries []struct {
+			Level, Message string
+			Fields         map[string]string
+		}
+	}
+	rec := request(t, h, "GET", "/sandboxes/sbx1/logs?start=1700000000500", "")
+	if rec.Code != http.StatusOK {
+		t.Fatalf("v1 logs: %d %s", rec.Code, rec.Body)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &v1); err != nil {
+		t.Fatal(err)
+	}
+	if len(v1.Logs) != 1 || v1.Logs[0].Line != "out of memory: 2" || len(v1.LogEntries) != 1 || v1.LogEntries[0].Fields["event"] != "oom" {
+		t.Fatalf("v1 logs: %+v", v1)
+	}
+	var v2 struct {
+		Logs []struct{ Message, Level string }
+	}
+	rec = request(t, h, "GET", "/v2/sandboxes/sbx1/logs?direction=backward&limit=1", "")
+	if err := json.Unmarshal(rec.Body.Bytes(), &v2); err != nil || rec.Code != http.StatusOK {
+		t.Fatalf("v2 logs: %d %s %v", rec.Code, rec.Body, err)
+	}
+	if len(v2.Logs) != 1 || v2.Logs[0].Message != "out of memory: 2" || v2.Logs[0].Level != "error" {
+		t.Fatalf("v2 logs: %+v", v2)
+	}
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?limit=x", ""), http.StatusBadRequest, "limit must be...")
+	if rec := request(t, h, "GET", "/v2/sandboxes/nope/logs", ""); rec.Code != http.StatusNotFound {
+		t.Errorf("unknown sandbox: %d", rec.Code)
+	}
+}
+
+func TestCreateDiskSize(t *testing.T) {
+	h, f := newTestHandler(t)
+	checkError(t, request(t, h, "POST", "/sandboxes", `{"templateID":"base","diskSizeMB":0}`), http.StatusBadRequest, "diskSizeMB must be positive, got 0")
+	rec := request(t, h, "POST", "/sandboxes", `{"templateID":"base","diskSizeMB":2048}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	if f.lastCreate.DiskSizeMB != 2048 {
+		t.Errorf("manager got diskSizeMB %d", f.lastCreate.DiskSizeMB)
+	}
+}

@@ -25,4 +25,6 @@ type Manager interface {
 	Pause(ctx context.Context, id string) error
 	// Metrics returns the samples taken between start and end (inclusive).
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Metric, error)
+	// Logs returns the sandbox's events (OOM kills, ...) from start on, oldest first.
+	Logs(ctx context.Context, id string, start time.Time) ([]sandbox.LogEntry, error)
 }

@@ -71,6 +71,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		Secure:              v2 || (body.Secure != nil && *body.Secure),
 		Owner:               ownerFrom(r.Context()),
 	}
+	if body.DiskSizeMB != nil {
+		if *body.DiskSizeMB <= 0 {
+			return badRequest("diskSizeMB must be positive, got %d", *body.DiskSizeMB)
+		}
+		req.DiskSizeMB = *body.DiskSizeMB
+	}
 	if body.Network != nil {
 		if err := body.Network.validate(); err != nil {
 			return err

@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -78,7 +79,12 @@ type Options struct {
 	// MaxPerOwner caps the sandboxes one owner (API key) may have alive at
 	// once, counting creations in flight; 0 means no cap.
 	MaxPerOwner int
-	Logger      *slog.Logger
+	// Disk, when set, holds every sandbox directory (DataDir/sandboxes is its
+	// mount point) and enforces each sandbox's diskSizeMB (see limits.go).
+	Disk *diskquota.Pool
+	// MaxDiskSizeMB bounds a create request's diskSizeMB (default 64 GiB).
+	MaxDiskSizeMB int
+	Logger        *slog.Logger
 }
 
 // envdMountPath is where envd appears inside every sandbox.
@@ -125,6 +131,8 @@ type entry struct {
 	metrics   []Metric
 	lastCPU   time.Duration
 	lastAt    time.Time
+	// seenOOM is the OOM-kill count already recorded as events.
+	seenOOM int64
 }
 
 // New returns a manager; call Recover before serving, and Close at shutdown.
@@ -170,6 +178,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	diskMB, err := m.diskSize(req, tpl)
+	if err != nil {
+		return Info{}, err
+	}
 	release, err := m.reserve(req.Owner)
 	if err != nil {
 		return Info{}, err
@@ -188,7 +200,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		State:               StateCreating,
 		CPUCount:            tpl.CPUCount,
 		MemoryMB:            tpl.MemoryMB,
-		DiskSizeMB:          tpl.DiskSizeMB,
+		DiskSizeMB:          diskMB,
 		EnvdVersion:         envd.Version,
 		AllowInternetAccess: req.AllowInternetAccess,
 		Owner:               req.Owner,
@@ -275,7 +287,8 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
 	dir := m.sandboxDir(info.ID)
 	runDir := filepath.Join(dir, "run")
-	if err := os.MkdirAll(runDir, 0o700); err != nil {
+	if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
+		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	cfg := envd.Config{
@@ -322,6 +335,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	rt, err := backend.Create(ctx, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
@@ -395,6 +409,7 @@ func (m *Manager) teardown(e *entry) {
 	if err := e.rt.Destroy(context.Background()); err != nil {
 		m.log.Error("sandbox teardown", "id", e.info.ID, "err", err)
 	}
+	m.releaseDisk(e.dir)
 	_ = os.Remove(filepath.Join(m.opts.DataDir, "sandboxes", e.info.ID+".log"))
 }
 
@@ -684,6 +699,8 @@ func (m *Manager) sample(e *entry) {
 	if err != nil {
 		return
 	}
+	m.noteOOM(e, st)
+	diskUsed := m.diskUsed(e, st)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prevCPU, prevAt := e.lastCPU, e.lastAt
@@ -707,7 +724,7 @@ func (m *Manager) sample(e *entry) {
 		MemUsed:    st.MemoryUsed,
 		MemTotal:   memTotal,
 		MemCache:   st.MemoryCache,
-		DiskUsed:   st.WritableBytes,
+		DiskUsed:   diskUsed,
 		DiskTotal:  int64(e.info.DiskSizeMB) << 20,
 	})
 	if len(e.metrics) > metricsKept {
@@ -741,7 +758,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 			alive = false
 		}
 		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
-			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock"))}
+			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock")),
+			seenOOM:   m.seenOOMOf(ctx, rec.ID)}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
 				alive = false
@@ -753,6 +771,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				m.teardown(e)
 			} else {
 				_ = removeSandboxDir(e.dir)
+				m.releaseDisk(e.dir)
 			}
 			if err := m.opts.Store.Delete(ctx, rec.ID); err != nil {
 				return err
@@ -792,6 +811,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		id := d.Name()
 		if d.IsDir() && !known[id] {
 			_ = removeSandboxDir(filepath.Join(m.opts.DataDir, "sandboxes", id))
+			m.releaseDisk(filepath.Join(m.opts.DataDir, "sandboxes", id))
 		}
 	}
 	return nil

@@ -164,6 +164,15 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 		go m.teardown(e)
 		return nil
 	}
+	if m.opts.Disk != nil {
+		// Warm sandboxes start with the template's disk size; the claimer's
+		// request decides.
+		if err := m.opts.Disk.SetLimit(e.dir, int64(info.DiskSizeMB)<<20); err != nil {
+			m.log.Warn("warm pool: set disk limit failed; starting cold", "id", e.info.ID, "err", err)
+			go m.teardown(e)
+			return nil
+		}
+	}
 	init := initRequest{AccessToken: info.AccessToken, EnvVars: info.EnvVars}
 	if err := postInit(ctx, e.transport, init); err != nil {
 		m.log.Warn("warm pool: claim failed; starting cold", "id", e.info.ID, "err", err)

@@ -52,6 +52,9 @@ type CreateRequest struct {
 	Secure bool
 	// Owner is who asks (a digest of the API key); Options.MaxPerOwner counts by it.
 	Owner string
+	// DiskSizeMB bounds the sandbox's writable layer; 0 takes the template's
+	// (or DefaultDiskSizeMB).
+	DiskSizeMB int
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.

@@ -46,8 +46,25 @@ type Store interface {
 	Get(ctx context.Context, id string) (Sandbox, error)
 	// List returns every record, in no particular order.
 	List(ctx context.Context) ([]Sandbox, error)
+	// Delete removes a record and its events.
 	Delete(ctx context.Context, id string) error
+	// AddEvent appends to a sandbox's event log.
+	AddEvent(ctx context.Context, e Event) error
+	// Events returns a sandbox's events, oldest first.
+	Events(ctx context.Context, sandboxID string) ([]Event, error)
 	Close() error
+}
+
+// Event is something that happened to a sandbox that its owner should be able
+// to read later (the logs endpoint): an OOM kill, for one.
+type Event struct {
+	SandboxID string
+	Time      time.Time
+	Kind      string // "oom", ...
+	// Count is kind-specific: for "oom", the processes killed since the
+	// previous event.
+	Count   int64
+	Message string
 }
 
 // SQLite is the embedded Store.
@@ -70,7 +87,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	disk_size_mb  INTEGER NOT NULL,
 	allow_internet INTEGER,
 	owner         TEXT NOT NULL DEFAULT ''
-);`
+);
+CREATE TABLE IF NOT EXISTS events (
+	sandbox_id TEXT NOT NULL,
+	at         INTEGER NOT NULL,
+	kind       TEXT NOT NULL,
+	count      INTEGER NOT NULL,
+	message    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, at);`
 
 // migrations bring a database made by an older Airlock up to the schema above;
 // each is applied only when its column is missing.
@@ -180,7 +205,38 @@ func (s *SQLite) Delete(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete %s: %w", id, err)
 	}
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE sandbox_id = ?`, id); err != nil {
+		return fmt.Errorf("store: delete events of %s: %w", id, err)
+	}
 	return nil
+}
+
+func (s *SQLite) AddEvent(ctx context.Context, e Event) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, at, kind, count, message) VALUES (?, ?, ?, ?, ?)`,
+		e.SandboxID, e.Time.UnixNano(), e.Kind, e.Count, e.Message)
+	if err != nil {
+		return fmt.Errorf("store: add event for %s: %w", e.SandboxID, err)
+	}
+	return nil
+}
+
+func (s *SQLite) Events(ctx context.Context, sandboxID string) ([]Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT at, kind, count, message FROM events WHERE sandbox_id = ? ORDER BY at, rowid`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("store: events of %s: %w", sandboxID, err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		e := Event{SandboxID: sandboxID}
+		var at int64
+		if err := rows.Scan(&at, &e.Kind, &e.Count, &e.Message); err != nil {
+			return nil, fmt.Errorf("store: scan event: %w", err)
+		}
+		e.Time = time.Unix(0, at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }
 
 func (s *SQLite) Close() error { return s.db.Close() }

@@ -94,3 +94,34 @@ func TestSQLiteMigratesOldSchema(t *testing.T) {
 		t.Fatalf("new record = %+v, %v", got, err)
 	}
 }
+
+func TestEventsFollowTheirSandbox(t *testing.T) {
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	t0 := time.Unix(1700000000, 0)
+	for i, id := range []string{"a", "b", "a"} {
+		if err := s.AddEvent(ctx, Event{SandboxID: id, Time: t0.Add(time.Duration(i) * time.Second), Kind: "oom", Count: int64(i + 1), Message: "m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := s.Events(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 2 || evs[0].Count != 1 || evs[1].Count != 3 || !evs[1].Time.Equal(t0.Add(2*time.Second)) || evs[0].Kind != "oom" {
+		t.Fatalf("events of a: %+v", evs)
+	}
+	if err := s.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if evs, _ := s.Events(ctx, "a"); len(evs) != 0 {
+		t.Errorf("events outlived their sandbox: %+v", evs)
+	}
+	if evs, _ := s.Events(ctx, "b"); len(evs) != 1 {
+		t.Errorf("events of b: %+v", evs)
+	}
+}

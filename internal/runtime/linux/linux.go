@@ -334,6 +334,7 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 		out.Pids = int64(cg.PidsStats.Current)
 	}
 	out.WritableBytes = diskUsage(filepath.Join(s.dir, "upper"))
+	out.OOMKills = oomKills(s.c)
 	return out, nil
 }
 
