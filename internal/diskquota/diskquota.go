@@ -72,6 +72,11 @@ func Open(image, mountPoint string, size int64) (*Pool, error) {
 	switch fstype {
 	case "btrfs":
 	case "":
+		// Mounting over sandboxes a server without quotas left running would
+		// hide them (and their mounts) for good: refuse, and say what to do.
+		if entries, err := os.ReadDir(mountPoint); err == nil && len(entries) > 0 {
+			return nil, fmt.Errorf("diskquota: %s already holds %d entries (sandboxes of a server run without disk quotas); kill them first (serve --disk-quota=false, then kill or --kill-on-exit) or move them away", mountPoint, len(entries))
+		}
 		if err := createImage(image, size); err != nil {
 			return nil, err
 		}
