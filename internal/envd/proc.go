@@ -182,6 +182,8 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 	for s := range p.subs {
 		if d := s.droppedBytes(); d > 0 {
 			p.log.Warn("a client stopped reading process output; some output was not delivered to it", "pid", p.pid, "dropped_bytes", d)
+			s.pushEnd(withDropNotice(end, d))
+			continue
 		}
 		s.pushEnd(end)
 	}
@@ -229,6 +231,20 @@ func endEvent(st *os.ProcessState, waitErr error) *pb.ProcessEvent_EndEvent {
 	if !st.Success() {
 		ev.Error = proto.String(st.String())
 	}
+	return ev
+}
+
+// withDropNotice is the end event for a stream that lost output: the exit
+// status is unchanged, and the error field (which the SDKs surface as the
+// command result's error) says the output is incomplete and why, so a client
+// never mistakes truncated output for the whole of it.
+func withDropNotice(end *pb.ProcessEvent_EndEvent, dropped int64) *pb.ProcessEvent_EndEvent {
+	ev := proto.Clone(end).(*pb.ProcessEvent_EndEvent)
+	notice := fmt.Sprintf("output incomplete: %d bytes were dropped because this client stopped reading for more than %s", dropped, subscriberStall)
+	if ev.Error != nil && *ev.Error != "" {
+		notice = *ev.Error + "; " + notice
+	}
+	ev.Error = proto.String(notice)
 	return ev
 }
 

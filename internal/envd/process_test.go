@@ -567,3 +567,33 @@ func TestSlowReaderGetsEverything(t *testing.T) {
 		t.Fatalf("received %d of %d bytes, end %v", n, size, end)
 	}
 }
+
+// TestStalledClientIsToldOutputWasDropped stops reading a flood of output for
+// longer than subscriberStall: the process must not be held up, and the end
+// event must say that (and how much) output was lost, with the real exit code.
+func TestStalledClientIsToldOutputWasDropped(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	stream, err := e.proc.Start(ctx, startReq(bash("head -c 64M /dev/zero; echo done >&2")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() {
+		t.Fatalf("no start event: %v", stream.Err())
+	}
+	time.Sleep(subscriberStall + 2*time.Second)
+	r := collect(stream)
+	if r.err != nil {
+		t.Fatalf("stream: %v", r.err)
+	}
+	if r.end == nil || r.end.GetExitCode() != 0 {
+		t.Fatalf("end = %v, want exit 0", r.end)
+	}
+	if len(r.stdout) >= 64<<20 {
+		t.Fatalf("all %d bytes arrived although the client stalled; the test did not stall it", len(r.stdout))
+	}
+	if !strings.Contains(r.end.GetError(), "output incomplete:") || !strings.Contains(r.end.GetError(), "stopped reading for more than 2s") {
+		t.Fatalf("end error = %q, want a notice that output was dropped", r.end.GetError())
+	}
+}
