@@ -24,8 +24,8 @@ import (
 func main() {
 	// Dispatch on the name before anything else: the shim must not touch
 	// stdin (the agent reads its config there) or log like the agent.
-	if filepath.Base(os.Args[0]) == "sudo" {
-		os.Exit(envd.RunSudo(os.Args[1:]))
+	if name := filepath.Base(os.Args[0]); name == "sudo" || name == "sudoedit" {
+		os.Exit(envd.RunSudo(name, os.Args[1:]))
 	}
 	os.Exit(run())
 }

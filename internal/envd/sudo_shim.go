@@ -174,7 +174,12 @@ func validEnvName(k string) bool {
 // RunSudo is envd invoked as `sudo`: it parses sudo's command line and has the
 // envd agent run the command (see sudo_proto.go). It returns the exit status:
 // the command's, 128+n if a signal killed it, 1 for sudo's own errors.
-func RunSudo(args []string) int {
+func RunSudo(name string, args []string) int {
+	if name == "sudoedit" {
+		// Debian links sudoedit to sudo, so it reaches us too.
+		fmt.Fprintln(os.Stderr, "sudo: sudoedit is not supported in this sandbox; run the editor with sudo: sudo $EDITOR FILE")
+		return 1
+	}
 	o, err := parseSudoArgs(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sudo: %v\n%s", err, sudoUsage)
@@ -315,7 +320,10 @@ func sudoRun(r *sudoRequest) (int, error) {
 				tr.copySize()
 			case s == syscall.SIGTSTP:
 				// Suspend the command and then ourselves, like a shell job.
-				forward(s)
+				// SIGSTOP, not SIGTSTP: the command's process group has no
+				// parent in its session (envd is in another), so the kernel
+				// discards SIGTSTP sent to it as to any orphaned group.
+				forward(syscall.SIGSTOP)
 				if tr != nil {
 					tr.restore()
 				}

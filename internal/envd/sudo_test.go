@@ -559,3 +559,50 @@ func TestSudoServerRejectsBadClients(t *testing.T) {
 		return countFDs(t) <= before
 	})
 }
+
+// ^Z (SIGTSTP to the shim) suspends the command and the shim, like a shell
+// job; SIGCONT (fg) resumes both.
+func TestSudoSuspendResume(t *testing.T) {
+	se := newSudoEnv(t)
+	c, br, done := se.startBackground(t, "sh", "-c", `echo $$; exec sleep 1000`)
+	pid, err := strconv.Atoi(readLine(t, br))
+	must(t, err)
+	state := func(pid int) string {
+		st := procStatusField(pid, "State")
+		if st == "" {
+			return "gone"
+		}
+		return st[:1]
+	}
+	must(t, c.Process.Signal(syscall.SIGTSTP))
+	eventually(t, 20*time.Second, "command and shim to stop", func() bool {
+		return state(pid) == "T" && state(c.Process.Pid) == "T"
+	})
+	must(t, c.Process.Signal(syscall.SIGCONT))
+	eventually(t, 20*time.Second, "command and shim to run again", func() bool {
+		return state(pid) == "S" && state(c.Process.Pid) != "T"
+	})
+	must(t, c.Process.Signal(syscall.SIGTERM))
+	if r := <-done; r.code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit %d (stderr %q)", r.code, r.stderr)
+	}
+}
+
+func TestSudoeditRefused(t *testing.T) {
+	se := newSudoEnv(t)
+	c := se.cmd("/etc/hostname")
+	c.Args[0] = "sudoedit"
+	if r := runCmd(t, c, ""); r.code != 1 || !strings.Contains(r.stderr, "sudoedit is not supported") {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func procStatusField(pid int, field string) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, field+":") {
+			return strings.TrimSpace(l[len(field)+1:])
+		}
+	}
+	return ""
+}
