@@ -29,6 +29,7 @@ package envd
 // killed), envd kills the command's whole session.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,9 @@ const (
 	sudoMaxMessage = 4 << 10
 	// sudoFDs is the number of files the request must carry.
 	sudoFDs = 3
+	// sudoMaxHandshakes bounds the requests read at once, and with them the
+	// memory clients can make envd hold (envd shares the sandbox's memory limit).
+	sudoMaxHandshakes = 16
 )
 
 // Timeouts are variables so tests can shorten them.
@@ -139,11 +143,13 @@ func readFrameBody(r io.Reader, hdr []byte, max int, v any) error {
 	if n > uint32(max) {
 		return fmt.Errorf("%w: %d bytes (limit %d)", errFrameTooLarge, n, max)
 	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
+	// Grow with what arrives rather than trusting the header: a client that
+	// announces 4 MiB and sends nothing costs nothing.
+	var body bytes.Buffer
+	if _, err := io.CopyN(&body, r, int64(n)); err != nil {
 		return fmt.Errorf("reading sudo frame: %w", err)
 	}
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := json.Unmarshal(body.Bytes(), v); err != nil {
 		return fmt.Errorf("decoding sudo frame: %w", err)
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -83,7 +82,9 @@ func (c *sudoChild) killSession() {
 
 type sudoServer struct {
 	srv *Server
-	mu  sync.Mutex
+	// handshakes has a slot per request being read; accept waits for one.
+	handshakes chan struct{}
+	mu         sync.Mutex
 	// running maps the commands still running, for shutdown.
 	running map[*sudoChild]struct{}
 }
@@ -107,11 +108,17 @@ func (s *Server) ServeSudo(ctx context.Context, path string) error {
 		l.Close()
 		return fmt.Errorf("sudo socket: %w", err)
 	}
-	ss := &sudoServer{srv: s, running: map[*sudoChild]struct{}{}}
+	ss := &sudoServer{srv: s, running: map[*sudoChild]struct{}{}, handshakes: make(chan struct{}, sudoMaxHandshakes)}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	s.log.Info("sudo shim socket ready", "path", path)
 	for {
+		select {
+		case ss.handshakes <- struct{}{}:
+		case <-ctx.Done():
+			ss.killAll()
+			return nil
+		}
 		c, err := l.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -121,6 +128,7 @@ func (s *Server) ServeSudo(ctx context.Context, path string) error {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
 				// Out of fds: back off rather than spin or give up for good.
+				<-ss.handshakes
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
@@ -143,6 +151,14 @@ func (ss *sudoServer) killAll() {
 // nothing else: panics are contained and every wait is bounded.
 func (ss *sudoServer) handle(c *net.UnixConn) {
 	log := ss.srv.log
+	handshake := true
+	endHandshake := func() {
+		if handshake {
+			handshake = false
+			<-ss.handshakes
+		}
+	}
+	defer endHandshake()
 	defer c.Close()
 	defer func() {
 		if v := recover(); v != nil {
@@ -168,6 +184,7 @@ func (ss *sudoServer) handle(c *net.UnixConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	endHandshake()
 
 	pl, err := ss.srv.sudoPlan(&req, cred)
 	if err != nil {
@@ -184,7 +201,8 @@ func (ss *sudoServer) handle(c *net.UnixConn) {
 		ss.reply(c, sudoReply{Error: err.Error()})
 		return
 	}
-	log.Info("sudo", "caller_uid", cred.Uid, "user", pl.user.Name, "command", strings.Join(pl.argv, " "), "pid", child.pid)
+	// Arguments stay out of the log: they may hold secrets.
+	log.Debug("sudo", "caller_uid", cred.Uid, "user", pl.user.Name, "path", pl.path, "pid", child.pid)
 	ss.mu.Lock()
 	ss.running[child] = struct{}{}
 	ss.mu.Unlock()
