@@ -72,12 +72,19 @@ func run() int {
 	// envd run on a host must not create /run/envd there.
 	sudoDone := make(chan struct{})
 	if sock := envd.SudoSocketPath(); sock != "" {
-		go func() {
-			defer close(sudoDone)
-			if err := srv.ServeSudo(ctx, sock); err != nil {
-				logger.Error("sudo socket; sudo will not work in this sandbox", "err", err)
-			}
-		}()
+		l, err := srv.ListenSudo(sock)
+		if err != nil {
+			// The sandbox is still useful without sudo; say why it fails.
+			logger.Error("sudo socket; sudo will not work in this sandbox", "err", err)
+			close(sudoDone)
+		} else {
+			go func() {
+				defer close(sudoDone)
+				if err := srv.ServeSudo(ctx, l); err != nil {
+					logger.Error("sudo socket; sudo stops working in this sandbox", "err", err)
+				}
+			}()
+		}
 	} else {
 		close(sudoDone)
 	}

@@ -89,11 +89,16 @@ type sudoServer struct {
 	running map[*sudoChild]struct{}
 }
 
-// ServeSudo listens on path for the sudo shim until ctx ends, then kills the
-// commands it started (a stopping envd means a stopping sandbox).
-func (s *Server) ServeSudo(ctx context.Context, path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("sudo socket dir: %w", err)
+// ListenSudo binds the sudo socket. Call it before Serve: the socket must
+// exist by the time envd answers /health (a client may run sudo at once), and
+// Serve changes the process umask while it binds its own socket.
+func (s *Server) ListenSudo(path string) (*net.UnixListener, error) {
+	if err := mkdirAllSearchable(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("sudo socket dir: %w", err)
+	}
+	// Also when an earlier envd left it behind with another mode.
+	if err := os.Chmod(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("sudo socket dir: %w", err)
 	}
 	// A socket left by an earlier envd (the upper dir outlives it) would make bind fail.
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
@@ -101,17 +106,45 @@ func (s *Server) ServeSudo(ctx context.Context, path string) error {
 	}
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return fmt.Errorf("sudo socket: %w", err)
+		return nil, fmt.Errorf("sudo socket: %w", err)
 	}
 	// 0666: every sandbox user may ask; see the policy in sudo_proto.go.
 	if err := os.Chmod(path, 0o666); err != nil {
 		l.Close()
-		return fmt.Errorf("sudo socket: %w", err)
+		return nil, fmt.Errorf("sudo socket: %w", err)
 	}
+	return l, nil
+}
+
+// mkdirAllSearchable creates dir and its missing parents as 0755 whatever the
+// umask: every user must reach the socket.
+func mkdirAllSearchable(dir string) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirAllSearchable(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// ServeSudo serves the shim on l (from ListenSudo) until ctx ends, then
+// closes it and kills the commands it started (a stopping envd means a
+// stopping sandbox).
+func (s *Server) ServeSudo(ctx context.Context, l *net.UnixListener) error {
+	defer l.Close()
 	ss := &sudoServer{srv: s, running: map[*sudoChild]struct{}{}, handshakes: make(chan struct{}, sudoMaxHandshakes)}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
-	s.log.Info("sudo shim socket ready", "path", path)
+	s.log.Info("sudo shim socket ready", "path", l.Addr().String())
 	for {
 		select {
 		case ss.handshakes <- struct{}{}:

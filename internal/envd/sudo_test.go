@@ -75,23 +75,29 @@ func newSudoEnv(t *testing.T) *sudoEnv {
 	}
 	e := newEnv(t)
 	se := &sudoEnv{env: e, shim: sudoShim(t), sock: filepath.Join(e.root, "run", "envd", "sudo.sock")}
+	// The umask envd's Serve may leave in place while binding must not matter.
+	old := syscall.Umask(0o177)
+	l, err := e.srv.ListenSudo(se.sock)
+	syscall.Umask(old)
+	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.srv.ServeSudo(ctx, se.sock) }()
+	go func() { done <- e.srv.ServeSudo(ctx, l) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("ServeSudo: %v", err)
 		}
 	})
-	eventually(t, 10*time.Second, "the sudo socket", func() bool {
-		fi, err := os.Stat(se.sock)
-		return err == nil && fi.Mode()&os.ModeSocket != 0
-	})
 	fi, err := os.Stat(se.sock)
 	must(t, err)
-	if fi.Mode().Perm() != 0o666 {
-		t.Fatalf("sudo socket mode %v, want 0666", fi.Mode().Perm())
+	if fi.Mode().Perm() != 0o666 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("sudo socket mode %v, want a 0666 socket", fi.Mode())
+	}
+	fi, err = os.Stat(filepath.Dir(se.sock))
+	must(t, err)
+	if fi.Mode().Perm() != 0o755 {
+		t.Fatalf("sudo socket dir mode %v, want 0755", fi.Mode().Perm())
 	}
 	return se
 }

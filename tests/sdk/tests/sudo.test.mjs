@@ -125,7 +125,13 @@ describe('sudo', { concurrency: true }, () => {
       // ^C of a plain sudo command returns to the user's shell
       await send("sudo sh -c 'echo ready-$((2+3)); exec sleep 1000'\n")
       await see(/ready-5/, 'sudo sleep running')
+      const before = text.length
       await send('\x03')
+      // As after `exit` above: type only once the user's shell prompts again.
+      await waitFor(() => /user@airlock/.test(text.slice(before)), {
+        timeoutMs: 30_000,
+        what: () => `the user's prompt after ^C (got ${JSON.stringify(text.slice(-300))})`,
+      })
       await send('echo "code=$? x=$((8+1))"\n')
       await see(/code=130 x=9/, '^C kills sudo sleep with 130')
     } finally {
