@@ -27,39 +27,18 @@ import (
 // as uid 1000, with no setuid bit anywhere) against a Server in this process
 // serving the sudo socket, with the fake sandbox root of newEnv for users.
 
-var (
-	shimOnce sync.Once
-	shimPath string
-	shimErr  error
-)
-
-// sudoShim returns a copy of the envd binary named sudo in a directory every
-// user may enter (the test build lives in a private temp dir).
-func sudoShim(t *testing.T) string {
+// sudoShim links the envd binary as dir/sudo. The test build lives in a
+// private temp dir of this test process; uid 1000 must be able to run it.
+func sudoShim(t *testing.T, dir string) string {
 	t.Helper()
 	bin := testenv.EnvdBinary(t)
-	shimOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "airlock-sudo-shim-")
-		if err != nil {
-			shimErr = err
-			return
-		}
-		if err = os.Chmod(dir, 0o755); err != nil {
-			shimErr = err
-			return
-		}
-		data, err := os.ReadFile(bin)
-		if err != nil {
-			shimErr = err
-			return
-		}
-		shimPath = filepath.Join(dir, "sudo")
-		shimErr = os.WriteFile(shimPath, data, 0o755)
-	})
-	if shimErr != nil {
-		t.Fatal(shimErr)
+	if os.Getenv("AIRLOCK_ENVD") == "" {
+		must(t, os.Chmod(filepath.Dir(bin), 0o755))
 	}
-	return shimPath
+	must(t, os.MkdirAll(dir, 0o755))
+	shim := filepath.Join(dir, "sudo")
+	must(t, os.Symlink(bin, shim))
+	return shim
 }
 
 type sudoEnv struct {
@@ -74,7 +53,7 @@ func newSudoEnv(t *testing.T) *sudoEnv {
 		t.Skip("builds the envd binary")
 	}
 	e := newEnv(t)
-	se := &sudoEnv{env: e, shim: sudoShim(t), sock: filepath.Join(e.root, "run", "envd", "sudo.sock")}
+	se := &sudoEnv{env: e, shim: sudoShim(t, filepath.Join(e.root, "bin")), sock: filepath.Join(e.root, "run", "envd", "sudo.sock")}
 	// The umask envd's Serve may leave in place while binding must not matter.
 	old := syscall.Umask(0o177)
 	l, err := e.srv.ListenSudo(se.sock)
