@@ -1,5 +1,9 @@
 // Command envd is the in-sandbox agent. The host starts it as the sandbox's first
 // process and writes one JSON envd.Config object to its stdin.
+//
+// It is a multi-call binary: the host also binds it over /usr/bin/sudo, and
+// invoked as `sudo` it is an unprivileged client that has the agent run the
+// command (internal/envd/sudo_proto.go), so sudo works without setuid.
 package main
 
 import (
@@ -10,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -17,6 +22,11 @@ import (
 )
 
 func main() {
+	// Dispatch on the name before anything else: the shim must not touch
+	// stdin (the agent reads its config there) or log like the agent.
+	if name := filepath.Base(os.Args[0]); name == "sudo" || name == "sudoedit" {
+		os.Exit(envd.RunSudo(name, os.Args[1:]))
+	}
 	os.Exit(run())
 }
 
@@ -58,6 +68,27 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The sudo socket only where the shim is installed (or a test asks for it):
+	// envd run on a host must not create /run/envd there.
+	sudoDone := make(chan struct{})
+	if sock := envd.SudoSocketPath(); sock != "" {
+		l, err := srv.ListenSudo(sock)
+		if err != nil {
+			// The sandbox is still useful without sudo; say why it fails.
+			logger.Error("sudo socket; sudo will not work in this sandbox", "err", err)
+			close(sudoDone)
+		} else {
+			go func() {
+				defer close(sudoDone)
+				if err := srv.ServeSudo(ctx, l); err != nil {
+					logger.Error("sudo socket; sudo stops working in this sandbox", "err", err)
+				}
+			}()
+		}
+	} else {
+		close(sudoDone)
+	}
+	defer func() { stop(); <-sudoDone }()
 	if err := srv.Serve(ctx); err != nil {
 		logger.Error("serve", "err", err)
 		return 1
