@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	_ "modernc.org/sqlite"
@@ -34,6 +35,17 @@ type Sandbox struct {
 	DiskSizeMB  int
 	// AllowInternet is nil when the client did not say.
 	AllowInternet *bool
+	// Network is the sandbox's network configuration (egress rules and
+	// public-traffic token), kept so a restarted server re-applies it.
+	Network Network
+}
+
+// Network is the persisted part of a sandbox's network configuration.
+type Network struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	TrafficAccessToken string   `json:"trafficAccessToken,omitempty"`
 }
 
 // Store holds sandbox records.
@@ -65,8 +77,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	cpu_count     INTEGER NOT NULL,
 	memory_mb     INTEGER NOT NULL,
 	disk_size_mb  INTEGER NOT NULL,
-	allow_internet INTEGER
+	allow_internet INTEGER,
+	network       TEXT NOT NULL DEFAULT '{}'
 );`
+
+// migrations bring a database created by an older Airlock up to the schema;
+// each is idempotent (a "duplicate column" error means it already ran).
+var migrations = []string{
+	`ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'`,
+}
 
 // OpenSQLite opens (creating if needed) the database file at path.
 func OpenSQLite(path string) (*SQLite, error) {
@@ -81,6 +100,12 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: schema: %w", err)
 	}
+	for _, m := range migrations {
+		if _, err := db.Exec(m); err != nil && !strings.Contains(err.Error(), "duplicate column") {
+			db.Close()
+			return nil, fmt.Errorf("store: migrate: %w", err)
+		}
+	}
 	return &SQLite{db: db}, nil
 }
 
@@ -93,22 +118,26 @@ func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("store: env vars: %w", err)
 	}
+	netJSON, err := json.Marshal(sb.Network)
+	if err != nil {
+		return fmt.Errorf("store: network: %w", err)
+	}
 	var allow any
 	if sb.AllowInternet != nil {
 		allow = *sb.AllowInternet
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, network)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
-		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow)
+		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, string(netJSON))
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
 	return nil
 }
 
-const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet`
+const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, network`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -151,9 +180,10 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 		md, env        string
 		started, endAt int64
 		allow          sql.NullBool
+		netJSON        string
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
-		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow); err != nil {
+		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &netJSON); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
@@ -161,6 +191,9 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	}
 	if err := json.Unmarshal([]byte(env), &sb.EnvVars); err != nil {
 		return Sandbox{}, fmt.Errorf("store: env vars of %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(netJSON), &sb.Network); err != nil {
+		return Sandbox{}, fmt.Errorf("store: network of %s: %w", sb.ID, err)
 	}
 	sb.StartedAt = time.Unix(0, started)
 	sb.EndAt = time.Unix(0, endAt)
