@@ -13,13 +13,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// newNetNS creates a network namespace and bind-mounts it at path, without
+// NewNetNS creates a network namespace and bind-mounts it at path, without
 // moving the calling goroutine's thread into it for longer than the unshare.
 //
 // vishvananda/netns has NewNamed, but only for /var/run/netns/<name>; the
 // namespace must live under Airlock's own state directory, so the unshare and
 // bind mount are done here.
-func newNetNS(path string) (netns.NsHandle, error) {
+func NewNetNS(path string) (netns.NsHandle, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
 	if err != nil {
 		return -1, fmt.Errorf("netns mount point: %w", err)
@@ -73,9 +73,9 @@ func newNetNS(path string) (netns.NsHandle, error) {
 	return r.h, r.err
 }
 
-// removeNetNS unmounts and removes a namespace bind mount; the namespace dies
+// RemoveNetNS unmounts and removes a namespace bind mount; the namespace dies
 // with its last user (the sandbox's processes are gone by then).
-func removeNetNS(path string) error {
+func RemoveNetNS(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
 	}

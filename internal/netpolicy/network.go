@@ -290,7 +290,7 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	if err := n.writeFiles(st); err != nil {
 		return fail(err)
 	}
-	ns, err := newNetNS(st.NetNS)
+	ns, err := NewNetNS(st.NetNS)
 	if err != nil {
 		return fail(err)
 	}
@@ -442,7 +442,7 @@ func (n *Network) teardown(st *state) error {
 		errs = append(errs, err)
 	}
 	if st.NetNS != "" {
-		if err := removeNetNS(st.NetNS); err != nil {
+		if err := RemoveNetNS(st.NetNS); err != nil {
 			errs = append(errs, err)
 		}
 	}
