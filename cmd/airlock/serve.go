@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 	"golang.org/x/net/http2/h2c"
 
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/server"
@@ -38,6 +41,12 @@ type serveConfig struct {
 	killOnExit           bool
 	logLevel             string
 	warmPool             int
+	// Sandbox network (internal/netpolicy).
+	network     bool
+	sandboxCIDR string
+	egress      bool
+	dnsUpstream []string
+	dnsListen   string
 }
 
 func serveCmd() *cobra.Command {
@@ -67,6 +76,11 @@ needed (a few minutes the first time; progress is shown).`,
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
+	f.BoolVar(&c.network, "sandbox-network", true, "give every sandbox its own netns, veth, egress policy and DNS (off: loopback only)")
+	f.StringVar(&c.sandboxCIDR, "sandbox-cidr", "", "private IPv4 range sandboxes get a /30 each from (default 10.77.0.0/16 for the default --data-dir, else a 10.x.0.0/16 derived from the data dir)")
+	f.BoolVar(&c.egress, "sandbox-egress", true, "let sandboxes reach beyond the host (sets net.ipv4.ip_forward=1); off: no egress for any sandbox")
+	f.StringSliceVar(&c.dnsUpstream, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
+	f.StringVar(&c.dnsListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
 	return cmd
 }
 
@@ -158,6 +172,16 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, err
 	}
+	nw, err := startNetwork(c, dataDir, log)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	closeNetwork := func() {
+		if nw != nil {
+			_ = nw.Close()
+		}
+	}
 	mgr := sandbox.New(sandbox.Options{
 		Runtime:    rt,
 		Store:      db,
@@ -165,10 +189,12 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		DataDir:    dataDir,
 		EnvdPath:   envdPath,
 		MaxTimeout: c.maxTimeout,
+		Network:    nw,
 		Logger:     log,
 	})
 	if err := mgr.Recover(ctx); err != nil {
 		mgr.Close()
+		closeNetwork()
 		db.Close()
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -195,6 +221,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 				l.Close()
 			}
 			mgr.Close()
+			closeNetwork()
 			db.Close()
 			return nil, fmt.Errorf("listen on %s: %w", addr, err)
 		}
@@ -227,6 +254,9 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			mgr.KillAll(context.Background())
 		}
 		mgr.Close()
+		// The nftables table stays: sandboxes that outlive the server keep
+		// their isolation and egress policy until a new server adopts them.
+		closeNetwork()
 		db.Close()
 		unlock()
 	}
@@ -307,4 +337,71 @@ func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Templat
 		DefaultUser:    tpl.Settings.DefaultUser,
 		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
 	}, nil
+}
+
+// startNetwork sets up sandbox networking unless --sandbox-network=false.
+// Egress needs IPv4 forwarding, a host-wide setting: serve turns it on only
+// when --sandbox-egress is on and never turns it off (other software may rely
+// on it by then).
+func startNetwork(c serveConfig, dataDir string, log *slog.Logger) (*netpolicy.Network, error) {
+	if !c.network {
+		return nil, nil
+	}
+	inst := netInstanceOf(dataDir)
+	cidrStr := c.sandboxCIDR
+	if cidrStr == "" {
+		cidrStr = inst.cidr
+	}
+	cidr, err := netip.ParsePrefix(cidrStr)
+	if err != nil {
+		return nil, fmt.Errorf("--sandbox-cidr: %w", err)
+	}
+	if c.egress {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
+		}
+	}
+	nw, err := netpolicy.New(netpolicy.Config{
+		CIDR:         cidr,
+		StateDir:     filepath.Join(dataDir, "network"),
+		Table:        inst.table,
+		IfPrefix:     inst.prefix,
+		DNSUpstreams: c.dnsUpstream,
+		DNSListen:    c.dnsListen,
+		NoEgress:     !c.egress,
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox network: %w", err)
+	}
+	log.Info("sandbox network ready", "cidr", cidr, "egress", c.egress, "dns_port", nw.DNSPort(),
+		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix)
+	return nw, nil
+}
+
+// netInstance names what one server owns in the host's shared network state.
+type netInstance struct{ table, prefix, cidr string }
+
+// netInstanceOf gives the server of the default data dir the plain names
+// (table "airlock", veths "alk…", 10.77.0.0/16) and any other data dir (a
+// test or a second server on the same host) its own, derived from the path:
+// two servers must never share a table, an interface prefix or a range, or
+// one's start would replace the other's firewall.
+func netInstanceOf(dataDir string) netInstance {
+	if dataDir == "/var/lib/airlock" {
+		return netInstance{table: "airlock", prefix: "alk", cidr: "10.77.0.0/16"}
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(dataDir))
+	v := h.Sum32()
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	tag := string([]byte{digits[v%36], digits[(v/36)%36]})
+	if tag == "lk" || tag == "lt" { // the default server's and the Go tests' prefixes
+		tag = "x" + tag[1:]
+	}
+	return netInstance{
+		table:  "airlock_" + tag,
+		prefix: "a" + tag,
+		cidr:   fmt.Sprintf("10.%d.0.0/16", 100+(v>>16)%100),
+	}
 }

@@ -49,7 +49,11 @@ type Config struct {
 	// "0.0.0.0:0" (a free port). Sandboxes' DNS to their gateway's port 53 is
 	// redirected there; a query from any other source is REFUSED.
 	DNSListen string
-	Logger    *slog.Logger
+	// NoEgress drops every packet a sandbox sends beyond the host, whatever
+	// its policy (the host itself stays unreachable as always). Serve sets it
+	// when sandbox egress is off, which also leaves ip_forward alone.
+	NoEgress bool
+	Logger   *slog.Logger
 }
 
 // Sandbox is one sandbox's network, as the runtime needs it.
@@ -150,7 +154,7 @@ func New(cfg Config) (*Network, error) {
 		return nil, err
 	}
 	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port)
+	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.NoEgress)
 	if err != nil {
 		pc.Close()
 		l.Close()
@@ -231,6 +235,21 @@ func (n *Network) scanSlots() {
 	}
 }
 
+// kernelSlots returns the slots whose addresses are on some host interface.
+func (n *Network) kernelSlots() map[int]bool {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	out := map[int]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && n.cfg.CIDR.Contains(ip) {
+			out[n.slotOf(ip)] = true
+		}
+	}
+	return out
+}
+
 func (n *Network) slotOf(a netip.Addr) int {
 	return int((addrU32(a) - addrU32(n.cfg.CIDR.Addr())) / slotSize)
 }
@@ -262,10 +281,14 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	start := time.Now()
 	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}}
 	st.ID = id
+	// Addresses the kernel already has in the range (another server
+	// misconfigured onto the same range, or links this one does not know)
+	// are skipped: a duplicate gateway would misroute both sandboxes.
+	taken := n.kernelSlots()
 	n.mu.Lock()
 	st.slot = -1
 	for i := 0; i < (1<<(32-n.cfg.CIDR.Bits()))/slotSize; i++ {
-		if _, used := n.slots[i]; !used {
+		if _, used := n.slots[i]; !used && !taken[i] {
 			st.slot = i
 			n.slots[i] = id
 			break

@@ -52,19 +52,23 @@ type firewall struct {
 	prefix  string
 	cidr    netip.Prefix
 	dnsPort uint16
+	// noEgress drops all forwarded sandbox traffic whatever the policy
+	// (serve --sandbox-egress=false).
+	noEgress bool
 }
 
-func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16) (*firewall, error) {
+func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16, noEgress bool) (*firewall, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	fw := &firewall{
-		conn:    conn,
-		table:   &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
-		prefix:  prefix,
-		cidr:    cidr,
-		dnsPort: dnsPort,
+		conn:     conn,
+		table:    &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
+		prefix:   prefix,
+		cidr:     cidr,
+		dnsPort:  dnsPort,
+		noEgress: noEgress,
 	}
 	return fw, fw.install()
 }
@@ -118,16 +122,20 @@ func (fw *firewall) install() error {
 		return fmt.Errorf("nftables: sandboxes map: %w", err)
 	}
 	linkLocal := netip.MustParsePrefix("169.254.0.0/16")
+	policyRule := cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.vmap.Name, SetID: fw.vmap.ID},
+	})
+	if fw.noEgress {
+		policyRule = cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop))
+	}
 	for _, r := range [][]expr.Any{
 		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), fw.ifMatch(expr.MetaKeyOIFNAME, true), verdict(expr.VerdictDrop)),
 		cat(fw.ifMatch(expr.MetaKeyOIFNAME, true), ctEstablished(), verdict(expr.VerdictAccept)),
 		cat(fw.ifMatch(expr.MetaKeyOIFNAME, true), verdict(expr.VerdictDrop)),
 		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ctEstablished(), verdict(expr.VerdictAccept)),
 		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), prefixMatch(16, linkLocal), verdict(expr.VerdictDrop)),
-		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.vmap.Name, SetID: fw.vmap.ID},
-		}),
+		policyRule,
 		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop)),
 	} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: r})
