@@ -38,6 +38,9 @@ type netRig struct {
 	inet  *netpolicytest.Internet
 	table string
 	cidr  netip.Prefix
+	// stop closes the manager and network as a server stop does (sandboxes
+	// keep running).
+	stop func()
 }
 
 func newNetRig(t *testing.T) *netRig {
@@ -50,31 +53,85 @@ func newNetRig(t *testing.T) *netRig {
 	table := "airlock_test_" + hex.EncodeToString(b)
 	// A /24 of its own per run keeps parallel test binaries apart.
 	cidr := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, b[1]))
+	nr := &netRig{rig: r, inet: inet, table: table, cidr: cidr}
+	nr.start(t)
+	return nr
+}
+
+// start opens the network and a manager over it, as a server start does.
+func (nr *netRig) start(t *testing.T) {
+	t.Helper()
 	n, err := netpolicy.New(netpolicy.Config{
-		CIDR:         cidr,
-		StateDir:     filepath.Join(r.dataDir, "network"),
-		Table:        table,
+		CIDR:         nr.cidr,
+		StateDir:     filepath.Join(nr.dataDir, "network"),
+		Table:        nr.table,
 		IfPrefix:     testIfPrefix,
-		DNSUpstreams: []string{inet.DNSUpstream()},
+		DNSUpstreams: []string{nr.inet.DNSUpstream()},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		n.Close()
-		if err := n.RemoveTable(); err != nil {
-			t.Errorf("remove table: %v", err)
-		}
+		_ = n.RemoveTable()
 	})
 	m := sandbox.New(sandbox.Options{
-		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
+		Runtime: nr.rt, Store: nr.db, Templates: nr, DataDir: nr.dataDir, EnvdPath: nr.envd,
 		MaxTimeout: time.Hour, Network: n,
 	})
+	stopped := false
 	t.Cleanup(func() {
-		m.KillAll(context.Background())
-		m.Close()
+		if !stopped {
+			m.KillAll(context.Background())
+			m.Close()
+		}
 	})
-	return &netRig{rig: r, m: m, net: n, inet: inet, table: table, cidr: cidr}
+	nr.m, nr.net = m, n
+	nr.stop = func() { stopped = true; m.Close(); n.Close() }
+}
+
+// TestNetworkSurvivesRestart stops the manager and the network (sandboxes keep
+// running, the table stays), starts new ones, and checks that Recover puts
+// the sandbox's policy back and sweeps a network nobody owns.
+func TestNetworkSurvivesRestart(t *testing.T) {
+	nr := newNetRig(t)
+	info := nr.create(t, sandbox.CreateRequest{Network: &sandbox.NetworkConfig{
+		DenyOut: []string{netpolicy.AllTraffic}, AllowOut: []string{netpolicytest.Web1.String()},
+	}})
+	web1 := "http://" + netpolicytest.Web1.String() + "/"
+	web2 := "http://" + netpolicytest.Web2.String() + "/"
+	mustReach(t, nr.m, info, web1, "hello from 198.51.100.10")
+	// A network with no sandbox behind it, as a crash between Setup and the
+	// record would leave.
+	const orphan = "orphanorphanorphan00"
+	if _, err := nr.net.Setup(context.Background(), orphan, netpolicy.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+
+	nr.stop()
+	nr.start(t)
+	if err := nr.m.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := nr.m.Get(context.Background(), info.ID)
+	if err != nil {
+		t.Fatalf("sandbox not re-adopted: %v", err)
+	}
+	if got.Addr != info.Addr || len(got.Network.AllowOut) != 1 {
+		t.Errorf("re-adopted as %+v (addr %s), want addr %s and its rules", got.Network, got.Addr, info.Addr)
+	}
+	mustReach(t, nr.m, got, web1, "hello from 198.51.100.10")
+	mustNotReach(t, nr.m, got, web2)
+	if _, err := netlink.LinkByName(nr.net.HostIf(orphan)); err == nil {
+		t.Error("orphaned network survived Recover")
+	}
+	// A new sandbox does not get the adopted one's address.
+	other := nr.create(t, sandbox.CreateRequest{})
+	if other.Addr == got.Addr {
+		t.Fatalf("address %s handed out twice", other.Addr)
+	}
+	nr.m.KillAll(context.Background())
+	nr.assertClean(t, []string{info.ID, other.ID, orphan})
 }
 
 // enableForwarding turns on IPv4 forwarding (sandbox egress is routed) and
