@@ -39,6 +39,15 @@ import (
 //     treatment. Opening them here would let any name punch through a
 //     denyOut CIDR.
 //
+// Lookup is called for every query, so a rules change (PUT
+// /sandboxes/{id}/network) applies to the next query.
+//
+// A wildcard is a grant to a whole zone, including its DNS servers: with
+// "*.example.com" a sandbox can put anything in the leftmost labels and
+// example.com's authoritative servers will see it. That is inherent in
+// allowing a wildcard and is the user's choice; names outside the allowed
+// zones never leave the host.
+//
 // Patterns are case-insensitive and a trailing dot is ignored.
 // "example.com" matches only example.com; "*.example.com" matches any name
 // below example.com at any depth (a.example.com, a.b.example.com) but not

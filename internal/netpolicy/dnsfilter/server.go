@@ -293,7 +293,10 @@ func (s *Server) serveUDP(pc net.PacketConn) error {
 		}
 		pkt := make([]byte, n)
 		copy(pkt, buf[:n])
-		s.wg.Add(1)
+		if !s.addWork() {
+			release()
+			return nil
+		}
 		go func() {
 			defer s.wg.Done()
 			defer release()
@@ -326,9 +329,8 @@ func (s *Server) serveTCP(l net.Listener) error {
 			c.Close()
 			continue
 		}
-		s.wg.Add(1)
 		go func() {
-			defer s.wg.Done()
+			defer s.wg.Done() // added by openTCP
 			defer s.closeTCP(src, c)
 			s.serveTCPConn(src, c)
 		}()
@@ -344,6 +346,19 @@ func (s *Server) openTCP(src netip.Addr, c net.Conn) bool {
 	s.tcpAll++
 	s.tcpConn[src]++
 	s.closers[c] = c.Close
+	s.wg.Add(1)
+	return true
+}
+
+// addWork counts a query goroutine unless Close has begun. Adding under the
+// lock that Close takes before Wait keeps Add from racing with Wait.
+func (s *Server) addWork() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
 	return true
 }
 

@@ -91,14 +91,30 @@ func (u *upstreams) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) 
 // exchangeOne asks one upstream over UDP, then over TCP if the answer was
 // truncated.
 func (u *upstreams) exchangeOne(ctx context.Context, addr string, m *dns.Msg) (*dns.Msg, error) {
-	c := &dns.Client{Net: "udp", Timeout: u.timeout, UDPSize: upstreamUDPSize}
-	resp, _, err := c.ExchangeContext(ctx, m, addr)
+	resp, err := u.exchangeNet(ctx, "udp", addr, m)
 	if err == nil && resp.Truncated {
-		c.Net = "tcp"
-		resp, _, err = c.ExchangeContext(ctx, m, addr)
+		resp, err = u.exchangeNet(ctx, "tcp", addr, m)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s: %w", addr, err)
+	}
+	return resp, nil
+}
+
+func (u *upstreams) exchangeNet(ctx context.Context, netw, addr string, m *dns.Msg) (*dns.Msg, error) {
+	c := &dns.Client{Net: netw, Timeout: u.timeout, UDPSize: upstreamUDPSize}
+	conn, err := c.DialContext(ctx, addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", netw, err)
+	}
+	defer conn.Close()
+	// miekg/dns honours a context's deadline but not its cancellation;
+	// closing the socket makes Server.Close interrupt a pending read.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
+	if err != nil {
+		return nil, fmt.Errorf("exchange over %s: %w", netw, err)
 	}
 	return resp, nil
 }
