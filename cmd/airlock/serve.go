@@ -119,6 +119,7 @@ Airlock is serving. For the E2B SDKs:
 type instance struct {
 	apiURL, sandboxURL, apiKey string
 	mgr                        *sandbox.Manager
+	net                        *netpolicy.Network // nil without --sandbox-network
 	tpls                       *template.Store
 	errc                       chan error
 	close                      func(killAll bool)
@@ -236,6 +237,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		sandboxURL: "http://" + lns[1].Addr().String(),
 		apiKey:     apiKey,
 		mgr:        mgr,
+		net:        nw,
 		tpls:       tpls,
 		errc:       make(chan error, 2),
 	}
