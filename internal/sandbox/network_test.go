@@ -422,3 +422,40 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		}
 	}
 }
+
+// TestNetworkWarmPoolClaimAppliesPolicy checks that a pooled sandbox, which
+// starts with all egress denied, gets the client's policy when claimed.
+func TestNetworkWarmPoolClaimAppliesPolicy(t *testing.T) {
+	nr := newNetRig(t)
+	web1 := "http://" + netpolicytest.Web1.String() + "/"
+	// claim creates a sandbox from a ready pooled one: the pooled sandbox's
+	// network exists before the create and carries the created id.
+	claim := func(req sandbox.CreateRequest) sandbox.Info {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for nr.m.WarmCount(nr.tpl.ID) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("warm pool did not fill")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		before, _ := os.ReadDir(filepath.Join(nr.dataDir, "network"))
+		info := nr.create(t, req)
+		for _, d := range before {
+			if d.Name() == info.ID {
+				return info
+			}
+		}
+		t.Fatalf("sandbox %s was not claimed from the pool", info.ID)
+		return info
+	}
+	nr.m.SetWarmPool(nr.tpl, 1)
+	closed := claim(sandbox.CreateRequest{AllowInternetAccess: deny(false)})
+	open := claim(sandbox.CreateRequest{})
+	nr.m.SetWarmPool(nr.tpl, 0)
+	mustNotReach(t, nr.m, closed, web1)
+	mustReach(t, nr.m, open, web1, "hello from 198.51.100.10")
+	if closed.StartedAt.After(open.StartedAt) || closed.Addr == open.Addr {
+		t.Errorf("claims: %s at %s, %s at %s", closed.ID, closed.Addr, open.ID, open.Addr)
+	}
+}
