@@ -553,7 +553,17 @@ func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs
 		n.mu.Unlock()
 		return nil
 	}
-	expires := time.Now().Add(ttl)
+	now := time.Now()
+	expires := now.Add(ttl)
+	if len(st.learned) > 4096 {
+		// Forget what the kernel has already expired, so a sandbox resolving
+		// many names does not grow this map without bound.
+		for a, l := range st.learned {
+			if !l.expires.After(now) {
+				delete(st.learned, a)
+			}
+		}
+	}
 	var add []learnedElem
 	var present []netip.Addr
 	for _, a := range addrs {
@@ -563,7 +573,9 @@ func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs
 		}
 		if old, ok := st.learned[a]; ok && old.expires.After(expires) {
 			continue
-		} else if ok && time.Until(old.expires) > 2*time.Second {
+		} else if ok && old.expires.After(now) {
+			// Re-adding an element does not restart its timeout; delete and
+			// add it in one transaction instead.
 			present = append(present, a)
 		}
 		st.learned[a] = learned{name: strings.TrimSuffix(strings.ToLower(name), "."), expires: expires}

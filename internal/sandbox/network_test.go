@@ -219,10 +219,16 @@ func TestNetworkEgressPolicy(t *testing.T) {
 	})
 
 	domain := nr.create(t, sandbox.CreateRequest{Network: &sandbox.NetworkConfig{
-		DenyOut: []string{netpolicy.AllTraffic}, AllowOut: []string{"allowed.test"},
+		DenyOut: []string{netpolicy.AllTraffic}, AllowOut: []string{"allowed.test", "*.allowed.test"},
 	}})
 	t.Run("allowOut domain", func(t *testing.T) {
 		mustReach(t, m, domain, "http://allowed.test/", "hello from 203.0.113.10")
+		// A second answer for an address already open refreshes its timeout
+		// (delete + add in one transaction) and must not fail the query.
+		if out, code := run(t, m, domain, "getent hosts allowed.test && getent hosts allowed.test"); code != 0 || !strings.Contains(out, netpolicytest.Allowed.String()) {
+			t.Errorf("allowed.test again: %q (exit %d)", out, code)
+		}
+		mustReach(t, m, domain, "http://www.allowed.test/", "hello from 203.0.113.10")
 		if out, code := run(t, m, domain, "getent hosts blocked.test"); code == 0 {
 			t.Errorf("blocked.test resolved: %q", out)
 		}
@@ -260,17 +266,11 @@ func TestNetworkEgressPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nhost service\n")
-				c.Close()
-			}
-		}()
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, "host service\n")
+		}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		defer srv.Close()
 		port := l.Addr().(*net.TCPAddr).Port
 		gw := open.Addr.Prev() // the /30's first host address is the gateway
 		for _, a := range append(hostAddrs(t, nr.cidr), gw) {
