@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -16,9 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -338,6 +342,36 @@ func TestNetworkEgressPolicy(t *testing.T) {
 		}
 	})
 
+	t.Run("a sandbox cannot borrow another sandbox's address", func(t *testing.T) {
+		// From a sandbox whose egress is all denied, send UDP to the internet
+		// with the open sandbox's address as source (sandbox root has
+		// CAP_NET_RAW). Were it not dropped, it would pass under the open
+		// sandbox's policy. The same datagram from the open sandbox itself
+		// shows the path works.
+		send := func(from sandbox.Info, src netip.Addr, payload string) (string, int32) {
+			return runAsRoot(t, m, from, fmt.Sprintf(spoofScript, src, netpolicytest.UDPSink.Addr(), netpolicytest.UDPSink.Port(), payload))
+		}
+		if out, code := send(open, open.Addr, "honest"); code == 3 {
+			t.Skipf("no raw sockets in the sandbox, so no spoofing: %q", out)
+		} else if code != 0 {
+			t.Fatalf("raw send from the open sandbox: %q (exit %d)", out, code)
+		}
+		if out, code := send(onlyIP, open.Addr, "spoofed"); code != 0 {
+			t.Fatalf("raw send: %q (exit %d)", out, code)
+		}
+		deadline := time.Now().Add(3 * time.Second)
+		for len(nr.inet.UDPFrom("honest")) == 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if len(nr.inet.UDPFrom("honest")) == 0 {
+			t.Fatal("the honest datagram did not arrive: the check below would prove nothing")
+		}
+		time.Sleep(500 * time.Millisecond)
+		if got := nr.inet.UDPFrom("spoofed"); len(got) != 0 {
+			t.Errorf("spoofed datagram arrived (from %v)", got)
+		}
+	})
+
 	t.Run("kill removes the network", func(t *testing.T) {
 		ids := []string{open.ID, closed.ID, onlyIP.ID, domain.ID}
 		nr.m.KillAll(context.Background())
@@ -458,4 +492,54 @@ func TestNetworkWarmPoolClaimAppliesPolicy(t *testing.T) {
 	if closed.StartedAt.After(open.StartedAt) || closed.Addr == open.Addr {
 		t.Errorf("claims: %s at %s, %s at %s", closed.ID, closed.Addr, open.ID, open.Addr)
 	}
+}
+
+// spoofScript sends one UDP datagram with a chosen source address through a
+// raw socket: args source, destination, port, payload. Exit 3: no raw socket.
+const spoofScript = `python3 - <<'EOF'
+import socket, struct, sys
+src, dst, port, payload = "%s", "%s", %d, b"%s"
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+except PermissionError as e:
+    print(e); sys.exit(3)
+udp = struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, socket.IPPROTO_UDP, 0,
+                 socket.inet_aton(src), socket.inet_aton(dst))
+s.sendto(ip + udp, (dst, 0))
+EOF`
+
+// runAsRoot runs a command as the sandbox's root (raw sockets need it).
+func runAsRoot(t *testing.T, m *sandbox.Manager, info sandbox.Info, cmd string) (string, int32) {
+	t.Helper()
+	tr, err := m.EnvdTransport(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := processconnect.NewProcessClient(&http.Client{Transport: tr}, "http://envd", connect.WithProtoJSON())
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", cmd}},
+	})
+	req.Header().Set("X-Access-Token", info.AccessToken)
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("root:")))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := c.Start(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	var out strings.Builder
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			out.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			return out.String(), end.GetExitCode()
+		}
+	}
+	t.Fatalf("stream ended without end event: %v", stream.Err())
+	return "", 0
 }

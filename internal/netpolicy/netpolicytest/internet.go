@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +51,20 @@ type Internet struct {
 	HostIf  string
 	nsPath  string
 	closers []func()
+
+	mu      sync.Mutex
+	udpSeen map[string][]netip.Addr // payload -> source addresses it arrived from
+}
+
+// UDPSink is where the stand-in internet records UDP datagrams: each payload
+// with the source address it arrived from (after the host's masquerade).
+var UDPSink = netip.AddrPortFrom(Web1, 9999)
+
+// UDPFrom returns the source addresses a payload arrived from at UDPSink.
+func (in *Internet) UDPFrom(payload string) []netip.Addr {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]netip.Addr(nil), in.udpSeen[payload]...)
 }
 
 // DNSUpstream is the "ip:port" of the stand-in's DNS server.
@@ -143,6 +158,7 @@ func prefixNet(s string) *net.IPNet {
 // serves them from ordinary goroutines.
 func (in *Internet) serve(ns netns.NsHandle) error {
 	type socks struct {
+		udp    net.PacketConn
 		web    net.Listener
 		dnsUDP net.PacketConn
 		dnsTCP net.Listener
@@ -164,6 +180,9 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		}
 		var s socks
 		s.web, s.err = net.Listen("tcp4", "0.0.0.0:80")
+		if s.err == nil {
+			s.udp, s.err = net.ListenPacket("udp4", UDPSink.String())
+		}
 		if s.err == nil {
 			s.dnsUDP, s.err = net.ListenPacket("udp4", DNS.String()+":53")
 		}
@@ -188,6 +207,21 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		fmt.Fprintf(w, "hello from %s\n", host)
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = web.Serve(s.web) }()
+	in.udpSeen = map[string][]netip.Addr{}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := s.udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			src, _ := netip.AddrFromSlice(from.(*net.UDPAddr).IP.To4())
+			in.mu.Lock()
+			in.udpSeen[string(buf[:n])] = append(in.udpSeen[string(buf[:n])], src)
+			in.mu.Unlock()
+		}
+	}()
+	in.closers = append(in.closers, func() { _ = s.udp.Close() })
 	in.closers = append(in.closers, func() { _ = web.Shutdown(context.Background()); _ = web.Close() })
 
 	mux := dns.NewServeMux()
