@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/bench"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 )
 
 func benchCmd() *cobra.Command {
@@ -31,6 +33,9 @@ template rootfs as baselines.`,
 			inst, err := start(cmd.Context(), serveConfig{
 				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
 				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: rtName, diskQuota: true,
+				// Sandboxes get their networks as under serve; egress stays
+				// off so the bench never changes the host's ip_forward.
+				network: true, egress: false,
 			}, log)
 			if err != nil {
 				return err
@@ -51,6 +56,7 @@ template rootfs as baselines.`,
 					}
 				},
 				WarmCount: func() int { return inst.mgr.WarmCount(t.ID) },
+				NetRound:  netRound(inst),
 			})
 			if err != nil {
 				return err
@@ -114,4 +120,25 @@ exhaustion. The ratio to idle is the isolation figure (goal: p99 under 2x).`,
 	f.IntVar(&rtt, "round-trips", 200, "neighbour commands.run('true') round trips per attack")
 	f.DurationVar(&settle, "settle", 3*time.Second, "how long each attack runs before the neighbour is measured")
 	return cmd
+}
+
+// netRound measures one sandbox network's setup and teardown directly on the
+// server's netpolicy.Network (ids of their own, never a live sandbox's).
+func netRound(inst *instance) func(ctx context.Context, i int) (time.Duration, time.Duration, error) {
+	if inst.net == nil {
+		return nil
+	}
+	return func(ctx context.Context, i int) (time.Duration, time.Duration, error) {
+		id := fmt.Sprintf("benchnet%012d", i)
+		t0 := time.Now()
+		if _, err := inst.net.Setup(ctx, id, netpolicy.Policy{}); err != nil {
+			return 0, 0, err
+		}
+		setup := time.Since(t0)
+		t0 = time.Now()
+		if err := inst.net.Teardown(id); err != nil {
+			return 0, 0, err
+		}
+		return setup, time.Since(t0), nil
+	}
 }

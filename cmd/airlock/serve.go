@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
@@ -46,6 +49,12 @@ type serveConfig struct {
 	runtime              string
 	diskQuota            bool
 	diskImageMB          int64
+	// Sandbox network (internal/netpolicy).
+	network     bool
+	sandboxCIDR string
+	egress      bool
+	dnsUpstream []string
+	dnsListen   string
 }
 
 func serveCmd() *cobra.Command {
@@ -84,6 +93,11 @@ needed (a few minutes the first time; progress is shown).`,
 	f.StringVar(&c.runtime, "runtime", "linux", `default isolation backend: "linux" (namespaces, cgroups, seccomp) or "gvisor" (runsc, systrap); a template's "runtime" setting overrides it`)
 	f.BoolVar(&c.diskQuota, "disk-quota", true, "enforce each sandbox's diskSizeMB: sandboxes live on a btrfs image (<data-dir>/sandboxes.img, needs btrfs-progs) mounted on <data-dir>/sandboxes")
 	f.Int64Var(&c.diskImageMB, "disk-image-size", 0, "size in MiB of the sparse sandbox image when it is created (0: min(free space, 64 GiB))")
+	f.BoolVar(&c.network, "sandbox-network", true, "give every sandbox its own netns, veth, egress policy and DNS (off: loopback only)")
+	f.StringVar(&c.sandboxCIDR, "sandbox-cidr", "", "private IPv4 range sandboxes get a /30 each from (default 10.77.0.0/16 for the default --data-dir, else a 10.x.0.0/16 derived from the data dir)")
+	f.BoolVar(&c.egress, "sandbox-egress", true, "let sandboxes reach beyond the host (sets net.ipv4.ip_forward=1); off: no egress for any sandbox")
+	f.StringSliceVar(&c.dnsUpstream, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
+	f.StringVar(&c.dnsListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
 	return cmd
 }
 
@@ -122,6 +136,7 @@ Airlock is serving. For the E2B SDKs:
 type instance struct {
 	apiURL, sandboxURL, apiKey string
 	mgr                        *sandbox.Manager
+	net                        *netpolicy.Network // nil without --sandbox-network
 	tpls                       *template.Store
 	errc                       chan error
 	close                      func(killAll bool)
@@ -175,12 +190,23 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, err
 	}
+	nw, err := startNetwork(c, dataDir, log)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	closeNetwork := func() {
+		if nw != nil {
+			_ = nw.Close()
+		}
+	}
 	var disk *diskquota.Pool
 	if c.diskQuota {
 		// Mounted once per boot; a restarted server adopts the mount, and the
 		// per-sandbox limits live in the filesystem.
 		disk, err = diskquota.Open(filepath.Join(dataDir, "sandboxes.img"), filepath.Join(dataDir, "sandboxes"), c.diskImageMB<<20)
 		if err != nil {
+			closeNetwork()
 			db.Close()
 			return nil, fmt.Errorf("disk quota (--disk-quota=false to run without): %w", err)
 		}
@@ -195,10 +221,12 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		EnvdPath:    envdPath,
 		MaxTimeout:  c.maxTimeout,
 		MaxPerOwner: c.maxPerKey,
+		Network:     nw,
 		Logger:      log,
 	})
 	if err := mgr.Recover(ctx); err != nil {
 		mgr.Close()
+		closeNetwork()
 		db.Close()
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -230,6 +258,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 				l.Close()
 			}
 			mgr.Close()
+			closeNetwork()
 			db.Close()
 			return nil, fmt.Errorf("listen on %s: %w", addr, err)
 		}
@@ -244,6 +273,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		sandboxURL: "http://" + lns[1].Addr().String(),
 		apiKey:     apiKeys[0],
 		mgr:        mgr,
+		net:        nw,
 		tpls:       tpls,
 		errc:       make(chan error, 2),
 	}
@@ -262,6 +292,9 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			mgr.KillAll(context.Background())
 		}
 		mgr.Close()
+		// The nftables table stays: sandboxes that outlive the server keep
+		// their isolation and egress policy until a new server adopts them.
+		closeNetwork()
 		if killAll && disk != nil {
 			// Nothing is left on the sandbox image: unmount it (the image
 			// file stays for the next start).
@@ -395,4 +428,71 @@ func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Templat
 		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
 		Runtime:        tpl.Settings.Runtime,
 	}, nil
+}
+
+// startNetwork sets up sandbox networking unless --sandbox-network=false.
+// Egress needs IPv4 forwarding, a host-wide setting: serve turns it on only
+// when --sandbox-egress is on and never turns it off (other software may rely
+// on it by then).
+func startNetwork(c serveConfig, dataDir string, log *slog.Logger) (*netpolicy.Network, error) {
+	if !c.network {
+		return nil, nil
+	}
+	inst := netInstanceOf(dataDir)
+	cidrStr := c.sandboxCIDR
+	if cidrStr == "" {
+		cidrStr = inst.cidr
+	}
+	cidr, err := netip.ParsePrefix(cidrStr)
+	if err != nil {
+		return nil, fmt.Errorf("--sandbox-cidr: %w", err)
+	}
+	if c.egress {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
+		}
+	}
+	nw, err := netpolicy.New(netpolicy.Config{
+		CIDR:         cidr,
+		StateDir:     filepath.Join(dataDir, "network"),
+		Table:        inst.table,
+		IfPrefix:     inst.prefix,
+		DNSUpstreams: c.dnsUpstream,
+		DNSListen:    c.dnsListen,
+		NoEgress:     !c.egress,
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox network: %w", err)
+	}
+	log.Info("sandbox network ready", "cidr", cidr, "egress", c.egress, "dns_port", nw.DNSPort(),
+		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix)
+	return nw, nil
+}
+
+// netInstance names what one server owns in the host's shared network state.
+type netInstance struct{ table, prefix, cidr string }
+
+// netInstanceOf gives the server of the default data dir the plain names
+// (table "airlock", veths "alk…", 10.77.0.0/16) and any other data dir (a
+// test or a second server on the same host) its own, derived from the path:
+// two servers must never share a table, an interface prefix or a range, or
+// one's start would replace the other's firewall.
+func netInstanceOf(dataDir string) netInstance {
+	if dataDir == "/var/lib/airlock" {
+		return netInstance{table: "airlock", prefix: "alk", cidr: "10.77.0.0/16"}
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(dataDir))
+	v := h.Sum32()
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	tag := string([]byte{digits[v%36], digits[(v/36)%36]})
+	if tag == "lk" || tag == "lt" { // the default server's and the Go tests' prefixes
+		tag = "x" + tag[1:]
+	}
+	return netInstance{
+		table:  "airlock_" + tag,
+		prefix: "a" + tag,
+		cidr:   fmt.Sprintf("10.%d.0.0/16", 100+(v>>16)%100),
+	}
 }

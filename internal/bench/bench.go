@@ -43,6 +43,9 @@ type Config struct {
 	// reports how many pooled sandboxes are ready; nil skips the warm series.
 	SetWarmPool func(n int)
 	WarmCount   func() int
+	// NetRound sets up and tears down one sandbox network (netns, veth, nft
+	// state) and returns how long each took; nil skips the network rows.
+	NetRound func(ctx context.Context, i int) (setup, teardown time.Duration, err error)
 }
 
 // Row is one measured series.
@@ -117,6 +120,21 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
 	if _, err := c.run(ctx, sb, "true"); err != nil {
 		return nil, err
+	}
+	if cfg.NetRound != nil {
+		n := max(min(cfg.Sequential, 50), 1)
+		setup := Row{Name: fmt.Sprintf("sandbox network setup (netns+veth+nft, netlink), %d", n)}
+		teardown := Row{Name: fmt.Sprintf("sandbox network teardown (off the request path), %d", n)}
+		for i := 0; i < n; i++ {
+			s, t, err := cfg.NetRound(ctx, i)
+			if err != nil {
+				return nil, err
+			}
+			setup.Samples = append(setup.Samples, s)
+			teardown.Samples = append(teardown.Samples, t)
+		}
+		add(setup)
+		add(teardown)
 	}
 	rt := Row{Name: fmt.Sprintf("commands.run('true') round trip, %d in one sandbox", cfg.RoundTrips)}
 	for i := 0; i < cfg.RoundTrips; i++ {

@@ -146,11 +146,32 @@ func (f *fakeManager) Create(_ context.Context, req sandbox.CreateRequest) (sand
 		EnvdVersion:         "0.6.4",
 		AllowInternetAccess: req.AllowInternetAccess,
 	}
+	if req.Network != nil {
+		info.Network = *req.Network
+		if ap := req.Network.AllowPublicTraffic; ap != nil && !*ap {
+			info.TrafficAccessToken = "traffic-" + info.ID
+		}
+	}
 	if req.Secure {
 		info.AccessToken = "token-" + info.ID
 	}
 	f.sandboxes[info.ID] = &info
 	return info, nil
+}
+
+func (f *fakeManager) UpdateNetwork(_ context.Context, id string, u sandbox.NetworkUpdate) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	s, err := f.lookup(id)
+	if err != nil {
+		return err
+	}
+	s.Network.AllowOut, s.Network.DenyOut = u.AllowOut, u.DenyOut
+	if u.AllowInternetAccess != nil {
+		s.AllowInternetAccess = u.AllowInternetAccess
+	}
+	return nil
 }
 
 func (f *fakeManager) Get(_ context.Context, id string) (sandbox.Info, error) {

@@ -850,3 +850,42 @@ func TestCreateDiskSize(t *testing.T) {
 		t.Errorf("manager got diskSizeMB %d", f.lastCreate.DiskSizeMB)
 	}
 }
+
+func TestNetworkConfigReachesManager(t *testing.T) {
+	h, m := newTestHandler(t)
+	rec := request(t, h, "POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["example.com","1.2.3.4"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false}}`)
+	if rec.Code != 201 {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	var created map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &created); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := created["sandboxID"].(string)
+	if tok, _ := created["trafficAccessToken"].(string); tok != "traffic-"+id {
+		t.Errorf("trafficAccessToken = %v", created["trafficAccessToken"])
+	}
+	n := m.lastCreate.Network
+	if n == nil || len(n.AllowOut) != 2 || len(n.DenyOut) != 1 || n.AllowPublicTraffic == nil || *n.AllowPublicTraffic {
+		t.Fatalf("manager got network %+v", n)
+	}
+	if rec := request(t, h, "PUT", "/sandboxes/"+id+"/network", `{"denyOut":["10.0.0.0/8"],"allow_internet_access":true}`); rec.Code != 204 {
+		t.Fatalf("update: %d %s", rec.Code, rec.Body)
+	}
+	rec = request(t, h, "GET", "/sandboxes/"+id, "")
+	var detail struct {
+		AllowInternetAccess *bool `json:"allowInternetAccess"`
+		Network             struct {
+			AllowOut           []string `json:"allowOut"`
+			DenyOut            []string `json:"denyOut"`
+			AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+		} `json:"network"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &detail); err != nil {
+		t.Fatal(err)
+	}
+	if detail.AllowInternetAccess == nil || !*detail.AllowInternetAccess || len(detail.Network.AllowOut) != 0 ||
+		len(detail.Network.DenyOut) != 1 || detail.Network.AllowPublicTraffic == nil {
+		t.Errorf("detail after update: %s", rec.Body)
+	}
+}

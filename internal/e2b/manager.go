@@ -23,6 +23,8 @@ type Manager interface {
 	// extends its end to at least timeout from now.
 	Connect(ctx context.Context, id string, timeout time.Duration) (info sandbox.Info, resumed bool, err error)
 	Pause(ctx context.Context, id string) error
+	// UpdateNetwork replaces a running sandbox's egress rules.
+	UpdateNetwork(ctx context.Context, id string, u sandbox.NetworkUpdate) error
 	// Metrics returns the samples taken between start and end (inclusive).
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Metric, error)
 	// Logs returns the sandbox's events (OOM kills, ...) from start on, oldest first.

@@ -82,6 +82,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 			return err
 		}
 		req.AllowInternetAccess = h.egressFromNetwork(body.Network, req.AllowInternetAccess)
+		req.Network = &sandbox.NetworkConfig{
+			AllowOut:           body.Network.AllowOut,
+			DenyOut:            body.Network.DenyOut,
+			AllowPublicTraffic: body.Network.AllowPublicTraffic,
+		}
+		h.warnUnenforced(body.Network)
 	}
 	if body.AutoPause != nil && *body.AutoPause {
 		h.log.Warn("autoPause requested but not supported; the sandbox will be killed at its timeout", "template", body.TemplateID)
@@ -95,26 +101,33 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 	return nil
 }
 
-// egressFromNetwork reduces a network config to the one egress switch the
-// manager has. Per-destination rules are not enforced yet, so a config that
-// denies all traffic fails closed (no internet at all, even for allowOut
-// entries) rather than open: a user asking for restricted egress must not
-// get unrestricted egress instead. An explicit allow_internet_access wins.
+// egressFromNetwork derives the allowInternetAccess a sandbox reports: false
+// when denyOut holds ALL_TRAFFIC, unless the client said otherwise. The rules
+// themselves go to the manager, which enforces allowOut and denyOut (allowOut
+// first) whatever this switch says.
 func (h *Handler) egressFromNetwork(n *networkBody, explicit *bool) *bool {
 	if explicit != nil {
 		return explicit
 	}
 	if !containsString(n.DenyOut, allTraffic) {
-		if len(n.DenyOut) > 0 {
-			h.log.Warn("network.denyOut entries other than 0.0.0.0/0 are not enforced yet", "denyOut", n.DenyOut)
-		}
 		return nil
-	}
-	if len(n.AllowOut) > 0 {
-		h.log.Warn("network.allowOut is not enforced yet; denying all egress instead", "allowOut", n.AllowOut)
 	}
 	deny := false
 	return &deny
+}
+
+// warnUnenforced makes the parts of a network config Airlock accepts but does
+// not apply visible to operators.
+func (h *Handler) warnUnenforced(n *networkBody) {
+	if n.EgressProxy != nil {
+		h.log.Warn("network.egressProxy is not supported; egress goes direct", "address", n.EgressProxy.Address)
+	}
+	if len(n.Rules) > 0 {
+		h.log.Warn("network.rules (request transforms) are not supported; ignored")
+	}
+	if n.MaskRequestHost != nil {
+		h.log.Warn("network.maskRequestHost is not supported; ignored")
+	}
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) error {
@@ -321,9 +334,9 @@ func unixParam(v, name string, def time.Time) (time.Time, error) {
 	return time.Unix(n, 0), nil
 }
 
-// updateNetwork validates a SandboxNetworkUpdateConfig and answers 204
-// without applying it: the manager cannot change a running sandbox's egress
-// yet. The warning makes the gap visible to operators instead of silent.
+// updateNetwork replaces a running sandbox's egress rules
+// (SandboxNetworkUpdateConfig) and answers 204; the firewall changes
+// atomically before the answer.
 func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	var body networkBody
 	id, err := h.sandboxRequest(w, r, &body)
@@ -333,10 +346,11 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err := body.validate(); err != nil {
 		return err
 	}
-	if _, err := h.m.Get(r.Context(), id); err != nil {
+	h.warnUnenforced(&body)
+	upd := sandbox.NetworkUpdate{AllowOut: body.AllowOut, DenyOut: body.DenyOut, AllowInternetAccess: body.AllowInternetAccess}
+	if err := h.m.UpdateNetwork(r.Context(), id, upd); err != nil {
 		return managerError(fmt.Errorf("update sandbox network: %w", err), id, "")
 	}
-	h.log.Warn("sandbox network update accepted but not applied (not supported yet)", "sandbox", id)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

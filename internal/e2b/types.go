@@ -12,13 +12,23 @@ import (
 
 // sandboxJSON is the `Sandbox` schema (create, connect, resume).
 type sandboxJSON struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	Alias           string  `json:"alias"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
-	Domain          *string `json:"domain"`
+	SandboxID       string `json:"sandboxID"`
+	TemplateID      string `json:"templateID"`
+	Alias           string `json:"alias"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
+	// TrafficAccessToken is set when network.allowPublicTraffic is false; the
+	// SDKs send it as E2B-Traffic-Access-Token to reach user ports.
+	TrafficAccessToken string  `json:"trafficAccessToken,omitempty"`
+	Domain             *string `json:"domain"`
+}
+
+// networkJSON is the network part of SandboxDetail, as the client set it.
+type networkJSON struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 }
 
 // listedSandboxJSON is the `ListedSandbox` schema (both list endpoints).
@@ -40,9 +50,11 @@ type listedSandboxJSON struct {
 // sandboxDetailJSON is the `SandboxDetail` schema (GET /sandboxes/{id}).
 type sandboxDetailJSON struct {
 	listedSandboxJSON
-	EnvdAccessToken     string  `json:"envdAccessToken,omitempty"`
-	Domain              *string `json:"domain"`
-	AllowInternetAccess *bool   `json:"allowInternetAccess"`
+	EnvdAccessToken     string       `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken  string       `json:"trafficAccessToken,omitempty"`
+	Domain              *string      `json:"domain"`
+	AllowInternetAccess *bool        `json:"allowInternetAccess"`
+	Network             *networkJSON `json:"network,omitempty"`
 }
 
 // sandboxMetricJSON is the `SandboxMetric` schema.
@@ -82,13 +94,14 @@ func (h *Handler) envdVersion(info sandbox.Info) string {
 
 func (h *Handler) sandboxJSON(info sandbox.Info) sandboxJSON {
 	return sandboxJSON{
-		SandboxID:       info.ID,
-		TemplateID:      info.TemplateID,
-		Alias:           info.Alias,
-		ClientID:        h.clientID(info),
-		EnvdVersion:     h.envdVersion(info),
-		EnvdAccessToken: info.AccessToken,
-		Domain:          h.domain(),
+		SandboxID:          info.ID,
+		TemplateID:         info.TemplateID,
+		Alias:              info.Alias,
+		ClientID:           h.clientID(info),
+		EnvdVersion:        h.envdVersion(info),
+		EnvdAccessToken:    info.AccessToken,
+		TrafficAccessToken: info.TrafficAccessToken,
+		Domain:             h.domain(),
 	}
 }
 
@@ -127,9 +140,18 @@ func (h *Handler) detailJSON(info sandbox.Info) sandboxDetailJSON {
 	return sandboxDetailJSON{
 		listedSandboxJSON:   h.listedJSON(info),
 		EnvdAccessToken:     info.AccessToken,
+		TrafficAccessToken:  info.TrafficAccessToken,
 		Domain:              h.domain(),
 		AllowInternetAccess: info.AllowInternetAccess,
+		Network:             networkOf(info.Network),
 	}
+}
+
+func networkOf(n sandbox.NetworkConfig) *networkJSON {
+	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil {
+		return nil
+	}
+	return &networkJSON{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
 }
 
 func metricJSON(m sandbox.Metric) sandboxMetricJSON {

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -32,6 +33,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -84,7 +86,10 @@ type Options struct {
 	Disk *diskquota.Pool
 	// MaxDiskSizeMB bounds a create request's diskSizeMB (default 64 GiB).
 	MaxDiskSizeMB int
-	Logger        *slog.Logger
+	// Network gives every sandbox its own netns, veth, firewall policy and
+	// DNS; nil keeps the runtime's private, loopback-only namespace.
+	Network *netpolicy.Network
+	Logger  *slog.Logger
 }
 
 // envdMountPath is where envd appears inside every sandbox.
@@ -117,6 +122,9 @@ type Manager struct {
 	stop chan struct{}
 	// wg tracks background work and teardowns in flight; Close waits for it.
 	wg sync.WaitGroup
+	// netWG tracks network teardowns, which run after the runtime's Destroy
+	// and off the request path; Close and KillAll wait for them.
+	netWG sync.WaitGroup
 }
 
 // entry is a live sandbox. Fields other than the immutable ones are guarded by
@@ -127,10 +135,12 @@ type entry struct {
 	dir       string
 	tplRootfs string
 	transport *http.Transport
-	timer     *time.Timer
-	metrics   []Metric
-	lastCPU   time.Duration
-	lastAt    time.Time
+	// net is the sandbox's network (nil without Options.Network).
+	net     *netpolicy.Sandbox
+	timer   *time.Timer
+	metrics []Metric
+	lastCPU time.Duration
+	lastAt  time.Time
 	// seenOOM is the OOM-kill count already recorded as events.
 	seenOOM int64
 }
@@ -207,6 +217,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	if req.Secure {
 		info.AccessToken = newToken()
+	}
+	if req.Network != nil {
+		info.Network = copyNetwork(*req.Network)
+	}
+	if ap := info.Network.AllowPublicTraffic; ap != nil && !*ap {
+		info.TrafficAccessToken = newToken()
+	}
+	if err := policyOf(info).Validate(); err != nil {
+		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	e := m.claim(ctx, info, tpl)
 	if e != nil {
@@ -328,18 +347,43 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 			PidsMax:  m.opts.PidsMax,
 		},
 	}
+	var ns *netpolicy.Sandbox
+	// fail undoes what start did so far, in reverse order.
+	fail := func(err error) (*entry, error) {
+		_ = os.RemoveAll(dir)
+		m.releaseDisk(dir)
+		if ns != nil {
+			m.netTeardown(info.ID)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
 	backend, err := m.runtimeFor(tpl.Runtime)
 	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+		return fail(err)
+	}
+	if m.opts.Network != nil {
+		// A pooled sandbox has no client yet: it starts with all egress denied
+		// and gets the client's policy when claimed.
+		p := policyOf(info)
+		if pooled {
+			p = netpolicy.Policy{DenyOut: []string{netpolicy.AllTraffic}}
+		}
+		ns, err = m.opts.Network.Setup(ctx, info.ID, p)
+		if err != nil {
+			ns = nil
+			return fail(err)
+		}
+		spec.NetNS = ns.NetNS
+		spec.Mounts = append(spec.Mounts,
+			runtime.Mount{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
+			runtime.Mount{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true})
+		info.Addr = ns.Addr
 	}
 	rt, err := backend.Create(ctx, spec)
 	if err != nil {
-		_ = os.RemoveAll(dir)
-		m.releaseDisk(dir)
-		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+		return fail(err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)
@@ -412,6 +456,95 @@ func (m *Manager) teardown(e *entry) {
 	}
 	m.releaseDisk(e.dir)
 	_ = os.Remove(filepath.Join(m.opts.DataDir, "sandboxes", e.info.ID+".log"))
+	if m.opts.Network != nil {
+		m.netTeardown(e.info.ID)
+	}
+}
+
+// netTeardown removes a sandbox's network in the background: deleting a veth
+// takes tens of milliseconds, and nothing is waiting for it. It runs only
+// after the runtime destroyed the sandbox (no process holds the netns).
+func (m *Manager) netTeardown(id string) {
+	m.netWG.Add(1)
+	go func() {
+		defer m.netWG.Done()
+		if err := m.opts.Network.Teardown(id); err != nil {
+			m.log.Error("sandbox network teardown", "id", id, "err", err)
+		}
+	}()
+}
+
+// policyOf is the egress policy a sandbox's info asks for.
+func policyOf(info Info) netpolicy.Policy {
+	p := netpolicy.Policy{
+		AllowOut: append([]string(nil), info.Network.AllowOut...),
+		DenyOut:  append([]string(nil), info.Network.DenyOut...),
+	}
+	if a := info.AllowInternetAccess; a != nil && !*a {
+		p.DenyOut = append(p.DenyOut, netpolicy.AllTraffic)
+	}
+	return p
+}
+
+func copyNetwork(n NetworkConfig) NetworkConfig {
+	out := NetworkConfig{
+		AllowOut: append([]string(nil), n.AllowOut...),
+		DenyOut:  append([]string(nil), n.DenyOut...),
+	}
+	if n.AllowPublicTraffic != nil {
+		v := *n.AllowPublicTraffic
+		out.AllowPublicTraffic = &v
+	}
+	return out
+}
+
+// UpdateNetwork replaces a running sandbox's egress rules (E2B's PUT
+// /sandboxes/{id}/network). The firewall changes in one transaction.
+func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate) error {
+	m.mu.Lock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	info := e.info
+	m.mu.Unlock()
+	info.Network.AllowOut = append([]string(nil), u.AllowOut...)
+	info.Network.DenyOut = append([]string(nil), u.DenyOut...)
+	if u.AllowInternetAccess != nil {
+		v := *u.AllowInternetAccess
+		info.AllowInternetAccess = &v
+	}
+	p := policyOf(info)
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if m.opts.Network == nil {
+		return fmt.Errorf("%w: sandbox networking is off on this server (serve --sandbox-network)", ErrInvalid)
+	}
+	if err := m.opts.Network.Update(id, p); err != nil {
+		return fmt.Errorf("update network of %s: %w", id, err)
+	}
+	m.mu.Lock()
+	if cur, ok := m.sandboxes[id]; ok && cur == e {
+		e.info.Network = info.Network
+		e.info.AllowInternetAccess = info.AllowInternetAccess
+		info = e.info
+	}
+	m.mu.Unlock()
+	return m.opts.Store.Put(ctx, toRecord(info))
+}
+
+// UserPortTarget returns where the proxy reaches a running sandbox's user
+// ports, and the traffic access token they require ("" for none).
+func (m *Manager) UserPortTarget(id string) (netip.Addr, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok || e.info.State != StateRunning {
+		return netip.Addr{}, "", fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e.info.Addr, e.info.TrafficAccessToken, nil
 }
 
 func (m *Manager) lookup(id string) (*entry, error) {
@@ -766,6 +899,18 @@ func (m *Manager) Recover(ctx context.Context) error {
 				alive = false
 			}
 		}
+		if alive && m.opts.Network != nil {
+			// The firewall was rebuilt empty at start; put this sandbox's
+			// policy back before it is reachable again.
+			ns, err := m.opts.Network.Adopt(rec.ID, policyOf(info))
+			if err != nil {
+				m.log.Warn("sandbox network could not be re-adopted", "id", rec.ID, "err", err)
+				alive = false
+			} else {
+				e.net = ns
+				e.info.Addr = ns.Addr
+			}
+		}
 		if !alive {
 			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID)
 			if rt != nil {
@@ -773,6 +918,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 			} else {
 				_ = removeSandboxDir(e.dir)
 				m.releaseDisk(e.dir)
+				if m.opts.Network != nil {
+					m.netTeardown(rec.ID)
+				}
 			}
 			if err := m.opts.Store.Delete(ctx, rec.ID); err != nil {
 				return err
@@ -806,6 +954,16 @@ func (m *Manager) Recover(ctx context.Context) error {
 				_ = rt.Destroy(ctx)
 			}
 		}
+	}
+	if m.opts.Network != nil {
+		m.netWG.Wait()
+		m.mu.Lock()
+		keep := map[string]bool{}
+		for id := range m.sandboxes {
+			keep[id] = true
+		}
+		m.mu.Unlock()
+		m.opts.Network.Sweep(keep)
 	}
 	dirs, _ := os.ReadDir(filepath.Join(m.opts.DataDir, "sandboxes"))
 	for _, d := range dirs {
@@ -882,6 +1040,7 @@ func (m *Manager) Close() {
 		e.transport.CloseIdleConnections()
 	}
 	m.mu.Unlock()
+	m.netWG.Wait()
 }
 
 // KillAll destroys every sandbox (for tests and `serve --kill-on-exit`).
@@ -898,6 +1057,7 @@ func (m *Manager) KillAll(ctx context.Context) {
 		go func() { defer wg.Done(); _ = m.Kill(ctx, id) }()
 	}
 	wg.Wait()
+	m.netWG.Wait()
 }
 
 const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -934,6 +1094,10 @@ func toRecord(i Info) store.Sandbox {
 		StartedAt: i.StartedAt, EndAt: i.EndAt, State: string(i.State),
 		CPUCount: i.CPUCount, MemoryMB: i.MemoryMB, DiskSizeMB: i.DiskSizeMB,
 		AllowInternet: i.AllowInternetAccess, Owner: i.Owner,
+		Network: store.Network{
+			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
+			AllowPublicTraffic: i.Network.AllowPublicTraffic, TrafficAccessToken: i.TrafficAccessToken,
+		},
 	}
 }
 
@@ -944,5 +1108,9 @@ func fromRecord(r store.Sandbox) Info {
 		StartedAt: r.StartedAt, EndAt: r.EndAt, State: State(r.State),
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB,
 		EnvdVersion: envd.Version, AllowInternetAccess: r.AllowInternet, Owner: r.Owner,
+		Network: NetworkConfig{
+			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
+		},
+		TrafficAccessToken: r.Network.TrafficAccessToken,
 	}
 }

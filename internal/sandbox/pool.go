@@ -180,8 +180,19 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 		return nil
 	}
 	id := e.info.ID
+	addr := e.info.Addr
+	if m.opts.Network != nil {
+		// The pooled sandbox started with all egress denied; now it gets the
+		// client's policy, before any client code runs in it.
+		if err := m.opts.Network.Update(id, policyOf(info)); err != nil {
+			m.log.Warn("warm pool: applying network policy failed; starting cold", "id", id, "err", err)
+			go m.teardown(e)
+			return nil
+		}
+	}
 	e.info = info
 	e.info.ID = id
+	e.info.Addr = addr
 	return e
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"net/netip"
 	"time"
 )
 
@@ -39,6 +40,34 @@ type Info struct {
 	AllowInternetAccess *bool
 	// Owner identifies who created the sandbox (a digest of the API key).
 	Owner string
+	// Network is the egress policy and public-traffic setting as the client
+	// last set them (create or update).
+	Network NetworkConfig
+	// TrafficAccessToken guards the sandbox's user ports through the proxy
+	// when Network.AllowPublicTraffic is false.
+	TrafficAccessToken string
+	// Addr is the sandbox's address on its veth (invalid without a network);
+	// the proxy dials user ports there.
+	Addr netip.Addr
+}
+
+// NetworkConfig is E2B's SandboxNetworkConfig, as far as Airlock enforces it.
+// allowInternetAccess=false adds ALL_TRAFFIC (0.0.0.0/0) to DenyOut; AllowOut
+// takes precedence over DenyOut (see netpolicy.Policy).
+type NetworkConfig struct {
+	AllowOut []string
+	DenyOut  []string
+	// AllowPublicTraffic false makes user ports require the traffic access
+	// token (header E2B-Traffic-Access-Token); nil means true.
+	AllowPublicTraffic *bool
+}
+
+// NetworkUpdate is E2B's SandboxNetworkUpdateConfig: it replaces the egress
+// rules of a running sandbox.
+type NetworkUpdate struct {
+	AllowOut            []string
+	DenyOut             []string
+	AllowInternetAccess *bool
 }
 
 // CreateRequest is what a client asks for.
@@ -48,6 +77,8 @@ type CreateRequest struct {
 	Metadata            map[string]string
 	EnvVars             map[string]string
 	AllowInternetAccess *bool
+	// Network is optional; nil means no rules beyond AllowInternetAccess.
+	Network *NetworkConfig
 	// Secure asks for an envd access token. The v2 create path always sets it.
 	Secure bool
 	// Owner is who asks (a digest of the API key); Options.MaxPerOwner counts by it.

@@ -5,15 +5,18 @@ package server
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envd"
 )
@@ -25,7 +28,15 @@ type Sandboxes interface {
 	EnvdTransport(id string) (http.RoundTripper, error)
 	// MatchToken returns the running sandboxes whose access token accept takes.
 	MatchToken(accept func(token string) bool) []string
+	// UserPortTarget returns the address a running sandbox's user ports are
+	// reached at (invalid when it has no network) and the traffic access
+	// token they require ("" for none).
+	UserPortTarget(id string) (netip.Addr, string, error)
 }
+
+// trafficTokenHeader carries the traffic access token of a sandbox created
+// with network.allowPublicTraffic=false.
+const trafficTokenHeader = "E2b-Traffic-Access-Token"
 
 var validID = regexp.MustCompile(`^[a-z0-9]+$`)
 
@@ -43,6 +54,9 @@ type Proxy struct {
 	sandboxes Sandboxes
 	log       *slog.Logger
 	rp        *httputil.ReverseProxy
+	// ports reaches user ports over the sandbox network: one dialer for all
+	// sandboxes, since the address is in each request's URL.
+	ports *http.Transport
 }
 
 // NewProxy returns the sandbox-traffic handler.
@@ -51,8 +65,27 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 		log = slog.Default()
 	}
 	p := &Proxy{sandboxes: s, log: log}
+	p.ports = &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       30 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		ResponseHeaderTimeout: 0,
+	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
+			rt := r.In.Context().Value(routeKey{}).(route)
+			if rt.addr.IsValid() {
+				// A user port: the server in the sandbox sees the Host the
+				// client used (<port>-<id>.<domain>), as on E2B.
+				r.Out.URL.Scheme = "http"
+				r.Out.URL.Host = netip.AddrPortFrom(rt.addr, uint16(rt.port)).String()
+				r.Out.Host = r.In.Host
+				r.Out.Header.Del(trafficTokenHeader)
+				r.SetXForwarded()
+				return
+			}
 			r.Out.URL.Scheme = "http"
 			r.Out.URL.Host = "envd"
 			r.Out.Host = "envd"
@@ -68,7 +101,11 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			log.Debug("sandbox proxy", "sandbox", rt.id, "err", err)
+			log.Debug("sandbox proxy", "sandbox", rt.id, "port", rt.port, "err", err)
+			if rt.addr.IsValid() {
+				portClosed(w, rt.id, rt.port)
+				return
+			}
 			sandboxGone(w, rt.id)
 		},
 	}
@@ -80,6 +117,7 @@ type routeKey struct{}
 type route struct {
 	id        string
 	port      int
+	addr      netip.Addr // set for user ports
 	transport http.RoundTripper
 }
 
@@ -102,24 +140,40 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	var rt route
 	if port != envd.Port {
-		// Only envd is reachable for now; user ports need the sandbox network.
-		writeJSON(w, http.StatusBadGateway, map[string]any{
-			"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway,
-		})
-		return
-	}
-	tr, err := p.sandboxes.EnvdTransport(id)
-	if err != nil {
-		sandboxGone(w, id)
-		return
+		addr, token, err := p.sandboxes.UserPortTarget(id)
+		if err != nil {
+			sandboxGone(w, id)
+			return
+		}
+		if token != "" && !tokenEqual(r.Header.Get(trafficTokenHeader), token) {
+			writeJSON(w, http.StatusForbidden, map[string]any{
+				"sandboxId": id, "code": http.StatusForbidden,
+				"message": "missing or invalid " + trafficTokenHeader + " header: this sandbox's ports are not public",
+			})
+			return
+		}
+		if !addr.IsValid() {
+			// No sandbox network on this server: nothing can listen on it.
+			portClosed(w, id, port)
+			return
+		}
+		rt = route{id: id, port: port, addr: addr, transport: p.ports}
+	} else {
+		tr, err := p.sandboxes.EnvdTransport(id)
+		if err != nil {
+			sandboxGone(w, id)
+			return
+		}
+		rt = route{id: id, port: port, transport: tr}
 	}
 	// envd often answers (and flushes) before the proxy has forwarded the end of
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
 	// closes the request body, the transport's write to envd fails, and it
 	// closes the connection under the response still streaming back.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	ctx := context.WithValue(r.Context(), routeKey{}, route{id: id, port: port, transport: tr})
+	ctx := context.WithValue(r.Context(), routeKey{}, rt)
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -190,6 +244,18 @@ func hostOnly(hostport string) string {
 		return h
 	}
 	return hostport
+}
+
+// portClosed is the answer for a user port nothing listens on, in the shape
+// E2B's proxy gives (the SDKs show its message).
+func portClosed(w http.ResponseWriter, id string, port int) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway,
+	})
+}
+
+func tokenEqual(got, want string) bool {
+	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
 func sandboxGone(w http.ResponseWriter, id string) {

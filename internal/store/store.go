@@ -37,6 +37,17 @@ type Sandbox struct {
 	// Owner identifies the API key that created the sandbox (a digest, never
 	// the key); per-key limits count by it.
 	Owner string
+	// Network is the sandbox's network configuration (egress rules and
+	// public-traffic token), kept so a restarted server re-applies it.
+	Network Network
+}
+
+// Network is the persisted part of a sandbox's network configuration.
+type Network struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	TrafficAccessToken string   `json:"trafficAccessToken,omitempty"`
 }
 
 // Store holds sandbox records.
@@ -86,7 +97,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	memory_mb     INTEGER NOT NULL,
 	disk_size_mb  INTEGER NOT NULL,
 	allow_internet INTEGER,
-	owner         TEXT NOT NULL DEFAULT ''
+	owner         TEXT NOT NULL DEFAULT '',
+	network       TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS events (
 	sandbox_id TEXT NOT NULL,
@@ -101,6 +113,7 @@ CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, at);`
 // each is applied only when its column is missing.
 var migrations = []struct{ column, ddl string }{
 	{"owner", `ALTER TABLE sandboxes ADD COLUMN owner TEXT NOT NULL DEFAULT ''`},
+	{"network", `ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'`},
 }
 
 // OpenSQLite opens (creating if needed) the database file at path.
@@ -158,22 +171,26 @@ func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("store: env vars: %w", err)
 	}
+	netJSON, err := json.Marshal(sb.Network)
+	if err != nil {
+		return fmt.Errorf("store: network: %w", err)
+	}
 	var allow any
 	if sb.AllowInternet != nil {
 		allow = *sb.AllowInternet
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
-		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner)
+		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner, string(netJSON))
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
 	return nil
 }
 
-const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner`
+const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner, network`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -247,9 +264,10 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 		md, env        string
 		started, endAt int64
 		allow          sql.NullBool
+		netJSON        string
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
-		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner); err != nil {
+		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner, &netJSON); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
@@ -257,6 +275,9 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	}
 	if err := json.Unmarshal([]byte(env), &sb.EnvVars); err != nil {
 		return Sandbox{}, fmt.Errorf("store: env vars of %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(netJSON), &sb.Network); err != nil {
+		return Sandbox{}, fmt.Errorf("store: network of %s: %w", sb.ID, err)
 	}
 	sb.StartedAt = time.Unix(0, started)
 	sb.EndAt = time.Unix(0, endAt)

@@ -193,6 +193,15 @@ func containerConfig(spec runtime.Spec, rootfs string) (*configs.Config, error) 
 	}
 	s.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}}
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+	// Network: join the caller's prepared namespace (netns + veth, owned by the
+	// sandbox manager) instead of a new one with only loopback.
+	if spec.NetNS != "" {
+		for i := range s.Linux.Namespaces {
+			if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				s.Linux.Namespaces[i].Path = spec.NetNS
+			}
+		}
+	}
 	for _, m := range spec.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
 		if m.ReadOnly {

@@ -1,0 +1,183 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	goruntime "runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NewNetNS creates a network namespace and bind-mounts it at path, without
+// moving the calling goroutine's thread into it for longer than the unshare.
+//
+// vishvananda/netns has NewNamed, but only for /var/run/netns/<name>; the
+// namespace must live under Airlock's own state directory, so the unshare and
+// bind mount are done here.
+func NewNetNS(path string) (netns.NsHandle, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return -1, fmt.Errorf("netns mount point: %w", err)
+	}
+	f.Close()
+
+	type result struct {
+		h   netns.NsHandle
+		err error
+	}
+	done := make(chan result, 1)
+	// A dedicated, locked thread: if returning it to the host namespace fails,
+	// the goroutine exits still locked and the runtime discards the thread
+	// instead of reusing one that sits in the sandbox's namespace.
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- result{-1, fmt.Errorf("current netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- result{-1, fmt.Errorf("unshare netns: %w", err)}
+			goruntime.UnlockOSThread()
+			return
+		}
+		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		mountErr := unix.Mount(self, path, "", unix.MS_BIND, "")
+		var h netns.NsHandle = -1
+		if mountErr == nil {
+			h, mountErr = netns.GetFromPath(path)
+		}
+		if err := netns.Set(orig); err != nil {
+			// Thread stays locked and dies with the goroutine.
+			done <- result{-1, errors.Join(mountErr, fmt.Errorf("return to host netns: %w", err))}
+			return
+		}
+		goruntime.UnlockOSThread()
+		if mountErr != nil {
+			done <- result{-1, fmt.Errorf("bind netns: %w", mountErr)}
+			return
+		}
+		done <- result{h, nil}
+	}()
+	r := <-done
+	if r.err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		_ = os.Remove(path)
+	}
+	return r.h, r.err
+}
+
+// RemoveNetNS unmounts and removes a namespace bind mount; the namespace dies
+// with its last user (the sandbox's processes are gone by then).
+func RemoveNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
+}
+
+// link describes one sandbox's point-to-point link: a /30 whose first host
+// address is the host side (the sandbox's gateway and DNS server) and second
+// the sandbox's eth0.
+type link struct {
+	hostIf  string
+	gateway netip.Addr
+	addr    netip.Addr
+	bits    int
+}
+
+// setupLink creates the veth pair with its peer already inside ns as eth0,
+// addresses both ends, brings lo, eth0 and the host side up, and routes the
+// sandbox's default traffic to the host side. Everything goes over netlink.
+func setupLink(ns netns.NsHandle, l link) error {
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: l.hostIf},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth %s: %w", l.hostIf, err)
+	}
+	host, err := netlink.LinkByName(l.hostIf)
+	if err != nil {
+		return fmt.Errorf("veth %s: %w", l.hostIf, err)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(l.gateway, l.bits)}); err != nil {
+		return fmt.Errorf("address %s on %s: %w", l.gateway, l.hostIf, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("up %s: %w", l.hostIf, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in sandbox netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("sandbox lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("sandbox lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("sandbox eth0: %w", err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(l.addr, l.bits)}); err != nil {
+		return fmt.Errorf("sandbox address %s: %w", l.addr, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("sandbox eth0 up: %w", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(l.gateway.AsSlice())}); err != nil {
+		return fmt.Errorf("sandbox default route: %w", err)
+	}
+	return nil
+}
+
+// deleteLink removes the host side of a veth pair (the peer goes with it). A
+// link that is already gone is not an error.
+func deleteLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("find veth %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("delete veth %s: %w", name, err)
+	}
+	return nil
+}
+
+func ipNet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// linkGateway returns the IPv4 address on a host-side link inside cidr, if any;
+// Airlock uses it to rebuild its address allocation after a restart from the
+// kernel's state rather than from a file that could go stale.
+func linkGateway(l netlink.Link, cidr netip.Prefix) (netip.Addr, bool) {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && cidr.Contains(ip) {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,250 @@
+// Package netpolicytest builds a stand-in "internet" for network tests: a
+// network namespace the test owns, joined to the host by a veth, holding
+// addresses from the documentation ranges (TEST-NET-2 198.51.100.0/24 and
+// TEST-NET-3 203.0.113.0/24, which no real network routes) with a web server
+// and a DNS server in it. Traffic never leaves the machine.
+package netpolicytest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	goruntime "runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+)
+
+// Addresses of the stand-in internet. Every web server answers
+// "hello from <its address>".
+var (
+	HostSide = netip.MustParseAddr("198.51.100.1")  // the host's end of the link
+	Web1     = netip.MustParseAddr("198.51.100.10") // web server
+	Web2     = netip.MustParseAddr("198.51.100.20") // web server
+	Allowed  = netip.MustParseAddr("203.0.113.10")  // allowed.test
+	Blocked  = netip.MustParseAddr("203.0.113.20")  // blocked.test
+	DNS      = netip.MustParseAddr("203.0.113.53")  // authoritative for *.test
+	Metadata = netip.MustParseAddr("169.254.77.77") // a cloud-metadata look-alike
+)
+
+// Names the DNS server answers (TTL 60 s).
+var Names = map[string]netip.Addr{
+	"allowed.test.":     Allowed,
+	"www.allowed.test.": Allowed,
+	"blocked.test.":     Blocked,
+}
+
+// Internet is a running stand-in internet.
+type Internet struct {
+	HostIf  string
+	nsPath  string
+	closers []func()
+
+	mu      sync.Mutex
+	udpSeen map[string][]netip.Addr // payload -> source addresses it arrived from
+}
+
+// UDPSink is where the stand-in internet records UDP datagrams: each payload
+// with the source address it arrived from (after the host's masquerade).
+var UDPSink = netip.AddrPortFrom(Web1, 9999)
+
+// UDPFrom returns the source addresses a payload arrived from at UDPSink.
+func (in *Internet) UDPFrom(payload string) []netip.Addr {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]netip.Addr(nil), in.udpSeen[payload]...)
+}
+
+// DNSUpstream is the "ip:port" of the stand-in's DNS server.
+func (in *Internet) DNSUpstream() string { return netip.AddrPortFrom(DNS, 53).String() }
+
+// Start creates the stand-in internet; everything is removed at test cleanup,
+// also when the test fails half-way.
+func Start(t *testing.T) *Internet {
+	t.Helper()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	in := &Internet{HostIf: "lkn" + hex.EncodeToString(b), nsPath: filepath.Join(t.TempDir(), "internet")}
+	t.Cleanup(in.close)
+	ns, err := netpolicy.NewNetNS(in.nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.closers = append(in.closers, func() { _ = netpolicy.RemoveNetNS(in.nsPath) })
+	defer ns.Close()
+	if err := in.link(ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.serve(ns); err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func (in *Internet) close() {
+	for i := len(in.closers) - 1; i >= 0; i-- {
+		in.closers[i]()
+	}
+	in.closers = nil
+}
+
+func (in *Internet) link(ns netns.NsHandle) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: in.HostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("internet veth: %w", err)
+	}
+	in.closers = append(in.closers, func() {
+		if l, err := netlink.LinkByName(in.HostIf); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	host, err := netlink.LinkByName(in.HostIf)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: prefixNet("198.51.100.1/24")}); err != nil {
+		return fmt.Errorf("internet host address: %w", err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return err
+	}
+	// The second range and the metadata address sit behind the first.
+	for _, dst := range []string{"203.0.113.0/24", "169.254.77.77/32"} {
+		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: prefixNet(dst), Gw: net.IP(Web1.AsSlice())}
+		if err := netlink.RouteAdd(r); err != nil {
+			return fmt.Errorf("route %s: %w", dst, err)
+		}
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	lo, _ := h.LinkByName("lo")
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	for _, a := range []string{"198.51.100.10/24", "198.51.100.20/24", "203.0.113.10/24", "203.0.113.20/24", "203.0.113.53/24", "169.254.77.77/32"} {
+		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(a)}); err != nil {
+			return fmt.Errorf("internet address %s: %w", a, err)
+		}
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return err
+	}
+	return h.LinkSetUp(eth)
+}
+
+func prefixNet(s string) *net.IPNet {
+	p := netip.MustParsePrefix(s)
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), 32)}
+}
+
+// serve opens the servers' sockets inside the namespace (from a locked thread
+// switched into it; sockets stay in the namespace they were made in) and
+// serves them from ordinary goroutines.
+func (in *Internet) serve(ns netns.NsHandle) error {
+	type socks struct {
+		udp    net.PacketConn
+		web    net.Listener
+		dnsUDP net.PacketConn
+		dnsTCP net.Listener
+		err    error
+	}
+	ch := make(chan socks, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			ch <- socks{err: err}
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			ch <- socks{err: err}
+			goruntime.UnlockOSThread()
+			return
+		}
+		var s socks
+		s.web, s.err = net.Listen("tcp4", "0.0.0.0:80")
+		if s.err == nil {
+			s.udp, s.err = net.ListenPacket("udp4", UDPSink.String())
+		}
+		if s.err == nil {
+			s.dnsUDP, s.err = net.ListenPacket("udp4", DNS.String()+":53")
+		}
+		if s.err == nil {
+			s.dnsTCP, s.err = net.Listen("tcp4", DNS.String()+":53")
+		}
+		if err := netns.Set(orig); err != nil {
+			s.err = errors.Join(s.err, err)
+			ch <- s
+			return // the thread stays locked and is discarded
+		}
+		goruntime.UnlockOSThread()
+		ch <- s
+	}()
+	s := <-ch
+	if s.err != nil {
+		return fmt.Errorf("internet servers: %w", s.err)
+	}
+	web := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		host, _, _ := net.SplitHostPort(local.String())
+		fmt.Fprintf(w, "hello from %s\n", host)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = web.Serve(s.web) }()
+	in.udpSeen = map[string][]netip.Addr{}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := s.udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			src, _ := netip.AddrFromSlice(from.(*net.UDPAddr).IP.To4())
+			in.mu.Lock()
+			in.udpSeen[string(buf[:n])] = append(in.udpSeen[string(buf[:n])], src)
+			in.mu.Unlock()
+		}
+	}()
+	in.closers = append(in.closers, func() { _ = s.udp.Close() })
+	in.closers = append(in.closers, func() { _ = web.Shutdown(context.Background()); _ = web.Close() })
+
+	mux := dns.NewServeMux()
+	mux.HandleFunc("test.", func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		m.Authoritative = true
+		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
+			if a, ok := Names[dns.CanonicalName(q.Question[0].Name)]; ok {
+				m.Answer = append(m.Answer, &dns.A{
+					Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+					A:   net.IP(a.AsSlice()),
+				})
+			} else {
+				m.Rcode = dns.RcodeNameError
+			}
+		}
+		_ = w.WriteMsg(m)
+	})
+	udp := &dns.Server{PacketConn: s.dnsUDP, Handler: mux}
+	tcp := &dns.Server{Listener: s.dnsTCP, Handler: mux}
+	go func() { _ = udp.ActivateAndServe() }()
+	go func() { _ = tcp.ActivateAndServe() }()
+	in.closers = append(in.closers, func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
+	return nil
+}

@@ -1,0 +1,595 @@
+// Package netpolicy gives every sandbox its own network: a network namespace
+// bind-mounted under Airlock's state directory, a veth pair (host side
+// "<prefix><id[:12]>", sandbox side eth0) on a /30 of a private range, Airlock's
+// nftables table (isolation from the host and from other sandboxes, masquerade,
+// per-sandbox egress policy) and a filtering DNS forwarder that opens the
+// addresses of allowed domains as the sandbox resolves them.
+//
+// The sandbox manager calls Setup before the runtime creates the sandbox (the
+// runtime joins Sandbox.NetNS), Teardown after the runtime destroyed it, Adopt
+// for sandboxes that survived a server restart, and Update to change a running
+// sandbox's policy. Everything is done over netlink and nftables' netlink API;
+// no `ip` or `nft` process is run.
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
+)
+
+// Config configures a Network.
+type Config struct {
+	// CIDR is the private IPv4 range sandboxes get their /30s from.
+	CIDR netip.Prefix
+	// StateDir holds one directory per sandbox: the netns bind mount and the
+	// resolv.conf and hosts files bound into the sandbox.
+	StateDir string
+	// Table is the nftables table (family inet) Airlock owns; default "airlock".
+	Table string
+	// IfPrefix starts every host-side veth name; default "alk". It must be
+	// unique to this Airlock instance: the firewall matches interfaces by it.
+	IfPrefix string
+	// DNSUpstreams are the "ip:port" servers the forwarder asks; default the
+	// host's /etc/resolv.conf nameservers.
+	DNSUpstreams []string
+	// DNSListen is where the forwarder listens (UDP and TCP); default
+	// "0.0.0.0:0" (a free port). Sandboxes' DNS to their gateway's port 53 is
+	// redirected there; a query from any other source is REFUSED.
+	DNSListen string
+	// NoEgress drops every packet a sandbox sends beyond the host, whatever
+	// its policy (the host itself stays unreachable as always). Serve sets it
+	// when sandbox egress is off, which also leaves ip_forward alone.
+	NoEgress bool
+	Logger   *slog.Logger
+}
+
+// Sandbox is one sandbox's network, as the runtime needs it.
+type Sandbox struct {
+	ID      string
+	NetNS   string     // bind-mounted namespace to join
+	Addr    netip.Addr // the sandbox's eth0 address
+	Gateway netip.Addr // host side: default route and DNS server
+	// ResolvConf and Hosts are host files to bind read-only over /etc/resolv.conf
+	// and /etc/hosts.
+	ResolvConf string
+	Hosts      string
+}
+
+// Timings of the last Setup and Teardown, for the bench.
+type Timings struct {
+	Setup, Teardown time.Duration
+}
+
+// Network manages sandbox networks for one Airlock server.
+type Network struct {
+	cfg  Config
+	log  *slog.Logger
+	fw   *firewall
+	dns  *dnsfilter.Server
+	port uint16
+
+	mu    sync.Mutex
+	slots map[int]string // slot index -> sandbox id ("" while reserved by the kernel state)
+	sbx   map[string]*state
+	byIP  map[netip.Addr]*state
+	last  Timings
+}
+
+// state is what the Network keeps per sandbox.
+type state struct {
+	Sandbox
+	slot    int
+	hostIf  string
+	policy  Policy
+	c       compiled
+	learned map[netip.Addr]learned
+}
+
+type learned struct {
+	name    string
+	expires time.Time
+}
+
+const slotSize = 4 // a /30: network, gateway, sandbox, broadcast
+
+// minLearnTTL keeps a DNS-learned address open at least this long: answers
+// with a TTL of 0 or a few seconds would otherwise close before the client
+// that asked has connected.
+const minLearnTTL = 30 * time.Second
+
+// New installs the nftables table (replacing one a previous run left), starts
+// the DNS forwarder and reads which addresses live sandboxes already hold.
+func New(cfg Config) (*Network, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Table == "" {
+		cfg.Table = "airlock"
+	}
+	if cfg.IfPrefix == "" {
+		cfg.IfPrefix = "alk"
+	}
+	if len(cfg.IfPrefix) > 3 {
+		return nil, fmt.Errorf("netpolicy: interface prefix %q is longer than 3 characters", cfg.IfPrefix)
+	}
+	if !cfg.CIDR.IsValid() || !cfg.CIDR.Addr().Is4() || cfg.CIDR.Bits() > 30 {
+		return nil, fmt.Errorf("netpolicy: sandbox CIDR %s must be an IPv4 range of /30 or larger", cfg.CIDR)
+	}
+	cfg.CIDR = cfg.CIDR.Masked()
+	if cfg.DNSListen == "" {
+		cfg.DNSListen = "0.0.0.0:0"
+	}
+	if len(cfg.DNSUpstreams) == 0 {
+		ups, err := HostNameservers("/etc/resolv.conf")
+		if err != nil {
+			return nil, err
+		}
+		cfg.DNSUpstreams = ups
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("netpolicy: state dir: %w", err)
+	}
+	n := &Network{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		slots: map[int]string{},
+		sbx:   map[string]*state{},
+		byIP:  map[netip.Addr]*state{},
+	}
+	pc, l, err := listenDNS(cfg.DNSListen)
+	if err != nil {
+		return nil, err
+	}
+	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
+	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.NoEgress)
+	if err != nil {
+		pc.Close()
+		l.Close()
+		return nil, err
+	}
+	n.dns = dnsfilter.New(dnsfilter.Config{
+		Upstreams: cfg.DNSUpstreams,
+		Lookup:    n.dnsRules,
+		OnAnswer:  n.onAnswer,
+	})
+	go func() {
+		if err := n.dns.Serve(pc, l); err != nil {
+			n.log.Debug("dns forwarder stopped", "err", err)
+		}
+	}()
+	n.scanSlots()
+	return n, nil
+}
+
+// listenDNS binds UDP and TCP on the same port: the firewall redirects both
+// protocols to one port number.
+func listenDNS(addr string) (net.PacketConn, net.Listener, error) {
+	var lastErr error
+	for range 10 {
+		pc, err := net.ListenPacket("udp4", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("netpolicy: dns listen %s: %w", addr, err)
+		}
+		l, err := net.Listen("tcp4", pc.LocalAddr().String())
+		if err == nil {
+			return pc, l, nil
+		}
+		pc.Close()
+		lastErr = err
+		if !strings.HasSuffix(addr, ":0") {
+			break
+		}
+	}
+	return nil, nil, fmt.Errorf("netpolicy: dns listen tcp: %w", lastErr)
+}
+
+// HostNameservers reads the nameserver lines of a resolv.conf as "ip:53".
+func HostNameservers(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: dns upstreams: %w", err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a.WithZone(""), 53).String())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("netpolicy: no nameserver in %s; set the DNS upstreams explicitly", path)
+	}
+	return out, nil
+}
+
+// scanSlots marks the /30s that host-side links in the kernel already use
+// (sandboxes that outlived a previous server), so that allocation survives a
+// restart without a file that could disagree with the kernel.
+func (n *Network) scanSlots() {
+	links, err := netlink.LinkList()
+	if err != nil {
+		n.log.Warn("netpolicy: list links", "err", err)
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, l := range links {
+		if gw, ok := linkGateway(l, n.cfg.CIDR); ok {
+			n.slots[n.slotOf(gw)] = ""
+		}
+	}
+}
+
+// kernelSlots returns the slots whose addresses are on some host interface.
+func (n *Network) kernelSlots() map[int]bool {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	out := map[int]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && n.cfg.CIDR.Contains(ip) {
+			out[n.slotOf(ip)] = true
+		}
+	}
+	return out
+}
+
+func (n *Network) slotOf(a netip.Addr) int {
+	return int((addrU32(a) - addrU32(n.cfg.CIDR.Addr())) / slotSize)
+}
+
+func (n *Network) slotAddrs(slot int) (gw, sbx netip.Addr) {
+	base := addrU32(n.cfg.CIDR.Addr()) + uint32(slot*slotSize)
+	return u32Addr(base + 1), u32Addr(base + 2)
+}
+
+// DNSPort is the port the forwarder listens on.
+func (n *Network) DNSPort() uint16 { return n.port }
+
+// HostIf returns the host-side interface name of a sandbox.
+func (n *Network) HostIf(id string) string {
+	if len(id) > 12 {
+		id = id[:12]
+	}
+	return n.cfg.IfPrefix + id
+}
+
+func (n *Network) dir(id string) string { return filepath.Join(n.cfg.StateDir, id) }
+
+// Setup creates a sandbox's network with its initial policy.
+func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error) {
+	c, err := p.compile()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}}
+	st.ID = id
+	// Addresses the kernel already has in the range (another server
+	// misconfigured onto the same range, or links this one does not know)
+	// are skipped: a duplicate gateway would misroute both sandboxes.
+	taken := n.kernelSlots()
+	n.mu.Lock()
+	st.slot = -1
+	for i := 0; i < (1<<(32-n.cfg.CIDR.Bits()))/slotSize; i++ {
+		if _, used := n.slots[i]; !used && !taken[i] {
+			st.slot = i
+			n.slots[i] = id
+			break
+		}
+	}
+	n.mu.Unlock()
+	if st.slot < 0 {
+		return nil, fmt.Errorf("netpolicy: no free address in %s", n.cfg.CIDR)
+	}
+	st.Gateway, st.Addr = n.slotAddrs(st.slot)
+	dir := n.dir(id)
+	st.NetNS = filepath.Join(dir, "netns")
+	st.ResolvConf = filepath.Join(dir, "resolv.conf")
+	st.Hosts = filepath.Join(dir, "hosts")
+	fail := func(err error) (*Sandbox, error) {
+		_ = n.teardown(st)
+		return nil, fmt.Errorf("netpolicy: sandbox %s: %w", id, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(err)
+	}
+	if err := n.writeFiles(st); err != nil {
+		return fail(err)
+	}
+	ns, err := NewNetNS(st.NetNS)
+	if err != nil {
+		return fail(err)
+	}
+	err = setupLink(ns, link{hostIf: st.hostIf, gateway: st.Gateway, addr: st.Addr, bits: 30})
+	ns.Close()
+	if err != nil {
+		return fail(err)
+	}
+	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
+		return fail(err)
+	}
+	n.mu.Lock()
+	n.sbx[id] = st
+	n.byIP[st.Addr] = st
+	n.last.Setup = time.Since(start)
+	n.mu.Unlock()
+	out := st.Sandbox
+	return &out, nil
+}
+
+// writeFiles writes the resolv.conf (the gateway is the DNS server) and hosts
+// files the sandbox sees read-only.
+func (n *Network) writeFiles(st *state) error {
+	resolv := fmt.Sprintf("# Airlock: DNS goes through the sandbox's gateway\nnameserver %s\noptions edns0\n", st.Gateway)
+	if err := os.WriteFile(st.ResolvConf, []byte(resolv), 0o644); err != nil {
+		return err
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\tairlock\n", st.Addr)
+	return os.WriteFile(st.Hosts, []byte(hosts), 0o644)
+}
+
+// Adopt takes back a sandbox that survived a server restart: its netns and
+// veth are still there; the firewall state (rebuilt empty by New) is
+// reinstalled with the policy the caller persisted.
+func (n *Network) Adopt(id string, p Policy) (*Sandbox, error) {
+	c, err := p.compile()
+	if err != nil {
+		return nil, err
+	}
+	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}}
+	st.ID = id
+	dir := n.dir(id)
+	st.NetNS = filepath.Join(dir, "netns")
+	st.ResolvConf = filepath.Join(dir, "resolv.conf")
+	st.Hosts = filepath.Join(dir, "hosts")
+	l, err := netlink.LinkByName(st.hostIf)
+	if err != nil {
+		return nil, fmt.Errorf("netpolicy: adopt %s: %w", id, err)
+	}
+	gw, ok := linkGateway(l, n.cfg.CIDR)
+	if !ok {
+		return nil, fmt.Errorf("netpolicy: adopt %s: %s has no address in %s", id, st.hostIf, n.cfg.CIDR)
+	}
+	st.slot = n.slotOf(gw)
+	st.Gateway, st.Addr = n.slotAddrs(st.slot)
+	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	n.slots[st.slot] = id
+	n.sbx[id] = st
+	n.byIP[st.Addr] = st
+	n.mu.Unlock()
+	out := st.Sandbox
+	return &out, nil
+}
+
+// Update replaces a running sandbox's policy atomically. Addresses learned
+// from DNS stay open only while their domain is still allowed.
+func (n *Network) Update(id string, p Policy) error {
+	c, err := p.compile()
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	st, ok := n.sbx[id]
+	if !ok {
+		n.mu.Unlock()
+		return fmt.Errorf("netpolicy: no network for sandbox %s", id)
+	}
+	var keep []learnedElem
+	now := time.Now()
+	for a, l := range st.learned {
+		if l.expires.After(now) && matchDomain(c.allowDomains, l.name) {
+			keep = append(keep, learnedElem{a, l.expires})
+		} else {
+			delete(st.learned, a)
+		}
+	}
+	st.policy, st.c = p, c
+	n.mu.Unlock()
+	return n.fw.updateSandbox(id, c, keep)
+}
+
+// Policy returns a sandbox's current policy.
+func (n *Network) Policy(id string) (Policy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st, ok := n.sbx[id]
+	if !ok {
+		return Policy{}, false
+	}
+	return st.policy, true
+}
+
+// Addr returns the sandbox's address, which the host (the proxy) dials for user
+// ports.
+func (n *Network) Addr(id string) (netip.Addr, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st, ok := n.sbx[id]
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return st.Addr, true
+}
+
+// Teardown removes a sandbox's firewall state, veth, netns and files. Call it
+// after the runtime destroyed the sandbox. It takes tens of milliseconds (the
+// veth delete waits for an RCU grace period), so callers run it off the
+// request path.
+func (n *Network) Teardown(id string) error {
+	n.mu.Lock()
+	st, ok := n.sbx[id]
+	n.mu.Unlock()
+	if !ok {
+		// Unknown (e.g. a leftover after a crash): clean what the kernel and
+		// the state directory still hold under this id.
+		st = &state{hostIf: n.HostIf(id), slot: -1}
+		st.ID = id
+		st.NetNS = filepath.Join(n.dir(id), "netns")
+	}
+	start := time.Now()
+	err := n.teardown(st)
+	n.mu.Lock()
+	n.last.Teardown = time.Since(start)
+	n.mu.Unlock()
+	return err
+}
+
+func (n *Network) teardown(st *state) error {
+	var errs []error
+	if st.Addr.IsValid() {
+		if err := n.fw.removeSandbox(st.ID, st.Addr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := deleteLink(st.hostIf); err != nil {
+		errs = append(errs, err)
+	}
+	if st.NetNS != "" {
+		if err := RemoveNetNS(st.NetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(n.dir(st.ID)); err != nil {
+		errs = append(errs, err)
+	}
+	n.mu.Lock()
+	if cur, ok := n.sbx[st.ID]; ok && cur == st {
+		delete(n.sbx, st.ID)
+		delete(n.byIP, st.Addr)
+	}
+	if st.slot >= 0 && n.slots[st.slot] == st.ID {
+		delete(n.slots, st.slot)
+	}
+	n.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Sweep tears down every network in the state directory whose sandbox is not
+// in keep (leftovers of sandboxes that died while no server ran). Only this
+// instance's state directory is looked at, never other interfaces.
+func (n *Network) Sweep(keep map[string]bool) {
+	dirs, _ := os.ReadDir(n.cfg.StateDir)
+	for _, d := range dirs {
+		if !d.IsDir() || keep[d.Name()] {
+			continue
+		}
+		n.mu.Lock()
+		_, live := n.sbx[d.Name()]
+		n.mu.Unlock()
+		if live {
+			continue
+		}
+		n.log.Info("netpolicy: removing leftover sandbox network", "id", d.Name())
+		if err := n.Teardown(d.Name()); err != nil {
+			n.log.Warn("netpolicy: leftover network", "id", d.Name(), "err", err)
+		}
+	}
+	n.scanSlots()
+}
+
+// LastTimings reports the duration of the most recent Setup and Teardown.
+func (n *Network) LastTimings() Timings {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last
+}
+
+// Close stops the DNS forwarder. The nftables table stays: sandboxes that keep
+// running after the server stops keep their isolation and policy.
+func (n *Network) Close() error {
+	return n.dns.Close()
+}
+
+// RemoveTable deletes Airlock's nftables table; for tests and for a server
+// that killed all its sandboxes.
+func (n *Network) RemoveTable() error { return n.fw.remove() }
+
+// dnsRules is the forwarder's view of a sandbox's policy, by source address.
+// With ALL_TRAFFIC denied only allowOut domains resolve; otherwise every name
+// resolves and only allowOut domains' answers open the firewall (see
+// dnsfilter.Rules).
+func (n *Network) dnsRules(src netip.Addr) (dnsfilter.Rules, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st, ok := n.byIP[src.Unmap()]
+	if !ok {
+		return dnsfilter.Rules{}, false
+	}
+	denyAll := false
+	for _, d := range st.c.denyNets {
+		denyAll = denyAll || d.Bits() == 0
+	}
+	return dnsfilter.Rules{Allow: append([]string(nil), st.c.allowDomains...), DenyAll: denyAll}, true
+}
+
+// onAnswer opens the answered addresses of an allowed domain for the sandbox
+// before the forwarder releases the answer, so the connection that follows the
+// lookup is not dropped.
+func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) error {
+	ttl = max(ttl, minLearnTTL)
+	n.mu.Lock()
+	st, ok := n.byIP[src.Unmap()]
+	if !ok || !matchDomain(st.c.allowDomains, name) {
+		n.mu.Unlock()
+		return nil
+	}
+	now := time.Now()
+	expires := now.Add(ttl)
+	if len(st.learned) > 4096 {
+		// Forget what the kernel has already expired, so a sandbox resolving
+		// many names does not grow this map without bound.
+		for a, l := range st.learned {
+			if !l.expires.After(now) {
+				delete(st.learned, a)
+			}
+		}
+	}
+	var add []learnedElem
+	var present []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			continue
+		}
+		if old, ok := st.learned[a]; ok && old.expires.After(expires) {
+			continue
+		} else if ok && old.expires.After(now) {
+			// Re-adding an element does not restart its timeout; delete and
+			// add it in one transaction instead.
+			present = append(present, a)
+		}
+		st.learned[a] = learned{name: strings.TrimSuffix(strings.ToLower(name), "."), expires: expires}
+		add = append(add, learnedElem{a, expires})
+	}
+	id := st.ID
+	n.mu.Unlock()
+	if len(add) == 0 {
+		return nil
+	}
+	err := n.fw.learn(id, add, present)
+	if err != nil && len(present) > 0 {
+		// An element expired in the kernel between our check and the delete.
+		err = n.fw.learn(id, add, nil)
+	}
+	return err
+}
