@@ -20,7 +20,9 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower: lower,
+		Lower:  lower,
+		Caps:   linux.Capabilities,
+		UIDMap: "0 100000 65536",
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
