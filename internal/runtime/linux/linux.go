@@ -9,7 +9,7 @@
 //
 //	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes),
 //	                         owned by the sandbox's mapped root
-//	<rootfsDir>/<id>         the overlay mount point, pivot_root'ed into
+//	<rootfsDir>/<key>-<id>   the overlay mount point, pivot_root'ed into
 //	                         (see Options.RootfsDir for why it is not in Spec.Dir)
 //	<stateRoot>/<id>/        libcontainer's state (survives our restarts)
 //	<stateRoot>/.idmap/      idmapped views of templates (see idmapStore)
@@ -84,6 +84,9 @@ type Runtime struct {
 	ids       IDMap
 	idmaps    *idmapStore
 	rootfsDir string
+	// rootfsKey tells apart the roots of backends with different state dirs
+	// (a daemon and test processes) in one RootfsDir.
+	rootfsKey string
 }
 
 // Options configure a backend beyond its state directory.
@@ -97,8 +100,8 @@ type Options struct {
 	// way to a root must be searchable by the sandbox's mapped root, an
 	// unprivileged host uid: libcontainer's init resolves the path from inside
 	// the user namespace. Data directories are usually private (0700), so the
-	// roots live apart, under directories made 0711 (search without listing).
-	// Empty means /run/airlock-rootfs/<hash of the state dir>.
+	// roots live apart, in a directory made 0711 (search without listing),
+	// as <hash of the state dir>-<id>. Empty means /run/airlock-rootfs.
 	RootfsDir string
 }
 
@@ -125,24 +128,23 @@ func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime,
 	}
 	rootfsDir := opts.RootfsDir
 	if rootfsDir == "" {
-		abs, err := filepath.Abs(stateRoot)
-		if err != nil {
-			return nil, fmt.Errorf("linux runtime: state dir: %w", err)
-		}
-		h := sha256.Sum256([]byte(abs))
-		rootfsDir = filepath.Join("/run/airlock-rootfs", hex.EncodeToString(h[:6]))
+		rootfsDir = "/run/airlock-rootfs"
 	}
-	for _, d := range []string{filepath.Dir(rootfsDir), rootfsDir} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
-			return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
-		}
-		if err := os.Chmod(d, 0o711); err != nil {
-			return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
-		}
+	if err := os.MkdirAll(rootfsDir, 0o711); err != nil {
+		return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
 	}
+	if err := os.Chmod(rootfsDir, 0o711); err != nil {
+		return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
+	}
+	abs, err := filepath.Abs(stateRoot)
+	if err != nil {
+		return nil, fmt.Errorf("linux runtime: state dir: %w", err)
+	}
+	h := sha256.Sum256([]byte(abs))
 	return &Runtime{
 		stateRoot: stateRoot, log: log, ids: ids, rootfsDir: rootfsDir,
-		idmaps: &idmapStore{dir: filepath.Join(stateRoot, ".idmap"), m: ids},
+		rootfsKey: hex.EncodeToString(h[:6]),
+		idmaps:    &idmapStore{dir: filepath.Join(stateRoot, ".idmap"), m: ids},
 	}, nil
 }
 
@@ -154,7 +156,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 		return nil, errors.New("linux runtime: spec needs ID, Dir, Lower and Init.Args")
 	}
 	s := &sandbox{
-		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, spec.ID),
+		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, r.rootfsKey+"-"+spec.ID),
 		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps,
 	}
 	defer func() {
