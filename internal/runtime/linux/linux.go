@@ -175,6 +175,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if err := r.chownWritableMounts(spec.Mounts); err != nil {
 		return nil, err
 	}
+	if spec.NetNS != "" {
+		if err := prepareNetNS(spec.NetNS, spec.Dir); err != nil {
+			return nil, fmt.Errorf("linux runtime: %w", err)
+		}
+	}
 	cfg, err := containerConfig(spec, s.rootfs, r.ids)
 	if err != nil {
 		return nil, err
@@ -365,6 +370,11 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Conf
 		specs.LinuxNamespace{Type: specs.UserNamespace})
 	idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.HostID, Size: ids.Size}}
 	s.Linux.UIDMappings, s.Linux.GIDMappings = idm, idm
+	// Network: join the caller's prepared namespace (netns + veth, owned by the
+	// sandbox manager) instead of a new one with only loopback.
+	if spec.NetNS != "" {
+		joinNetNS(s, spec.NetNS, spec.Dir)
+	}
 	for _, m := range spec.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
 		if m.ReadOnly {
@@ -609,6 +619,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		if err := os.Remove(s.rootfs); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", s.rootfs, err))
 		}
+	}
+	if err := mountutil.Unmount(sysfsMountPoint(s.dir)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := s.idmaps.release(s.lower, s.id); err != nil {
 		errs = append(errs, err)
