@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -119,8 +121,10 @@ func (s *idmapStore) release(target, id string) error {
 	}
 	defer unlock()
 	refs := target + ".refs"
-	if err := os.Remove(filepath.Join(refs, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("idmap ref: %w", err)
+	if id != "" {
+		if err := os.Remove(filepath.Join(refs, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("idmap ref: %w", err)
+		}
 	}
 	if left, err := os.ReadDir(refs); err == nil && len(left) > 0 {
 		return nil
@@ -133,6 +137,53 @@ func (s *idmapStore) release(target, id string) error {
 		return fmt.Errorf("idmap mount point: %w", err)
 	}
 	return nil
+}
+
+// prune drops the refs of sandboxes that have no container state (a Create
+// that crashed before libcontainer wrote it) and releases views nobody holds.
+// Refs younger than a minute are kept: their Create may still be running.
+func (s *idmapStore) prune(stateRoot string) error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("idmap dir: %w", err)
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return err
+	}
+	var idle []string
+	for _, e := range entries {
+		refs, ok := strings.CutSuffix(e.Name(), ".refs")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		ids, _ := os.ReadDir(filepath.Join(s.dir, e.Name()))
+		left := 0
+		for _, id := range ids {
+			info, err := id.Info()
+			_, stateErr := os.Stat(filepath.Join(stateRoot, id.Name()))
+			if err == nil && errors.Is(stateErr, os.ErrNotExist) && time.Since(info.ModTime()) > time.Minute {
+				_ = os.Remove(filepath.Join(s.dir, e.Name(), id.Name()))
+				continue
+			}
+			left++
+		}
+		if left == 0 {
+			idle = append(idle, refs)
+		}
+	}
+	unlock()
+	var errs []error
+	for _, k := range idle {
+		// release with an id that holds no ref: unmounts if still unused.
+		if err := s.release(filepath.Join(s.dir, k), ""); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // mountIDMapped makes target a read-only clone of lower whose files appear

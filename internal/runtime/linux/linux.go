@@ -141,10 +141,14 @@ func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime,
 		return nil, fmt.Errorf("linux runtime: state dir: %w", err)
 	}
 	h := sha256.Sum256([]byte(abs))
+	idmaps := &idmapStore{dir: filepath.Join(stateRoot, ".idmap"), m: ids}
+	if err := idmaps.prune(stateRoot); err != nil {
+		log.Warn("linux runtime: pruning idmapped template views", "err", err)
+	}
 	return &Runtime{
 		stateRoot: stateRoot, log: log, ids: ids, rootfsDir: rootfsDir,
 		rootfsKey: hex.EncodeToString(h[:6]),
-		idmaps:    &idmapStore{dir: filepath.Join(stateRoot, ".idmap"), m: ids},
+		idmaps:    idmaps,
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -169,5 +170,89 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	}
 	if m := mountutil.MountedUnder(spec.Dir); len(m) > 0 {
 		t.Errorf("mounts left after Destroy: %v", m)
+	}
+}
+
+// TestIDMappedTemplateShared: sandboxes of one template share one idmapped view
+// of it, which the last Destroy releases; a ref left by a crashed Create is
+// pruned by the next backend start.
+func TestIDMappedTemplateShared(t *testing.T) {
+	testenv.NeedRoot(t)
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	state := filepath.Join(base, "state")
+	r, err := linux.New(state, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := func() int { return len(mountutil.MountedUnder(filepath.Join(state, ".idmap"))) }
+	var sbs []runtime.Sandbox
+	for i := range 2 {
+		id := fmt.Sprintf("idm%d%d", time.Now().UnixNano()%1e9, i)
+		sb, err := r.Create(context.Background(), runtime.Spec{
+			ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
+			Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+		sbs = append(sbs, sb)
+	}
+	if n := views(); n != 1 {
+		t.Fatalf("%d idmapped views for one template, want 1", n)
+	}
+	if err := sbs[0].Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 1 {
+		t.Fatalf("the view went away while a sandbox still uses the template (%d)", n)
+	}
+	if err := sbs[1].Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 0 {
+		t.Fatalf("%d idmapped views left after the last sandbox", n)
+	}
+
+	// A crashed Create: a view and a ref, but no container state.
+	sb, err := r.Create(context.Background(), runtime.Spec{
+		ID: "idmcrash", Hostname: "c", Lower: lower, Dir: filepath.Join(base, "crash"),
+		Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := filepath.Glob(filepath.Join(state, ".idmap", "*.refs", "idmcrash"))
+	if len(refs) != 1 {
+		t.Fatalf("refs of the sandbox: %v", refs)
+	}
+	ref := refs[0]
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	view := strings.TrimSuffix(filepath.Dir(ref), ".refs")
+	if err := os.MkdirAll(view, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(lower, view, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(view, unix.MNT_DETACH) })
+	if err := os.MkdirAll(filepath.Dir(ref), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ref, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Minute)
+	if err := os.Chtimes(ref, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := linux.New(state, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 0 {
+		t.Errorf("a view held only by a crashed Create's ref survived the next start (%d)", n)
 	}
 }
