@@ -19,8 +19,8 @@ import (
 //   - kernel and module control: bpf, perf_event_open, kexec_load,
 //     kexec_file_load, init_module, finit_module, delete_module, reboot, swapon,
 //     swapoff, syslog, acct, iopl, ioperm, quotactl, quotactl_fd, lookup_dcookie,
-//     nfsservctl, _sysctl, vm86, uselib, ustat, sysfs, personality beyond the
-//     harmless values.
+//     nfsservctl, _sysctl, vm86, uselib, ustat, sysfs, and personality beyond
+//     the harmless values.
 //   - mounts and namespaces: mount, umount, umount2, pivot_root, chroot (no
 //     CAP_SYS_CHROOT either), fsopen, fsconfig, fsmount, fspick, move_mount,
 //     open_tree, open_tree_attr, mount_setattr, unshare, setns; clone with any
@@ -141,8 +141,9 @@ func seccompProfile() *specs.LinuxSeccomp {
 			{Names: []string{"socket"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{
 				{Index: 0, Value: unix.AF_VSOCK, Op: specs.OpNotEqual},
 			}},
-			// personality: only the values libc and setarch -R use (Linux
-			// default, READ_IMPLIES_EXEC-free, ADDR_NO_RANDOMIZE, query).
+			// personality: only PER_LINUX, PER_LINUX32, UNAME26, the last two
+			// combined, and the query 0xffffffff (Docker's set); the rest
+			// (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, ...) weaken the process.
 			{Names: []string{"personality"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: 0x0, Op: specs.OpEqualTo}}},
 			{Names: []string{"personality"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: 0x0008, Op: specs.OpEqualTo}}},
 			{Names: []string{"personality"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{{Index: 0, Value: 0x20000, Op: specs.OpEqualTo}}},
