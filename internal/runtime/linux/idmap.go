@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -59,6 +60,13 @@ func holdUserNS() {
 type idmapStore struct {
 	dir string
 	m   IDMap
+
+	// nsfd is a user namespace carrying m, made on first use and kept for the
+	// life of the backend (an open nsfs fd keeps the namespace alive after
+	// its holder process exits), so that re-making a view costs only the three
+	// mount syscalls and not a process start.
+	nsMu sync.Mutex
+	nsfd int // 0 until made
 }
 
 func (s *idmapStore) lock() (func(), error) {
@@ -190,11 +198,10 @@ func (s *idmapStore) prune(stateRoot string) error {
 // shifted by the id map: a file owned by host uid 0 in the template shows as
 // HostID, i.e. as root to the sandbox.
 func (s *idmapStore) mountIDMapped(lower, target string) error {
-	nsfd, cleanup, err := s.userNS()
+	nsfd, err := s.cachedUserNS()
 	if err != nil {
 		return err
 	}
-	defer cleanup()
 	tree, err := unix.OpenTree(unix.AT_FDCWD, lower, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("open_tree %s: %w", lower, err)
@@ -210,13 +217,29 @@ func (s *idmapStore) mountIDMapped(lower, target string) error {
 	return nil
 }
 
-// userNS returns an fd of a user namespace with this store's id map, held by a
-// short-lived child of ours started in it.
-func (s *idmapStore) userNS() (int, func(), error) {
+// cachedUserNS returns the store's user namespace fd, making it if needed (a
+// failure is retried by the next call).
+func (s *idmapStore) cachedUserNS() (int, error) {
+	s.nsMu.Lock()
+	defer s.nsMu.Unlock()
+	if s.nsfd > 0 {
+		return s.nsfd, nil
+	}
+	fd, err := s.userNS()
+	if err != nil {
+		return -1, err
+	}
+	s.nsfd = fd
+	return fd, nil
+}
+
+// userNS returns an fd of a user namespace with this store's id map, made by
+// a short-lived child of ours started in it.
+func (s *idmapStore) userNS() (int, error) {
 	cmd := exec.Command("/proc/self/exe", userNSHolderArg)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return -1, nil, fmt.Errorf("userns holder: %w", err)
+		return -1, fmt.Errorf("userns holder: %w", err)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
@@ -225,18 +248,15 @@ func (s *idmapStore) userNS() (int, func(), error) {
 		Pdeathsig:   syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {
-		return -1, nil, fmt.Errorf("userns holder: %w", err)
-	}
-	stop := func() {
-		stdin.Close()
-		_ = cmd.Wait()
+		return -1, fmt.Errorf("userns holder: %w", err)
 	}
 	// The mappings are written before the child execs, so the namespace is
 	// complete as soon as Start returns.
 	fd, err := unix.Open("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	stdin.Close()
+	_ = cmd.Wait()
 	if err != nil {
-		stop()
-		return -1, nil, fmt.Errorf("userns holder: %w", err)
+		return -1, fmt.Errorf("userns holder: %w", err)
 	}
-	return fd, func() { unix.Close(fd); stop() }, nil
+	return fd, nil
 }
