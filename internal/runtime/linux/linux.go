@@ -356,17 +356,6 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Conf
 	s.Process.Capabilities = &specs.LinuxCapabilities{
 		Bounding: Capabilities, Permitted: Capabilities, Effective: Capabilities,
 	}
-	s.Process.Rlimits = []specs.POSIXRlimit{
-		// The usual Linux default soft limit (select(2)-safe); a program that
-		// needs more raises it up to the hard limit itself, as Go does at start.
-		// Kernel memory for open files is charged to the sandbox's memory cgroup.
-		{Type: "RLIMIT_NOFILE", Soft: 1024, Hard: 65536},
-		// No core dumps, and no way to turn them back on: a core lands in the
-		// writable layer (disk the sandbox is billed for) and may hold secrets,
-		// and a host core_pattern handler such as systemd-coredump would collect
-		// it on the host, honouring this limit.
-		{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
-	}
 	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, extraMaskedPaths...)
 	s.Linux.Seccomp = seccompProfile()
 	s.Linux.Namespaces = append(s.Linux.Namespaces,
@@ -409,7 +398,33 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Conf
 		return nil, fmt.Errorf("linux runtime: config: %w", err)
 	}
 	restrictDevices(cfg)
+	// specconv leaves the spec's process rlimits to its caller (runc's CLI
+	// copies them), so they go on the config, which libcontainer applies to
+	// the init process from the host with prlimit(2).
+	cfg.Rlimits = rlimits()
 	return cfg, nil
+}
+
+// rlimits of a sandbox's processes (they are inherited from init).
+func rlimits() []configs.Rlimit {
+	// The usual Linux default soft limit (select(2)-safe); a program that
+	// needs more raises it up to the hard limit itself, as Go does at start.
+	// Kernel memory for open files is charged to the sandbox's memory cgroup.
+	// The hard limit is 65536, or ours if lower: raising it needs
+	// CAP_SYS_RESOURCE, which a daemon may lack (this machine kind does).
+	nofile := uint64(65536)
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err == nil && own.Max < nofile {
+		nofile = own.Max
+	}
+	return []configs.Rlimit{
+		{Type: unix.RLIMIT_NOFILE, Soft: min(1024, nofile), Hard: nofile},
+		// No core dumps, and no way to turn them back on: a core lands in the
+		// writable layer (disk the sandbox is billed for) and may hold
+		// secrets, and a host core_pattern handler such as systemd-coredump
+		// would collect it on the host, honouring this limit.
+		{Type: unix.RLIMIT_CORE, Soft: 0, Hard: 0},
+	}
 }
 
 // restrictDevices replaces what specconv adds on its own (mknod of any device,

@@ -209,6 +209,15 @@ func testEscape(t *testing.T, h Harness) {
 			t.Errorf("%s = %v, want none", k, got)
 		}
 	}
+	// rlimits (soft hard): see runtime/linux's rlimits for why.
+	// The hard NOFILE limit may be lower than 65536 where the host's is.
+	var soft, hard int
+	if _, err := fmt.Sscanf(get("rlimit:nofile"), "%d %d", &soft, &hard); err != nil || soft != 1024 || hard < soft || hard > 65536 {
+		t.Errorf("RLIMIT_NOFILE = %q, want soft 1024 and a hard limit of at most 65536", rep["rlimit:nofile"])
+	}
+	if v := get("rlimit:core"); v != "0 0" {
+		t.Errorf("RLIMIT_CORE = %s, want 0 0 (no core dumps, not even re-enabled)", v)
+	}
 	if v := get("status:Seccomp"); v != "2" {
 		t.Errorf("Seccomp: %s, want 2 (a filter is loaded)", v)
 	}

@@ -270,6 +270,10 @@ with open("/proc/self/status") as f:
         k, _, v = line.partition(":")
         if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "Seccomp", "NoNewPrivs", "Uid", "Gid"):
             out["status:" + k] = v.strip()
+import resource  # noqa: E402
+
+for name, res in (("nofile", resource.RLIMIT_NOFILE), ("core", resource.RLIMIT_CORE)):
+    out["rlimit:" + name] = "%d %d" % resource.getrlimit(res)
 for m in ("uid_map", "gid_map"):
     with open("/proc/self/" + m) as f:
         out[m] = " | ".join(" ".join(line.split()) for line in f if line.strip())
