@@ -11,9 +11,12 @@ build: bin/airlock bin/envd
 bin/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
 
-# airlock links runc's libcontainer (cgo).
+# airlock links runc's libcontainer (cgo) with seccomp support (libseccomp-dev);
+# without the tag the linux runtime refuses to compile.
+GO_TAGS ?= seccomp
+
 bin/airlock: FORCE
-	CGO_ENABLED=1 $(GO) build -trimpath -o bin/airlock ./cmd/airlock
+	CGO_ENABLED=1 $(GO) build -tags $(GO_TAGS) -trimpath -o bin/airlock ./cmd/airlock
 
 setup:
 	scripts/setup.sh

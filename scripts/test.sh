@@ -10,6 +10,9 @@ export PATH="/usr/local/go/bin:$PATH"
 export AIRLOCK_TEST_DATA_DIR="${AIRLOCK_TEST_DATA_DIR:-/var/lib/airlock-test}"
 export AIRLOCK_TEST_REQUIRE=1   # a test that lacks root or a template fails, never skips
 export AIRLOCK_ENVD="$PWD/bin/envd"
+# The linux runtime compiles only with seccomp support (cgo + libseccomp):
+# every go command below (vet, test, fuzz) gets the tag.
+export GOFLAGS="$(go env GOFLAGS) -tags=seccomp"
 
 step() { printf '\n==> %s\n' "$*"; }
 

@@ -7,14 +7,27 @@
 //
 // On the host, a sandbox is:
 //
-//	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes)
-//	<Spec.Dir>/rootfs        the overlay mount point, pivot_root'ed into
+//	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes),
+//	                         owned by the sandbox's mapped root
+//	<rootfsDir>/<key>-<id>   the overlay mount point, pivot_root'ed into
+//	                         (see Options.RootfsDir for why it is not in Spec.Dir)
 //	<stateRoot>/<id>/        libcontainer's state (survives our restarts)
+//	<stateRoot>/.idmap/      idmapped views of templates (see idmapStore)
 //	cgroup <each controller>/airlock/<id>
+//
+// Isolation layers, each of which must fail on its own for an escape:
+// a user namespace (root inside is an unprivileged host uid), pid, mount, uts,
+// ipc, net and cgroup namespaces, a small capability set (defaultCaps),
+// no_new_privs, a seccomp allowlist (seccomp.go), runc's masked and read-only
+// /proc and /sys paths, a devices cgroup that allows only the basic character
+// devices, and cgroup limits. The conformance suite's escape tests
+// (runtimetest/escape.go) try each escape from inside.
 package linux
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,9 +35,11 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"syscall"
 	"time"
 
+	devices "github.com/opencontainers/cgroups/devices/config"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
@@ -53,6 +68,9 @@ func MaybeInit() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()
 	}
+	if len(os.Args) > 1 && os.Args[1] == userNSHolderArg {
+		holdUserNS()
+	}
 }
 
 // CgroupParent is the cgroup under which every sandbox cgroup is created. It
@@ -63,17 +81,75 @@ const CgroupParent = "/airlock"
 type Runtime struct {
 	stateRoot string
 	log       *slog.Logger
+	ids       IDMap
+	idmaps    *idmapStore
+	rootfsDir string
+	// rootfsKey tells apart the roots of backends with different state dirs
+	// (a daemon and test processes) in one RootfsDir.
+	rootfsKey string
 }
 
-// New returns a backend keeping libcontainer state under stateRoot.
+// Options configure a backend beyond its state directory.
+type Options struct {
+	// IDMap is the host range the sandbox's uids and gids are shifted onto;
+	// zero means DefaultIDMap. Every sandbox of a backend shares it: the
+	// other layers (pid, mount, ipc namespaces) keep sandboxes apart, and one
+	// range lets all of them share one idmapped view of each template.
+	IDMap IDMap
+	// RootfsDir holds the sandboxes' root mount points. Every directory on the
+	// way to a root must be searchable by the sandbox's mapped root, an
+	// unprivileged host uid: libcontainer's init resolves the path from inside
+	// the user namespace. Data directories are usually private (0700), so the
+	// roots live apart, in a directory made 0711 (search without listing),
+	// as <hash of the state dir>-<id>. Empty means /run/airlock-rootfs.
+	RootfsDir string
+}
+
+// New returns a backend keeping libcontainer state under stateRoot, with
+// default Options.
 func New(stateRoot string, log *slog.Logger) (*Runtime, error) {
+	return NewWithOptions(stateRoot, log, Options{})
+}
+
+// NewWithOptions returns a backend keeping libcontainer state under stateRoot.
+func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	ids := opts.IDMap
+	if ids == (IDMap{}) {
+		ids = DefaultIDMap
+	}
+	if ids.HostID == 0 || ids.Size == 0 {
+		return nil, fmt.Errorf("linux runtime: id map %+v must start above host uid 0 and be non-empty", ids)
 	}
 	if err := os.MkdirAll(stateRoot, 0o700); err != nil {
 		return nil, fmt.Errorf("linux runtime: state dir: %w", err)
 	}
-	return &Runtime{stateRoot: stateRoot, log: log}, nil
+	rootfsDir := opts.RootfsDir
+	if rootfsDir == "" {
+		rootfsDir = "/run/airlock-rootfs"
+	}
+	if err := os.MkdirAll(rootfsDir, 0o711); err != nil {
+		return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
+	}
+	if err := os.Chmod(rootfsDir, 0o711); err != nil {
+		return nil, fmt.Errorf("linux runtime: rootfs dir: %w", err)
+	}
+	abs, err := filepath.Abs(stateRoot)
+	if err != nil {
+		return nil, fmt.Errorf("linux runtime: state dir: %w", err)
+	}
+	h := sha256.Sum256([]byte(abs))
+	idmaps := &idmapStore{dir: filepath.Join(stateRoot, ".idmap"), m: ids}
+	if err := idmaps.prune(stateRoot); err != nil {
+		log.Warn("linux runtime: pruning idmapped template views", "err", err)
+	}
+	return &Runtime{
+		stateRoot: stateRoot, log: log, ids: ids, rootfsDir: rootfsDir,
+		rootfsKey: hex.EncodeToString(h[:6]),
+		idmaps:    idmaps,
+	}, nil
 }
 
 func (r *Runtime) Name() string { return "linux" }
@@ -83,20 +159,36 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
 		return nil, errors.New("linux runtime: spec needs ID, Dir, Lower and Init.Args")
 	}
-	s := &sandbox{id: spec.ID, dir: spec.Dir, stateRoot: r.stateRoot, log: r.log}
+	s := &sandbox{
+		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, r.rootfsKey+"-"+spec.ID),
+		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps,
+	}
 	defer func() {
 		if retErr != nil {
 			_ = s.Destroy(context.WithoutCancel(ctx))
 		}
 	}()
-	rootfs, err := mountOverlay(spec.Lower, spec.Dir)
+	lower, err := r.idmaps.acquire(spec.Lower, spec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("linux runtime: idmapped template: %w", err)
+	}
+	s.lower = lower
+	if err := mountOverlay(lower, spec.Dir, s.rootfs, r.ids); err != nil {
+		return nil, err
+	}
+	if err := r.chownWritableMounts(spec.Mounts); err != nil {
+		return nil, err
+	}
+	if spec.NetNS != "" {
+		if err := prepareNetNS(spec.NetNS, spec.Dir); err != nil {
+			return nil, fmt.Errorf("linux runtime: %w", err)
+		}
+	}
+	cfg, err := containerConfig(spec, s.rootfs, r.ids)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := containerConfig(spec, rootfs)
-	if err != nil {
-		return nil, err
-	}
+	cfg.Labels = append(cfg.Labels, lowerLabel+lower, dirLabel+spec.Dir)
 	c, err := libcontainer.Create(r.stateRoot, spec.ID, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: create container: %w", err)
@@ -131,8 +223,28 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 		return nil, fmt.Errorf("linux runtime: load %s: %w", id, err)
 	}
 	cfg := c.Config()
-	return &sandbox{id: id, dir: filepath.Dir(cfg.Rootfs), stateRoot: r.stateRoot, c: c, log: r.log}, nil
+	// Sandboxes made before the root moved out of Spec.Dir have no dir label.
+	s := &sandbox{
+		id: id, dir: filepath.Dir(cfg.Rootfs), rootfs: cfg.Rootfs,
+		stateRoot: r.stateRoot, c: c, log: r.log, idmaps: r.idmaps,
+	}
+	for _, l := range cfg.Labels {
+		if v, ok := strings.CutPrefix(l, lowerLabel); ok {
+			s.lower = v
+		}
+		if v, ok := strings.CutPrefix(l, dirLabel); ok {
+			s.dir = v
+		}
+	}
+	return s, nil
 }
+
+// Labels in libcontainer's state let a Destroy after a restart find what a
+// sandbox holds: its idmapped template view and its Spec.Dir.
+const (
+	lowerLabel = "airlock.lower="
+	dirLabel   = "airlock.dir="
+)
 
 // List returns the ids of all containers with state on disk.
 func (r *Runtime) List() ([]string, error) {
@@ -142,39 +254,92 @@ func (r *Runtime) List() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if e.IsDir() {
+		// Dot entries are ours (the idmap store), not containers.
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
 			ids = append(ids, e.Name())
 		}
 	}
 	return ids, nil
 }
 
-// mountOverlay mounts the template (read-only lower) under a private writable
-// upper at dir/rootfs. The template itself is never copied or written.
-func mountOverlay(lower, dir string) (string, error) {
-	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+// mountOverlay mounts the template (its idmapped, read-only view) under a
+// private writable upper (in dir) at rootfs. The template itself is never copied or
+// written. The host mounts the overlay, so its own xattrs (trusted.overlay.*)
+// stay out of the sandbox's reach; upper and work belong to the sandbox's root
+// so that what it writes is owned by its mapped ids on the host.
+func mountOverlay(lower, dir, rootfs string, ids IDMap) error {
+	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
 	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", fmt.Errorf("linux runtime: %w", err)
+			return fmt.Errorf("linux runtime: %w", err)
+		}
+	}
+	for _, d := range []string{upper, work} {
+		if err := os.Chown(d, int(ids.HostID), int(ids.HostID)); err != nil {
+			return fmt.Errorf("linux runtime: %w", err)
 		}
 	}
 	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
-		return "", fmt.Errorf("linux runtime: mount overlay on %s: %w", rootfs, err)
+		return fmt.Errorf("linux runtime: mount overlay on %s: %w", rootfs, err)
 	}
-	return rootfs, nil
+	return nil
 }
 
-// defaultCaps is Docker's default capability set: enough for envd (running as
-// root in the sandbox) to switch users and chown, and for sudo to work, without
-// SYS_ADMIN, SYS_MODULE, SYS_PTRACE, NET_ADMIN and the like.
-var defaultCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+// chownWritableMounts gives the sandbox's root the writable bind mounts of its
+// spec (envd's socket dir, a test's output dir): they belong to that sandbox,
+// and its root is an unprivileged host uid that could not write them otherwise.
+// Only the directory itself is chowned, not what may already be inside.
+func (r *Runtime) chownWritableMounts(mounts []runtime.Mount) error {
+	for _, m := range mounts {
+		if m.ReadOnly {
+			continue
+		}
+		if err := os.Chown(m.Source, int(r.ids.HostID), int(r.ids.HostID)); err != nil {
+			return fmt.Errorf("linux runtime: give %s to the sandbox: %w", m.Source, err)
+		}
+	}
+	return nil
 }
 
-func containerConfig(spec runtime.Spec, rootfs string) (*configs.Config, error) {
+// Capabilities is the capability set of a sandbox's root (bounding, permitted
+// and effective; nothing inheritable or ambient): what envd and package
+// installation need, all of it confined to the sandbox's user namespace. Each,
+// and why:
+//
+//	CAP_CHOWN            envd creates files for users; dpkg and tar chown what they unpack
+//	CAP_DAC_OVERRIDE     root (envd, apt) reads and writes files of any sandbox user
+//	CAP_FOWNER           chmod/utime on files root does not own (dpkg, tar -p, envd)
+//	CAP_FSETID           keep setgid bits when root chmods and chowns (dpkg)
+//	CAP_SETUID           envd runs commands as the sandbox's users; apt drops to _apt
+//	CAP_SETGID           same, for groups and supplementary groups
+//	CAP_KILL             envd signals processes of any sandbox user
+//	CAP_NET_BIND_SERVICE servers on ports below 1024 (port 80 is common in agents' code)
+//
+// Dropped from Docker's default set: CAP_MKNOD (no device nodes; the devices
+// cgroup would refuse them too), CAP_NET_RAW (raw sockets allow spoofing and
+// have a long CVE history; it is only ping), CAP_SETFCAP and CAP_SETPCAP (file
+// capabilities and capability juggling mean nothing under no_new_privs),
+// CAP_SYS_CHROOT (nothing in the sandbox needs chroot) and CAP_AUDIT_WRITE.
+var Capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+}
+
+// maskedPaths adds to runc's list (specconv.Example: /proc/kcore, keys,
+// timer_list, sched_debug, acpi, asound, scsi, latency_stats, timer_stats,
+// /sys/firmware) what Docker masks besides: RAPL energy counters (a power
+// side channel) and /proc/interrupts (a timing side channel).
+var extraMaskedPaths = []string{"/sys/devices/virtual/powercap", "/proc/interrupts"}
+
+// allowedDevices are the only device nodes in a sandbox's /dev and the only
+// ones its devices cgroup lets it open (never mknod): null, zero, full,
+// random, urandom, tty, ptmx and the pts slaves.
+var allowedDevices = []struct{ major, minor int64 }{
+	{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 2}, {136, devices.Wildcard},
+}
+
+func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Config, error) {
 	s := specconv.Example()
 	s.Root = &specs.Root{Path: rootfs}
 	s.Hostname = spec.Hostname
@@ -185,22 +350,23 @@ func containerConfig(spec runtime.Spec, rootfs string) (*configs.Config, error) 
 	if spec.Init.Cwd != "" {
 		s.Process.Cwd = spec.Init.Cwd
 	}
-	// sudo in the sandbox needs setuid to work, which no_new_privs forbids; the
-	// sandbox's root is confined by namespaces, capabilities and cgroups instead.
-	s.Process.NoNewPrivileges = false
+	// No setuid binary or file capability can raise privileges in the sandbox
+	// (sudo is replaced by a shim that asks envd instead).
+	s.Process.NoNewPrivileges = true
 	s.Process.Capabilities = &specs.LinuxCapabilities{
-		Bounding: defaultCaps, Permitted: defaultCaps, Effective: defaultCaps,
+		Bounding: Capabilities, Permitted: Capabilities, Effective: Capabilities,
 	}
-	s.Process.Rlimits = []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}}
-	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, extraMaskedPaths...)
+	s.Linux.Seccomp = seccompProfile()
+	s.Linux.Namespaces = append(s.Linux.Namespaces,
+		specs.LinuxNamespace{Type: specs.CgroupNamespace},
+		specs.LinuxNamespace{Type: specs.UserNamespace})
+	idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.HostID, Size: ids.Size}}
+	s.Linux.UIDMappings, s.Linux.GIDMappings = idm, idm
 	// Network: join the caller's prepared namespace (netns + veth, owned by the
 	// sandbox manager) instead of a new one with only loopback.
 	if spec.NetNS != "" {
-		for i := range s.Linux.Namespaces {
-			if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
-				s.Linux.Namespaces[i].Path = spec.NetNS
-			}
-		}
+		joinNetNS(s, spec.NetNS, spec.Dir)
 	}
 	for _, m := range spec.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
@@ -231,7 +397,60 @@ func containerConfig(spec runtime.Spec, rootfs string) (*configs.Config, error) 
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: config: %w", err)
 	}
+	restrictDevices(cfg)
+	// specconv leaves the spec's process rlimits to its caller (runc's CLI
+	// copies them), so they go on the config, which libcontainer applies to
+	// the init process from the host with prlimit(2).
+	cfg.Rlimits = rlimits()
 	return cfg, nil
+}
+
+// rlimits of a sandbox's processes (they are inherited from init).
+func rlimits() []configs.Rlimit {
+	// The usual Linux default soft limit (select(2)-safe); a program that
+	// needs more raises it up to the hard limit itself, as Go does at start.
+	// Kernel memory for open files is charged to the sandbox's memory cgroup.
+	// The hard limit is 65536, or ours if lower: raising it needs
+	// CAP_SYS_RESOURCE, which a daemon may lack (this machine kind does).
+	nofile := uint64(65536)
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err == nil && own.Max < nofile {
+		nofile = own.Max
+	}
+	return []configs.Rlimit{
+		{Type: unix.RLIMIT_NOFILE, Soft: min(1024, nofile), Hard: nofile},
+		// No core dumps, and no way to turn them back on: a core lands in the
+		// writable layer (disk the sandbox is billed for) and may hold
+		// secrets, and a host core_pattern handler such as systemd-coredump
+		// would collect it on the host, honouring this limit.
+		{Type: unix.RLIMIT_CORE, Soft: 0, Hard: 0},
+	}
+}
+
+// restrictDevices replaces what specconv adds on its own (mknod of any device,
+// /dev/net/tun) with allowedDevices: those nodes only, readable and writable,
+// never creatable.
+func restrictDevices(cfg *configs.Config) {
+	allowed := func(major, minor int64) bool {
+		for _, d := range allowedDevices {
+			if d.major == major && (d.minor == devices.Wildcard || d.minor == minor) {
+				return true
+			}
+		}
+		return false
+	}
+	var nodes []*devices.Device
+	for _, d := range cfg.Devices {
+		if d.Type == devices.CharDevice && allowed(d.Major, d.Minor) {
+			nodes = append(nodes, d)
+		}
+	}
+	cfg.Devices = nodes
+	rules := []*devices.Rule{{Type: devices.WildcardDevice, Major: devices.Wildcard, Minor: devices.Wildcard, Permissions: "rwm", Allow: false}}
+	for _, d := range allowedDevices {
+		rules = append(rules, &devices.Rule{Type: devices.CharDevice, Major: d.major, Minor: d.minor, Permissions: "rw", Allow: true})
+	}
+	cfg.Cgroups.Resources.Devices = rules
 }
 
 // initProcess builds the libcontainer process for Spec.Init. Its stdio are files,
@@ -300,9 +519,13 @@ func initProcess(spec runtime.Spec) (*libcontainer.Process, func(), error) {
 
 type sandbox struct {
 	id, dir   string
+	rootfs    string // the overlay mount point
 	stateRoot string
 	c         *libcontainer.Container
 	log       *slog.Logger
+	idmaps    *idmapStore
+	// lower is the idmapped template view this sandbox holds, if any.
+	lower string
 	// reaped is closed once we have reaped the init process; nil when the
 	// sandbox was loaded and its init is not our child.
 	reaped chan struct{}
@@ -410,7 +633,17 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("destroy container: %w", err))
 		}
 	}
-	if err := mountutil.Unmount(filepath.Join(s.dir, "rootfs")); err != nil {
+	if err := mountutil.Unmount(s.rootfs); err != nil {
+		errs = append(errs, err)
+	} else if len(mountutil.MountedUnder(s.rootfs)) == 0 {
+		if err := os.Remove(s.rootfs); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", s.rootfs, err))
+		}
+	}
+	if err := mountutil.Unmount(sysfsMountPoint(s.dir)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.idmaps.release(s.lower, s.id); err != nil {
 		errs = append(errs, err)
 	}
 	if err := mountutil.RemoveAll(s.dir); err != nil {

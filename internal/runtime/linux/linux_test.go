@@ -1,6 +1,15 @@
 package linux_test
 
 import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,7 +29,9 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower: lower,
+		Lower:  lower,
+		Caps:   linux.Capabilities,
+		UIDMap: "0 100000 65536",
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
@@ -29,4 +40,219 @@ func TestConformance(t *testing.T) {
 			return r
 		},
 	})
+}
+
+// BenchmarkCreateDestroy measures the backend alone: Create (the first process
+// has started) then Destroy, with the default isolation layers.
+func BenchmarkCreateDestroy(b *testing.B) {
+	testenv.NeedRoot(b)
+	lower := testenv.BaseRootfs(b)
+	base := b.TempDir()
+	r, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprintf("bench%d", i)
+		sb, err := r.Create(context.Background(), runtime.Spec{
+			ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
+			Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// newNetNS makes a network namespace pinned at a file, with a veth pair
+// in it, the way the sandbox manager prepares one (Spec.NetNS).
+func newNetNS(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("unshare", "--net="+path, "true").CombinedOutput(); err != nil {
+		t.Fatalf("unshare --net: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH) })
+	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "add", "airlockva", "type", "veth", "peer", "name", "airlockvb").CombinedOutput(); err != nil {
+		t.Fatalf("add veth pair: %v: %s", err, out)
+	}
+	return path
+}
+
+// netnsProbe reports, from inside, which netns it is in, which interfaces its
+// /sys shows, whether /sys is read-only and whether root can bind port 80.
+const netnsProbe = `
+import os, socket
+out = {}
+out["netns"] = os.readlink("/proc/self/ns/net")
+out["sysnet"] = " ".join(sorted(os.listdir("/sys/class/net")))
+out["sysro"] = "ro" if os.statvfs("/sys").f_flag & os.ST_RDONLY else "rw"
+try:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 80))
+    out["bind80"] = "ok"
+except OSError as e:
+    out["bind80"] = str(e)
+for k, v in out.items():
+    open("/out/" + k, "w").write(v)
+open("/out/done", "w").close()
+import time
+time.sleep(100000)
+`
+
+// TestJoinPreparedNetNS: a sandbox given Spec.NetNS is in that namespace, sees
+// its interfaces (not the host's) in a read-only /sys, and its root can still
+// serve on port 80 although the namespace belongs to the host's user namespace.
+func TestJoinPreparedNetNS(t *testing.T) {
+	testenv.NeedRoot(t)
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	r, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	netns := newNetNS(t)
+	var st unix.Stat_t
+	if err := unix.Stat(netns, &st); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(base, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := runtime.Spec{
+		ID: fmt.Sprintf("netns%d", time.Now().UnixNano()%1e9), Hostname: "netns", Lower: lower,
+		Dir:    filepath.Join(base, "sandbox"),
+		Mounts: []runtime.Mount{{Source: out, Target: "/out"}},
+		Init:   runtime.Process{Args: []string{"/usr/bin/python3", "-c", netnsProbe}, LogPath: filepath.Join(base, "init.log")},
+		NetNS:  netns,
+	}
+	sb, err := r.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(out, "done")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(spec.Init.LogPath)
+			t.Fatalf("probe did not finish; log: %s", log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	read := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(out, name))
+		return string(b)
+	}
+	if got, want := read("netns"), fmt.Sprintf("net:[%d]", st.Ino); got != want {
+		t.Errorf("sandbox netns = %s, want the prepared %s", got, want)
+	}
+	if got := read("sysnet"); got != "airlockva airlockvb lo" {
+		t.Errorf("/sys/class/net inside = %q, want the prepared netns's interfaces", got)
+	}
+	if got := read("sysro"); got != "ro" {
+		t.Errorf("/sys inside is %s", got)
+	}
+	if got := read("bind80"); got != "ok" {
+		t.Errorf("root inside cannot bind port 80: %s", got)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if m := mountutil.MountedUnder(spec.Dir); len(m) > 0 {
+		t.Errorf("mounts left after Destroy: %v", m)
+	}
+}
+
+// TestIDMappedTemplateShared: sandboxes of one template share one idmapped view
+// of it, which the last Destroy releases; a ref left by a crashed Create is
+// pruned by the next backend start.
+func TestIDMappedTemplateShared(t *testing.T) {
+	testenv.NeedRoot(t)
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	state := filepath.Join(base, "state")
+	r, err := linux.New(state, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := func() int { return len(mountutil.MountedUnder(filepath.Join(state, ".idmap"))) }
+	var sbs []runtime.Sandbox
+	for i := range 2 {
+		id := fmt.Sprintf("idm%d%d", time.Now().UnixNano()%1e9, i)
+		sb, err := r.Create(context.Background(), runtime.Spec{
+			ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
+			Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+		sbs = append(sbs, sb)
+	}
+	if n := views(); n != 1 {
+		t.Fatalf("%d idmapped views for one template, want 1", n)
+	}
+	if err := sbs[0].Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 1 {
+		t.Fatalf("the view went away while a sandbox still uses the template (%d)", n)
+	}
+	if err := sbs[1].Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 0 {
+		t.Fatalf("%d idmapped views left after the last sandbox", n)
+	}
+
+	// A crashed Create: a view and a ref, but no container state.
+	sb, err := r.Create(context.Background(), runtime.Spec{
+		ID: "idmcrash", Hostname: "c", Lower: lower, Dir: filepath.Join(base, "crash"),
+		Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := filepath.Glob(filepath.Join(state, ".idmap", "*.refs", "idmcrash"))
+	if len(refs) != 1 {
+		t.Fatalf("refs of the sandbox: %v", refs)
+	}
+	ref := refs[0]
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	view := strings.TrimSuffix(filepath.Dir(ref), ".refs")
+	if err := os.MkdirAll(view, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(lower, view, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(view, unix.MNT_DETACH) })
+	if err := os.MkdirAll(filepath.Dir(ref), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ref, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Minute)
+	if err := os.Chtimes(ref, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := linux.New(state, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := views(); n != 0 {
+		t.Errorf("a view held only by a crashed Create's ref survived the next start (%d)", n)
+	}
 }

@@ -22,8 +22,17 @@ import (
 type Harness struct {
 	// New returns the backend under test.
 	New func(t *testing.T) runtime.Runtime
-	// Lower is a template root filesystem with /bin/sh, coreutils and procps.
+	// Lower is a template root filesystem with /bin/sh, coreutils, procps and
+	// python3 (the escape probes are Python, for raw syscalls through ctypes).
 	Lower string
+	// Caps, if set, is the exact capability set the backend gives a sandbox's
+	// root; it must be within MaxCaps either way.
+	Caps []string
+	// UIDMap, if set, is what /proc/self/uid_map and gid_map must read inside
+	// the sandbox (lines joined by " | ", fields by one space), e.g.
+	// "0 100000 65536". Empty for a backend whose sandbox kernel is not the
+	// host's (gVisor), where the map inside says nothing about host ids.
+	UIDMap string
 }
 
 // probe is run as the sandbox's first process. It records facts about its
@@ -57,6 +66,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
 	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
+	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })
+	t.Run("NeighboursInvisible", func(t *testing.T) { testNeighbours(t, h) })
 }
 
 var seq int
@@ -174,6 +185,11 @@ func testCreateIsolatedAndDestroy(t *testing.T, h Harness) {
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if strings.Contains(string(mounts), spec.Dir) {
 		t.Errorf("a mount under %s survived Destroy", spec.Dir)
+	}
+	// Backends may keep mount points outside Spec.Dir (the root, for one);
+	// none named after the sandbox may survive either.
+	if strings.Contains(string(mounts), spec.ID) {
+		t.Errorf("a mount naming %s survived Destroy", spec.ID)
 	}
 	if _, err := r.Load(spec.ID); err == nil {
 		t.Errorf("Load after Destroy succeeded; want not found")
