@@ -22,7 +22,8 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower: lower,
+		Lower:       lower,
+		GuestKernel: true,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := gvisor.New(state, nil)
 			if err != nil {
