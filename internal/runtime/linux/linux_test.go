@@ -256,3 +256,47 @@ func TestIDMappedTemplateShared(t *testing.T) {
 		t.Errorf("a view held only by a crashed Create's ref survived the next start (%d)", n)
 	}
 }
+
+// TestDevicesCgroup: the devices cgroup allows the basic character devices
+// and nothing else, and never mknod (specconv on its own allows mknod of any
+// device and /dev/net/tun).
+func TestDevicesCgroup(t *testing.T) {
+	testenv.NeedRoot(t)
+	list := "/sys/fs/cgroup/devices"
+	if _, err := os.Stat(list); err != nil {
+		t.Skip("no cgroup v1 devices controller on this host")
+	}
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	r, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprintf("dev%d", time.Now().UnixNano()%1e9)
+	sb, err := r.Create(context.Background(), runtime.Spec{
+		ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
+		Init: runtime.Process{Args: []string{"/bin/sleep", "1000"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	b, err := os.ReadFile(filepath.Join(list, linux.CgroupParent, id, "devices.list"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{
+		"c 1:3 rw": true, "c 1:5 rw": true, "c 1:7 rw": true, "c 1:8 rw": true, "c 1:9 rw": true,
+		"c 5:0 rw": true, "c 5:2 rw": true, "c 136:* rw": true,
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, l := range lines {
+		if !want[l] {
+			t.Errorf("devices cgroup allows %q", l)
+		}
+		delete(want, l)
+	}
+	for l := range want {
+		t.Errorf("devices cgroup lacks %q", l)
+	}
+}

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import platform
+import resource
 import time
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -270,8 +271,6 @@ with open("/proc/self/status") as f:
         k, _, v = line.partition(":")
         if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "Seccomp", "NoNewPrivs", "Uid", "Gid"):
             out["status:" + k] = v.strip()
-import resource  # noqa: E402
-
 for name, res in (("nofile", resource.RLIMIT_NOFILE), ("core", resource.RLIMIT_CORE)):
     out["rlimit:" + name] = "%d %d" % resource.getrlimit(res)
 for m in ("uid_map", "gid_map"):
