@@ -1019,7 +1019,11 @@ func (m *Manager) loadAny(id string) (runtime.Sandbox, error) {
 // removeSandboxDir removes a sandbox directory whose runtime state is gone,
 // unmounting a leftover overlay first.
 func removeSandboxDir(dir string) error {
+	// rootfs: a gVisor sandbox's overlay; sys: the netns sysfs the linux
+	// runtime binds for a prepared netns. RemoveAll never crosses a mount,
+	// so what is not unmounted here would be left behind.
 	_ = mountutil.Unmount(filepath.Join(dir, "rootfs"))
+	_ = mountutil.Unmount(filepath.Join(dir, "sys"))
 	return mountutil.RemoveAll(dir)
 }
 
