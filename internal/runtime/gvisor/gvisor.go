@@ -38,7 +38,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -524,7 +523,7 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 	out.MemoryLimit = int64(mem.Usage.Limit)
 	out.Pids = int64(st.PidsStats.Current)
 	out.OOMKills = oomKills(m.Path("memory"))
-	out.WritableBytes = diskUsage(filepath.Join(s.dir, "upper"))
+	out.WritableBytes = runtime.DiskUsage(filepath.Join(s.dir, "upper"))
 	return out, nil
 }
 
@@ -541,25 +540,6 @@ func oomKills(dir string) int64 {
 		}
 	}
 	return 0
-}
-
-// diskUsage sums the allocated blocks under dir, as du does.
-func diskUsage(dir string) int64 {
-	var total int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			total += st.Blocks * 512
-		}
-		return nil
-	})
-	return total
 }
 
 // Pause stops every task in the sentry (runsc pause); the host threads stay in

@@ -30,13 +30,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	devices "github.com/opencontainers/cgroups/devices/config"
@@ -565,29 +563,9 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 		out.MemoryLimit = int64(mem.Usage.Limit)
 		out.Pids = int64(cg.PidsStats.Current)
 	}
-	out.WritableBytes = diskUsage(filepath.Join(s.dir, "upper"))
+	out.WritableBytes = runtime.DiskUsage(filepath.Join(s.dir, "upper"))
 	out.OOMKills = oomKills(s.c)
 	return out, nil
-}
-
-// diskUsage sums the allocated blocks under dir, as du does; hard links inside
-// the upper dir are rare enough that counting them twice is acceptable.
-func diskUsage(dir string) int64 {
-	var total int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			total += st.Blocks * 512
-		}
-		return nil
-	})
-	return total
 }
 
 func (s *sandbox) Pause() error {
