@@ -359,26 +359,7 @@ func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
 			Resources:   &specs.LinuxResources{},
 		},
 	}
-	for _, m := range spec.Mounts {
-		opts := []string{"rbind", "nosuid", "nodev"}
-		if m.ReadOnly {
-			opts = append(opts, "ro")
-		}
-		s.Mounts = append(s.Mounts, specs.Mount{Source: m.Source, Destination: m.Target, Type: "bind", Options: opts})
-	}
-	res := spec.Resources
-	if res.MemoryMB > 0 {
-		limit := res.MemoryMB << 20
-		s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &limit}
-	}
-	if res.CPUs > 0 {
-		period := uint64(100000)
-		quota := int64(res.CPUs * float64(period))
-		s.Linux.Resources.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
-	}
-	if res.PidsMax > 0 {
-		s.Linux.Resources.Pids = &specs.LinuxPids{Limit: &res.PidsMax}
-	}
+	runtime.ApplyToOCI(s, spec)
 	return s
 }
 
