@@ -1,11 +1,13 @@
 // Package templates carries the definitions of Airlock's built-in templates inside the
 // binary, so one airlock executable can build them on any host without the source tree.
-// Each built-in lives in <name>/template.json; internal/template parses and builds them.
+// Each built-in is a directory <name>/ with a Dockerfile, an airlock.toml and any files
+// its COPY steps read; internal/template builds them with the same builder as users'
+// templates.
 package templates
 
 import "embed"
 
-// FS holds <name>/template.json for every built-in template.
+// FS holds every built-in template's directory.
 //
-//go:embed */template.json
+//go:embed base python3 node code-interpreter-v1
 var FS embed.FS

@@ -81,7 +81,7 @@ needed (a few minutes the first time; progress is shown).`,
 	f.StringVar(&c.dataDir, "data-dir", "/var/lib/airlock", "directory for templates, sandboxes and state")
 	f.StringVar(&c.domain, "domain", "", "domain sandboxes are reachable under as <port>-<id>.<domain> (optional)")
 	f.DurationVar(&c.maxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
-	f.StringSliceVar(&c.templates, "templates", []string{"base"}, "built-in templates to build (if needed) before serving")
+	f.StringSliceVar(&c.templates, "templates", []string{"base"}, "built-in templates to build (if needed) before serving: base, python3, node, code-interpreter-v1")
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
@@ -172,7 +172,9 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	if err != nil {
 		return nil, err
 	}
-	tpls, err := template.Open(template.Options{DataDir: dataDir})
+	tpls, err := template.Open(template.Options{
+		DataDir: dataDir, EnvdPath: envdPath, NoEgress: !c.egress, DNSUpstreams: c.dnsUpstream, Logger: log,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +218,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		Runtime:     rt,
 		Runtimes:    others,
 		Store:       db,
-		Templates:   templateSource{tpls},
+		Templates:   template.Resolver{Store: tpls},
 		DataDir:     dataDir,
 		EnvdPath:    envdPath,
 		MaxTimeout:  c.maxTimeout,
@@ -231,7 +233,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
 	for _, name := range c.templates {
-		if t, err := (templateSource{tpls}).Resolve(ctx, name); err == nil {
+		if t, err := (template.Resolver{Store: tpls}).Resolve(ctx, name); err == nil {
 			mgr.SetWarmPool(t, c.warmPool)
 		}
 	}
@@ -404,30 +406,6 @@ func findEnvd() (string, error) {
 		return "", fmt.Errorf("envd binary not found beside %s (run `make build`, or set AIRLOCK_ENVD): %w", exe, err)
 	}
 	return p, nil
-}
-
-// templateSource adapts the template store to what the manager needs.
-type templateSource struct{ s *template.Store }
-
-func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Template, error) {
-	tpl, err := t.s.Get(name)
-	if errors.Is(err, template.ErrNotFound) {
-		return sandbox.Template{}, fmt.Errorf("%w: %q", sandbox.ErrTemplateNotFound, name)
-	}
-	if err != nil {
-		return sandbox.Template{}, fmt.Errorf("%w: %w", sandbox.ErrInvalid, err)
-	}
-	return sandbox.Template{
-		ID:             tpl.ID,
-		Alias:          tpl.Alias,
-		Rootfs:         tpl.RootFS,
-		CPUCount:       tpl.Settings.CPUCount,
-		MemoryMB:       tpl.Settings.MemoryMB,
-		DiskSizeMB:     tpl.Settings.DiskSizeMB,
-		DefaultUser:    tpl.Settings.DefaultUser,
-		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
-		Runtime:        tpl.Settings.Runtime,
-	}, nil
 }
 
 // startNetwork sets up sandbox networking unless --sandbox-network=false.
