@@ -11,6 +11,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/bench"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 func benchCmd() *cobra.Command {
@@ -51,7 +52,7 @@ template rootfs as baselines.`,
 				Sequential: sequential, Concurrent: concurrent, RoundTrips: rtt,
 				Progress: os.Stderr,
 				SetWarmPool: func(n int) {
-					if st, err := (templateSource{inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
+					if st, err := (template.Resolver{Store: inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
 						inst.mgr.SetWarmPool(st, n)
 					}
 				},
@@ -73,7 +74,7 @@ template rootfs as baselines.`,
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
-	cmd.AddCommand(benchAttacksCmd())
+	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd())
 	return cmd
 }
 
@@ -141,4 +142,55 @@ func netRound(inst *instance) func(ctx context.Context, i int) (time.Duration, t
 		}
 		return setup, time.Since(t0), nil
 	}
+}
+
+func benchTemplatesCmd() *cobra.Command {
+	var (
+		dataDir   string
+		templates []string
+		n         int
+	)
+	cmd := &cobra.Command{
+		Use:   "templates",
+		Short: "Compare create time across templates of different sizes (the first is the baseline)",
+		Long: `Start an Airlock server in this process, build the templates if needed, then create
+sandboxes from each template in turn (cold, no warm pool) and print create and
+time-to-interactive percentiles, with each template's p50 against the first's.
+Sandboxes mount a template read-only and never copy it, so size should not show.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			inst, err := start(cmd.Context(), serveConfig{
+				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
+				maxTimeout: time.Hour, templates: templates, warmPool: 0, runtime: "linux", diskQuota: true,
+				network: true, egress: false,
+			}, log)
+			if err != nil {
+				return err
+			}
+			defer inst.close(true)
+			labels := map[string]string{}
+			for _, name := range templates {
+				t, err := inst.tpls.Get(name)
+				if err != nil {
+					return err
+				}
+				labels[name] = formatMB(t.SizeBytes)
+			}
+			rows, err := bench.CompareTemplates(cmd.Context(), bench.Config{
+				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey, Progress: os.Stderr,
+			}, templates, labels, n)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("\nAirlock bench templates, %s\n\n", time.Now().UTC().Format(time.DateOnly))
+			bench.Print(os.Stdout, rows)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringSliceVar(&templates, "templates", []string{"base", "code-interpreter-v1"}, "templates to compare; the first is the baseline")
+	f.IntVar(&n, "n", 50, "creates per template")
+	return cmd
 }

@@ -278,8 +278,8 @@ func Print(w io.Writer, rows []Row) {
 		for _, d := range s {
 			sum += d
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", r.Name, len(s),
-			ms(Percentile(s, 50)), ms(Percentile(s, 99)), ms(sum/time.Duration(len(s))), ms(s[len(s)-1]))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Name, len(s),
+			ms(Percentile(s, 50)), ms(Percentile(s, 99)), ms(sum/time.Duration(len(s))), ms(s[len(s)-1]), r.Note)
 	}
 	tw.Flush()
 }
