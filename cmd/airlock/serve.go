@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -246,6 +248,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		MaxTimeout: c.maxTimeout,
 		Domain:     c.domain,
 		Limits:     c.limits,
+		Templates:  e2bTemplates{tpls},
 		Logger:     log,
 	})
 	proxy := server.NewProxy(mgr, log)
@@ -428,6 +431,69 @@ func (t templateSource) Resolve(_ context.Context, name string) (sandbox.Templat
 		DefaultWorkdir: tpl.Settings.DefaultWorkdir,
 		Runtime:        tpl.Settings.Runtime,
 	}, nil
+}
+
+// e2bTemplates serves the E2B template endpoints from the template store.
+// Interim adapter over the store as it is (built-in definitions only): it
+// lists the templates that are built (an unbuilt one cannot make a sandbox,
+// and the E2B shape describes a build), and refuses every delete, since
+// every template is a built-in that `serve --templates` would rebuild.
+type e2bTemplates struct{ s *template.Store }
+
+func (t e2bTemplates) List(context.Context) ([]e2b.TemplateInfo, error) {
+	all, err := t.s.List()
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var out []e2b.TemplateInfo
+	for _, tpl := range all {
+		if tpl.Ready {
+			out = append(out, e2bTemplateInfo(tpl))
+		}
+	}
+	return out, nil
+}
+
+func (t e2bTemplates) Get(_ context.Context, ref string) (e2b.TemplateInfo, error) {
+	tpl, err := t.s.Get(ref)
+	if errors.Is(err, template.ErrNotFound) || errors.Is(err, template.ErrNotBuilt) {
+		return e2b.TemplateInfo{}, fmt.Errorf("%w: %w", e2b.ErrTemplateNotFound, err)
+	}
+	if err != nil {
+		return e2b.TemplateInfo{}, fmt.Errorf("template %q: %w", ref, err)
+	}
+	return e2bTemplateInfo(tpl), nil
+}
+
+func (t e2bTemplates) Delete(_ context.Context, ref string) error {
+	if _, err := t.s.Definition(ref); err != nil {
+		return fmt.Errorf("%w: %w", e2b.ErrTemplateNotFound, err)
+	}
+	return fmt.Errorf("template %q is built in and cannot be deleted: %w", ref, e2b.ErrTemplateProtected)
+}
+
+func e2bTemplateInfo(tpl template.Template) e2b.TemplateInfo {
+	var aliases []string
+	for _, a := range []string{tpl.Alias, tpl.Name} {
+		if a != "" && a != tpl.ID && !slices.Contains(aliases, a) {
+			aliases = append(aliases, a)
+		}
+	}
+	if len(aliases) == 0 {
+		aliases = []string{tpl.ID} // built-ins: the id is the name clients use
+	}
+	return e2b.TemplateInfo{
+		ID:          tpl.ID,
+		Aliases:     aliases,
+		Public:      true, // no teams: every key of this server may use it
+		BuildID:     tpl.Key,
+		CPUCount:    tpl.Settings.CPUCount,
+		MemoryMB:    tpl.Settings.MemoryMB,
+		DiskSizeMB:  tpl.Settings.DiskSizeMB,
+		EnvdVersion: envd.Version,
+		CreatedAt:   tpl.BuiltAt,
+		UpdatedAt:   tpl.BuiltAt,
+	}
 }
 
 // startNetwork sets up sandbox networking unless --sandbox-network=false.

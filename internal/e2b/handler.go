@@ -144,7 +144,9 @@ func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		ae = managerError(err, "", "")
 	}
 	switch {
-	case ae.status >= 500:
+	// 501 is a client asking for what Airlock does not offer (template
+	// builds through the API), not a server fault.
+	case ae.status >= 500 && ae.status != http.StatusNotImplemented:
 		h.log.Error("e2b api request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
 	default:
 		h.log.Debug("e2b api request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
