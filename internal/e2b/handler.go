@@ -46,7 +46,10 @@ type Options struct {
 	// Limits are the per-API-key rate limits (429 with Retry-After beyond
 	// them). The zero value limits nothing; servers pass DefaultLimits.
 	Limits Limits
-	Logger *slog.Logger
+	// Templates serves the template endpoints (templates.go); nil makes them
+	// answer 404 with a JSON message.
+	Templates Templates
+	Logger    *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (spec §2) over a Manager.
@@ -102,6 +105,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("GET /sandboxes/{sandboxID}/logs", h.logsV1)
 	h.handle("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)
 	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
+	h.routeTemplates()
 	return h
 }
 
@@ -140,7 +144,9 @@ func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		ae = managerError(err, "", "")
 	}
 	switch {
-	case ae.status >= 500:
+	// 501 is a client asking for what Airlock does not offer (template
+	// builds through the API), not a server fault.
+	case ae.status >= 500 && ae.status != http.StatusNotImplemented:
 		h.log.Error("e2b api request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
 	default:
 		h.log.Debug("e2b api request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)

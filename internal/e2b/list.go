@@ -55,22 +55,9 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	}
 
 	if v := q.Get("limit"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		var numErr *strconv.NumError
-		switch {
-		case err == nil:
-		case errors.As(err, &numErr) && errors.Is(numErr.Err, strconv.ErrRange):
-			// An integer too large for int64 is still an integer: clamp it
-			// like any other out-of-range limit.
-			n = listMaxLimit
-			if strings.HasPrefix(v, "-") {
-				n = 1
-			}
-		default:
-			return lq, badRequest("Invalid limit %q: must be an integer between 1 and %d", v, listMaxLimit)
+		if lq.limit, err = parseLimit(v, listMaxLimit); err != nil {
+			return lq, err
 		}
-		// Clamped rather than refused, as upstream's pagination helper does.
-		lq.limit = int(min(max(n, 1), listMaxLimit))
 	}
 
 	if v := q.Get("metadata"); v != "" {
@@ -106,6 +93,30 @@ func parseListQuery(q url.Values) (listQuery, error) {
 		lq.after = &c
 	}
 	return lq, nil
+}
+
+// parseLimit reads a page size; empty means maxLimit. Out-of-range values are
+// clamped to 1..maxLimit rather than refused, as upstream's pagination helper
+// does; only a non-integer is a 400.
+func parseLimit(v string, maxLimit int) (int, error) {
+	if v == "" {
+		return maxLimit, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	var numErr *strconv.NumError
+	switch {
+	case err == nil:
+	case errors.As(err, &numErr) && errors.Is(numErr.Err, strconv.ErrRange):
+		// An integer too large for int64 is still an integer: clamp it
+		// like any other out-of-range limit.
+		n = int64(maxLimit)
+		if strings.HasPrefix(v, "-") {
+			n = 1
+		}
+	default:
+		return 0, badRequest("Invalid limit %q: must be an integer between 1 and %d", v, maxLimit)
+	}
+	return int(min(max(n, 1), int64(maxLimit))), nil
 }
 
 // parseStates accepts the SDKs' form style (state=running,paused) and, for

@@ -1,0 +1,573 @@
+package e2b
+
+// The E2B template endpoints (upstream OpenAPI tag "templates"), as far as a
+// server that builds its templates itself can honour them:
+//
+//	GET    /templates                   list (the E2B CLI's `template list`)
+//	GET    /v2/templates                list with limit/nextToken pagination
+//	GET    /templates/{templateID}      one template with its builds
+//	GET    /templates/aliases/{alias}   Template.exists / aliasExists
+//	DELETE /templates/{templateID}      Sandbox.deleteSnapshot, `template delete`
+//
+// The build, tag and visibility endpoints answer 501 with a JSON body, so the
+// SDK's Template.build fails with a message instead of a bare 404.
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+)
+
+// Templates is what the template endpoints need from the template store.
+// Every method takes a template id or any of its aliases.
+type Templates interface {
+	// List returns every template a sandbox can be created from.
+	List(ctx context.Context) ([]TemplateInfo, error)
+	// Get returns one template; unknown names wrap ErrTemplateNotFound.
+	Get(ctx context.Context, idOrAlias string) (TemplateInfo, error)
+	// Delete removes a template. Errors wrap ErrTemplateNotFound,
+	// ErrTemplateInUse (preferably as *TemplateInUseError, so the answer can
+	// say how many sandboxes hold it) or ErrTemplateProtected.
+	Delete(ctx context.Context, idOrAlias string) error
+}
+
+var (
+	// ErrTemplateNotFound is the manager's error, so one template store can
+	// serve both the manager and these endpoints.
+	ErrTemplateNotFound = sandbox.ErrTemplateNotFound
+	// ErrTemplateInUse: sandboxes (running or paused) still use the
+	// template's root filesystem. Answered with 409.
+	ErrTemplateInUse = errors.New("template in use")
+	// ErrTemplateProtected: the template may not be deleted (a built-in).
+	// Answered with 403 and the error's own text.
+	ErrTemplateProtected = errors.New("template is protected")
+)
+
+// TemplateInUseError is ErrTemplateInUse with the count that makes the
+// answer actionable ("kill these 3 sandboxes first").
+type TemplateInUseError struct {
+	Template  string
+	Sandboxes int
+}
+
+func (e *TemplateInUseError) Error() string {
+	noun := "sandboxes"
+	if e.Sandboxes == 1 {
+		noun = "sandbox"
+	}
+	return fmt.Sprintf("template %q is used by %d %s (running or paused); kill them first", e.Template, e.Sandboxes, noun)
+}
+
+func (e *TemplateInUseError) Is(target error) bool { return target == ErrTemplateInUse }
+
+// Build states of the upstream TemplateBuildStatus enum.
+const (
+	BuildStatusReady    = "ready"
+	BuildStatusBuilding = "building"
+	BuildStatusWaiting  = "waiting"
+	BuildStatusError    = "error"
+)
+
+// TemplateInfo is a template as the endpoints show it.
+type TemplateInfo struct {
+	ID string
+	// Aliases are the other names clients may use; shown as both "aliases"
+	// and "names" (upstream's namespaced form, which Airlock does not have).
+	Aliases []string
+	// Public is upstream's visibility flag. Airlock has no teams, so a store
+	// normally reports true: every API key of the server can use it.
+	Public bool
+	// BuildID identifies the build sandboxes get now. Upstream clients treat
+	// it as opaque, but the schema declares a UUID for TemplateBuild.buildID,
+	// so UUID-shaped ids suit strict generated clients best.
+	BuildID string
+	// BuildStatus is one of the BuildStatus* values; empty means ready.
+	BuildStatus string
+	CPUCount    int
+	MemoryMB    int
+	DiskSizeMB  int
+	// EnvdVersion empty means Options.EnvdVersion (envd is mounted into every
+	// sandbox by the server, so its version is the server's).
+	EnvdVersion string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	// BuildCount 0 means 1 when BuildID is set.
+	BuildCount int
+	// Builds, newest first, for GET /templates/{id}. Nil means one build made
+	// of the fields above.
+	Builds []TemplateBuildInfo
+}
+
+// TemplateBuildInfo is one build of a template.
+type TemplateBuildInfo struct {
+	ID          string
+	Status      string // BuildStatus*; empty means ready
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	FinishedAt  time.Time // zero: not finished (omitted on the wire)
+	CPUCount    int
+	MemoryMB    int
+	DiskSizeMB  int
+	EnvdVersion string // empty: Options.EnvdVersion
+}
+
+// Wire types, named after the upstream schemas (spec/openapi.yml of
+// e2b-dev/infra). Every required key is always present.
+
+// templateJSON is the `Template` schema.
+type templateJSON struct {
+	TemplateID    string     `json:"templateID"`
+	BuildID       string     `json:"buildID"`
+	CPUCount      int        `json:"cpuCount"`
+	MemoryMB      int        `json:"memoryMB"`
+	DiskSizeMB    int        `json:"diskSizeMB"`
+	Public        bool       `json:"public"`
+	Aliases       []string   `json:"aliases"`
+	Names         []string   `json:"names"`
+	CreatedAt     time.Time  `json:"createdAt"`
+	UpdatedAt     time.Time  `json:"updatedAt"`
+	CreatedBy     *teamUser  `json:"createdBy"` // always null: no user accounts
+	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
+	SpawnCount    int64      `json:"spawnCount"`
+	BuildCount    int        `json:"buildCount"`
+	EnvdVersion   string     `json:"envdVersion"`
+	BuildStatus   string     `json:"buildStatus"`
+}
+
+// teamUser is the `TeamUser` schema; declared so createdBy has its type.
+type teamUser struct {
+	ID    string  `json:"id"`
+	Email *string `json:"email"`
+}
+
+// templateWithBuildsJSON is the `TemplateWithBuilds` schema.
+type templateWithBuildsJSON struct {
+	TemplateID    string              `json:"templateID"`
+	Public        bool                `json:"public"`
+	Aliases       []string            `json:"aliases"`
+	Names         []string            `json:"names"`
+	CreatedAt     time.Time           `json:"createdAt"`
+	UpdatedAt     time.Time           `json:"updatedAt"`
+	LastSpawnedAt *time.Time          `json:"lastSpawnedAt"`
+	SpawnCount    int64               `json:"spawnCount"`
+	Builds        []templateBuildJSON `json:"builds"`
+}
+
+// templateBuildJSON is the `TemplateBuild` schema.
+type templateBuildJSON struct {
+	BuildID     string     `json:"buildID"`
+	Status      string     `json:"status"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	UpdatedAt   time.Time  `json:"updatedAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	CPUCount    int        `json:"cpuCount"`
+	MemoryMB    int        `json:"memoryMB"`
+	DiskSizeMB  int        `json:"diskSizeMB"`
+	EnvdVersion string     `json:"envdVersion"`
+}
+
+// templateAliasJSON is the `TemplateAliasResponse` schema.
+type templateAliasJSON struct {
+	TemplateID string `json:"templateID"`
+	Public     bool   `json:"public"`
+}
+
+// templatePageMax is upstream's limit cap for template and build pages.
+const templatePageMax = 100
+
+// routeTemplates registers the template endpoints on h.mux.
+func (h *Handler) routeTemplates() {
+	h.handle("GET /templates", h.listTemplatesV1)
+	h.handle("GET /v2/templates", h.listTemplatesV2)
+	h.handle("GET /templates/{templateID}", h.getTemplate)
+	h.handle("GET /templates/aliases/{alias}", h.templateAlias)
+	h.handle("DELETE /templates/{templateID}", h.deleteTemplate)
+
+	build := notImplemented("Building templates through the E2B API is not supported by Airlock; build them on the server with `airlock template build`")
+	for _, p := range []string{
+		"POST /v3/templates",
+		"POST /v2/templates",
+		"POST /templates",
+		"POST /templates/{templateID}",
+		"GET /templates/{templateID}/files/{hash}",
+		"POST /templates/{templateID}/builds/{buildID}",
+		"POST /v2/templates/{templateID}/builds/{buildID}",
+		"GET /templates/{templateID}/builds/{buildID}/status",
+		"GET /templates/{templateID}/builds/{buildID}/logs",
+	} {
+		h.handle(p, build)
+	}
+	tags := notImplemented("Template tags are not supported by Airlock; refer to a template by its id or name")
+	h.handle("POST /templates/tags", tags)
+	h.handle("DELETE /templates/tags", tags)
+	// "GET /templates/{templateID}/tags" would clash with the alias route
+	// (both match /templates/aliases/tags and neither is more specific), so
+	// the one-segment suffix is matched here and only "tags" answered.
+	h.handle("GET /templates/{templateID}/{sub}", func(w http.ResponseWriter, r *http.Request) error {
+		if r.PathValue("sub") == "tags" {
+			return tags(w, r)
+		}
+		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}
+	})
+	// PATCH sets the "public" flag, which has no meaning without teams.
+	visibility := notImplemented("Changing template visibility is not supported by Airlock: every API key of the server can use every template")
+	h.handle("PATCH /templates/{templateID}", visibility)
+	h.handle("PATCH /v2/templates/{templateID}", visibility)
+}
+
+func notImplemented(message string) apiHandler {
+	return func(http.ResponseWriter, *http.Request) error {
+		return &apiError{status: http.StatusNotImplemented, message: message}
+	}
+}
+
+// errNoTemplates answers every template endpoint when Options.Templates is
+// nil. 404 keeps Template.exists and deleteSnapshot answering false.
+var errNoTemplates = &apiError{status: http.StatusNotFound, message: "template endpoints are not available: this server has no template store"}
+
+// templateRef validates a {templateID} or {alias} path value. Upstream
+// accepts "[namespace/]name[:tag]"; Airlock has neither namespaces nor tags,
+// so those are refused with a 400 that says so rather than a 404 that would
+// read as "no such template".
+func templateRef(r *http.Request, param string) (string, error) {
+	ref := r.PathValue(param)
+	if strings.Contains(ref, ":") {
+		return "", badRequest("Invalid template %q: tags are not supported", ref)
+	}
+	if strings.Contains(ref, "/") {
+		return "", badRequest("Invalid template %q: namespaces are not supported", ref)
+	}
+	if !validTemplateRef(ref) {
+		return "", badRequest("Invalid template %q: want 1 to 128 letters, digits, '.', '_' or '-'", ref)
+	}
+	return ref, nil
+}
+
+func validTemplateRef(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// templateError maps a Templates error to its wire form. The message is the
+// store's own text (it names the template and the reason); op only goes to
+// the log. ref is what the request named.
+func templateError(op string, err error, ref string) *apiError {
+	cause := fmt.Errorf("%s: %w", op, err)
+	var inUse *TemplateInUseError
+	switch {
+	case errors.As(err, &inUse):
+		return &apiError{status: http.StatusConflict, message: inUse.Error(), err: cause}
+	case errors.Is(err, ErrTemplateInUse):
+		return &apiError{status: http.StatusConflict, message: err.Error(), err: cause}
+	case errors.Is(err, ErrTemplateProtected):
+		return &apiError{status: http.StatusForbidden, message: err.Error(), err: cause}
+	}
+	ae := *managerError(err, "", ref) // a copy: the original may be the store's own *apiError
+	ae.err = cause
+	return &ae
+}
+
+// usage is what the live sandboxes say about one template.
+type usage struct {
+	count int64
+	last  time.Time
+}
+
+// templateUsage counts the sandboxes alive now (running or paused) per
+// template id. The manager keeps no history, so this is what spawnCount and
+// lastSpawnedAt report: not all-time use, but a count that is exact for the
+// question a user asks before deleting a template.
+func (h *Handler) templateUsage(ctx context.Context) (map[string]usage, error) {
+	infos, err := h.m.List(ctx, sandbox.ListFilter{})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	out := map[string]usage{}
+	for _, info := range infos {
+		u := out[info.TemplateID]
+		u.count++
+		if info.StartedAt.After(u.last) {
+			u.last = info.StartedAt
+		}
+		out[info.TemplateID] = u
+	}
+	return out, nil
+}
+
+func (u usage) lastSpawned() *time.Time {
+	if u.last.IsZero() {
+		return nil
+	}
+	t := u.last.UTC()
+	return &t
+}
+
+func (h *Handler) templateJSON(t TemplateInfo, u usage) templateJSON {
+	builds := t.BuildCount
+	if builds == 0 && t.BuildID != "" {
+		builds = 1
+	}
+	return templateJSON{
+		TemplateID:    t.ID,
+		BuildID:       t.BuildID,
+		CPUCount:      t.CPUCount,
+		MemoryMB:      t.MemoryMB,
+		DiskSizeMB:    t.DiskSizeMB,
+		Public:        t.Public,
+		Aliases:       nonNil(t.Aliases),
+		Names:         nonNil(t.Aliases),
+		CreatedAt:     t.CreatedAt.UTC(),
+		UpdatedAt:     t.UpdatedAt.UTC(),
+		LastSpawnedAt: u.lastSpawned(),
+		SpawnCount:    u.count,
+		BuildCount:    builds,
+		EnvdVersion:   h.orEnvd(t.EnvdVersion),
+		BuildStatus:   orReady(t.BuildStatus),
+	}
+}
+
+func (h *Handler) orEnvd(v string) string {
+	if v == "" {
+		return h.opts.EnvdVersion
+	}
+	return v
+}
+
+func orReady(status string) string {
+	if status == "" {
+		return BuildStatusReady
+	}
+	return status
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// listedTemplates returns every template in wire form, sorted by id so that
+// pages of /v2/templates are stable.
+func (h *Handler) listedTemplates(ctx context.Context) ([]templateJSON, error) {
+	if h.opts.Templates == nil {
+		return nil, errNoTemplates
+	}
+	ts, err := h.opts.Templates.List(ctx)
+	if err != nil {
+		return nil, templateError("list templates", err, "")
+	}
+	used, err := h.templateUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]templateJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, h.templateJSON(t, used[t.ID]))
+	}
+	slices.SortFunc(out, func(a, b templateJSON) int { return strings.Compare(a.TemplateID, b.TemplateID) })
+	return out, nil
+}
+
+// listTemplatesV1 is GET /templates: the whole list. Its teamID parameter is
+// ignored: a server without teams has one team, whichever id the CLI sends.
+func (h *Handler) listTemplatesV1(w http.ResponseWriter, r *http.Request) error {
+	out, err := h.listedTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// listTemplatesV2 is GET /v2/templates: the same list in pages of limit
+// (default and cap 100, clamped like the sandbox list). The token is the
+// last id of the page, so a page survives the deletion of that template.
+func (h *Handler) listTemplatesV2(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, err := parseLimit(q.Get("limit"), templatePageMax)
+	if err != nil {
+		return err
+	}
+	var after string
+	if tok := q.Get("nextToken"); tok != "" {
+		if after, err = decodeTemplateToken(tok); err != nil {
+			return badRequest("Invalid next token")
+		}
+	}
+	out, err := h.listedTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	if after != "" {
+		i, found := slices.BinarySearchFunc(out, after, func(t templateJSON, id string) int { return strings.Compare(t.TemplateID, id) })
+		if found {
+			i++
+		}
+		out = out[i:]
+	}
+	if len(out) > limit {
+		out = out[:limit]
+		w.Header().Set(headerNextToken, encodeTemplateToken(out[len(out)-1].TemplateID))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// Template and build page tokens are URL-safe base64 of an id, so the client
+// sees them as opaque like every other token of the API.
+func encodeTemplateToken(id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(id))
+}
+
+func decodeTemplateToken(tok string) (string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(tok, "="))
+	if err != nil {
+		return "", fmt.Errorf("decode token: %w", err)
+	}
+	if !validTemplateRef(string(raw)) {
+		return "", fmt.Errorf("decode token: invalid id %q", raw)
+	}
+	return string(raw), nil
+}
+
+// getTemplate is GET /templates/{templateID}: TemplateWithBuilds, its builds
+// newest first in pages of limit (X-Next-Token when more remain).
+func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) error {
+	ref, err := templateRef(r, "templateID")
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	limit, err := parseLimit(q.Get("limit"), templatePageMax)
+	if err != nil {
+		return err
+	}
+	var after string
+	if tok := q.Get("nextToken"); tok != "" {
+		if after, err = decodeTemplateToken(tok); err != nil {
+			return badRequest("Invalid next token")
+		}
+	}
+	if h.opts.Templates == nil {
+		return errNoTemplates
+	}
+	t, err := h.opts.Templates.Get(r.Context(), ref)
+	if err != nil {
+		return templateError("get template "+ref, err, ref)
+	}
+	used, err := h.templateUsage(r.Context())
+	if err != nil {
+		return err
+	}
+
+	builds := t.Builds
+	if builds == nil && t.BuildID != "" {
+		builds = []TemplateBuildInfo{{
+			ID: t.BuildID, Status: t.BuildStatus,
+			CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt,
+			CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
+			EnvdVersion: t.EnvdVersion,
+		}}
+		if orReady(t.BuildStatus) == BuildStatusReady {
+			builds[0].FinishedAt = t.CreatedAt
+		}
+	}
+	if after != "" {
+		// Builds are few and rarely removed; a token naming one that is gone
+		// is refused rather than guessed at.
+		i := slices.IndexFunc(builds, func(b TemplateBuildInfo) bool { return b.ID == after })
+		if i < 0 {
+			return badRequest("Invalid next token")
+		}
+		builds = builds[i+1:]
+	}
+	if len(builds) > limit {
+		builds = builds[:limit]
+		w.Header().Set(headerNextToken, encodeTemplateToken(builds[len(builds)-1].ID))
+	}
+
+	u := used[t.ID]
+	out := templateWithBuildsJSON{
+		TemplateID:    t.ID,
+		Public:        t.Public,
+		Aliases:       nonNil(t.Aliases),
+		Names:         nonNil(t.Aliases),
+		CreatedAt:     t.CreatedAt.UTC(),
+		UpdatedAt:     t.UpdatedAt.UTC(),
+		LastSpawnedAt: u.lastSpawned(),
+		SpawnCount:    u.count,
+		Builds:        make([]templateBuildJSON, 0, len(builds)),
+	}
+	for _, b := range builds {
+		jb := templateBuildJSON{
+			BuildID:     b.ID,
+			Status:      orReady(b.Status),
+			CreatedAt:   b.CreatedAt.UTC(),
+			UpdatedAt:   b.UpdatedAt.UTC(),
+			CPUCount:    b.CPUCount,
+			MemoryMB:    b.MemoryMB,
+			DiskSizeMB:  b.DiskSizeMB,
+			EnvdVersion: h.orEnvd(b.EnvdVersion),
+		}
+		if !b.FinishedAt.IsZero() {
+			f := b.FinishedAt.UTC()
+			jb.FinishedAt = &f
+		}
+		out.Builds = append(out.Builds, jb)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// templateAlias is GET /templates/aliases/{alias}, which Template.exists
+// reads as: 200 (or 403) exists, 404 does not, anything else throws.
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request) error {
+	ref, err := templateRef(r, "alias")
+	if err != nil {
+		return err
+	}
+	if h.opts.Templates == nil {
+		return errNoTemplates
+	}
+	t, err := h.opts.Templates.Get(r.Context(), ref)
+	if err != nil {
+		return templateError("resolve template alias "+ref, err, ref)
+	}
+	writeJSON(w, http.StatusOK, templateAliasJSON{TemplateID: t.ID, Public: t.Public})
+	return nil
+}
+
+// deleteTemplate is DELETE /templates/{templateID}: 204, or 404 (which
+// Sandbox.deleteSnapshot turns into false), 409 while sandboxes use it, 403
+// for a protected template.
+func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	ref, err := templateRef(r, "templateID")
+	if err != nil {
+		return err
+	}
+	if h.opts.Templates == nil {
+		return errNoTemplates
+	}
+	if err := h.opts.Templates.Delete(r.Context(), ref); err != nil {
+		return templateError("delete template "+ref, err, ref)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
