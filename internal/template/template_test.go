@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/ociimage"
+	"github.com/airlock-sandbox/airlock/internal/ociimage/ocitest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -202,16 +204,16 @@ func TestBuildEveryInstructionAndCache(t *testing.T) {
 	m := sandboxes(t, s)
 	info := createFrom(t, m, name)
 	checks := map[string]string{
-		"cat /opt/app/built.txt":                           "hi from root in /opt/app",
-		"cat /opt/app/tool.out":                            "tool-ok",
+		"cat /opt/app/built.txt":                                  "hi from root in /opt/app",
+		"cat /opt/app/tool.out":                                   "tool-ok",
 		"cat /opt/app/readme.txt; stat -c %U /opt/app/readme.txt": "read me\nroot",
-		"stat -c %U:%G /home/user/notes.txt":               "user:user",
-		"cat /opt/bundle/inner/file.txt":                   "from the bundle",
-		"cat /home/user/work/whoami.txt":                   "hi as 1000 mode test",
-		"whoami; pwd":                                      "user\n/home/user/work",
-		`echo "$APP_HOME|$MODE|$LEGACY|${GREETING:-unset}"`: "/opt/app|test|value with spaces|unset",
-		"stat -c %U /home/user/work":                       "user",
-		"test -L /bin && echo merged-usr intact":           "merged-usr intact",
+		"stat -c %U:%G /home/user/notes.txt":                      "user:user",
+		"cat /opt/bundle/inner/file.txt":                          "from the bundle",
+		"cat /home/user/work/whoami.txt":                          "hi as 1000 mode test",
+		"whoami; pwd":                                             "user\n/home/user/work",
+		`echo "$APP_HOME|$MODE|$LEGACY|${GREETING:-unset}"`:       "/opt/app|test|value with spaces|unset",
+		"stat -c %U /home/user/work":                              "user",
+		"test -L /bin && echo merged-usr intact":                  "merged-usr intact",
 	}
 	for cmd, want := range checks {
 		if got := runIn(t, m, info, cmd); got != want {
@@ -450,6 +452,62 @@ func TestRemoveRefusedWhileInUse(t *testing.T) {
 	}
 	if _, err := os.Stat(base.RootFS); err != nil {
 		t.Errorf("removing a child removed base's layer: %v", err)
+	}
+}
+
+// TestBuildFromOCIImages imports images made here (never a public registry): the
+// built base rootfs as an image in an in-process registry, checked inside a
+// sandbox, and a small image from a docker-archive tarball and an OCI layout.
+func TestBuildFromOCIImages(t *testing.T) {
+	s := storeFor(t)
+	base, err := s.Get("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := ocitest.ImageFromDir(t, base.RootFS, ociimage.Config{
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "FROM_IMAGE=yes"},
+		WorkingDir: "/srv",
+	}, map[string]string{"srv/marker.txt": "from the image\n", "etc/.wh.motd": ""})
+	ref := ocitest.Push(t, ocitest.Registry(t), "airlock/test-base:1", img)
+	name := uniqueName(t, s, "oci")
+	tpl, out := build(t, s, template.BuildRequest{Name: name, Dockerfile: []byte("FROM " + ref + "\nRUN cat /srv/marker.txt > /srv/copied.txt\n")})
+	t.Logf("build from %s:\n%s", ref, out)
+	if tpl.Settings.DefaultWorkdir != "/srv" || tpl.Source.From != ref {
+		t.Errorf("template from image: %+v", tpl)
+	}
+	m := sandboxes(t, s)
+	info := createFrom(t, m, name)
+	for cmd, want := range map[string]string{
+		"cat /srv/copied.txt":                            "from the image",
+		"echo $FROM_IMAGE; pwd; whoami":                  "yes\n/srv\nuser",
+		"test -e /etc/motd && echo present || echo gone": "gone",
+	} {
+		if got := runIn(t, m, info, cmd); got != want {
+			t.Errorf("%s: got %q, want %q", cmd, got, want)
+		}
+	}
+
+	small := ocitest.Build(t, ociimage.Config{Env: []string{"PATH=/bin", "SMALL=1"}, User: "1000:1000"},
+		ocitest.FilesLayer(t, map[string]string{"data/a.txt": "a\n", "etc/passwd": "root:x:0:0::/root:/bin/sh\n"}))
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"extra.txt": "extra\n"})
+	for _, ref := range []string{
+		ocitest.WriteDockerArchive(t, filepath.Join(t.TempDir(), "small.tar"), "small:1", small),
+		ocitest.WriteLayout(t, t.TempDir(), "v1", small),
+	} {
+		name := uniqueName(t, s, "small")
+		tpl, out := build(t, s, template.BuildRequest{
+			Name: name, Dockerfile: []byte("FROM " + ref + "\nCOPY extra.txt /data/\n"), ContextDir: dir,
+		})
+		for file, want := range map[string]string{"data/a.txt": "a\n", "data/extra.txt": "extra\n", "usr/local/bin/envd": ""} {
+			got, err := os.ReadFile(filepath.Join(tpl.RootFS, file))
+			if err != nil || string(got) != want {
+				t.Errorf("%s: /%s = %q, %v; want %q\n%s", ref, file, got, err, want, out)
+			}
+		}
+		if tpl.Settings.DefaultUser != "1000" || !contains(tpl.Config.Env, "SMALL=1") {
+			t.Errorf("%s: image config not carried: %+v %+v", ref, tpl.Settings, tpl.Config)
+		}
 	}
 }
 
