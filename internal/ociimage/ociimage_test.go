@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,7 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
@@ -775,4 +780,32 @@ func TestImageFromDir(t *testing.T) {
 	if readFile(t, filepath.Join(dst, "etc/added")) != "new" || readFile(t, filepath.Join(dst, "opt/x/y")) != "deep" {
 		t.Errorf("extra layers missing")
 	}
+}
+
+func TestLayerCompressions(t *testing.T) {
+	gz := ocitest.TarLayer(t, []*tar.Header{file("gz", 0o644, 0, 0), file("old", 0o644, 0, 0)}, []string{"gzip", "old"})
+	zb := ocitest.TarBytes(t, []*tar.Header{file("zst", 0o644, 0, 0)}, []string{"zstd"})
+	zst, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(zb)), nil },
+		tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := static.NewLayer(ocitest.TarBytes(t, []*tar.Header{file("plain", 0o644, 0, 0), file(".wh.old", 0, 0, 0)}, []string{"tar", ""}), types.OCIUncompressedLayer)
+	host := ocitest.Registry(t)
+	ref := ocitest.Push(t, host, "comp", ocitest.Build(t, ociimage.Config{}, gz, zst, plain))
+	ctx := context.Background()
+	im, err := ociimage.Open(ctx, ref, ociimage.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if err := im.Extract(ctx, dst, nil); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]string{"gz": "gzip", "zst": "zstd", "plain": "tar"} {
+		if got := readFile(t, filepath.Join(dst, f)); got != want {
+			t.Errorf("%s = %q", f, got)
+		}
+	}
+	absent(t, filepath.Join(dst, "old"))
 }

@@ -6,7 +6,6 @@ package ocitest
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"io"
 	"io/fs"
 	"log"
@@ -28,6 +27,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	// klauspost's gzip writes about twice as fast as the standard library's,
+	// which matters for a rootfs of hundreds of MB.
+	"github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
@@ -127,9 +129,20 @@ func FilesLayer(t testing.TB, files map[string]string) v1.Layer {
 	return TarLayer(t, hs, bodies)
 }
 
-// TarLayer is a layer made of exactly these tar headers; a regular file's
-// content is the body of the same index (Size is set from it).
+// TarLayer is a gzip'd layer made of exactly these tar headers; a regular
+// file's content is the body of the same index (Size is set from it).
 func TarLayer(t testing.TB, hs []*tar.Header, bodies []string) v1.Layer {
+	t.Helper()
+	b := TarBytes(t, hs, bodies)
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TarBytes is the uncompressed tar stream of TarLayer.
+func TarBytes(t testing.TB, hs []*tar.Header, bodies []string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -156,12 +169,7 @@ func TarLayer(t testing.TB, hs []*tar.Header, bodies []string) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return buf.Bytes()
 }
 
 // WriteTree writes the tree at dir to w as a tar stream, names relative to
