@@ -31,6 +31,9 @@ const (
 	whiteoutMeta   = ".wh..wh." // aufs bookkeeping (.wh..wh.plnk, .wh..wh.aufs): ignored
 )
 
+// progressStep is how many bytes Extract reads between progress calls.
+const progressStep = 1 << 20
+
 // layerSource is what Open learnt about one layer.
 type layerSource struct {
 	size   int64  // bytes Extract will read, for progress
@@ -75,12 +78,20 @@ func (r *hashReader) Read(p []byte) (int, error) {
 // sandbox gets its own /dev) and counted in a warning. Of xattrs, user.* and
 // security.capability are kept, the rest dropped.
 //
-// progress, if not nil, is called with the bytes read so far and Size. On
+// progress, if not nil, is called with the bytes read so far and Size, about
+// once per MiB and once at the end. On
 // error or cancellation dst is left partly written; the caller removes it.
 func (i *Image) Extract(ctx context.Context, dst string, progress func(doneBytes, totalBytes int64)) error {
 	root, err := filepath.EvalSymlinks(dst)
 	if err != nil {
 		return fmt.Errorf("extract %s: %w", i.Ref, err)
+	}
+	// An image merged into an existing tree would be neither the image nor
+	// the tree; refuse rather than guess.
+	if ents, err := os.ReadDir(root); err != nil {
+		return fmt.Errorf("extract %s: %w", i.Ref, err)
+	} else if len(ents) > 0 {
+		return fmt.Errorf("extract %s: destination %s is not empty", i.Ref, dst)
 	}
 	if root, err = filepath.Abs(root); err != nil {
 		return fmt.Errorf("extract %s: %w", i.Ref, err)
@@ -103,10 +114,12 @@ func (i *Image) Extract(ctx context.Context, dst string, progress func(doneBytes
 		maxBytes: i.opts.MaxBytes,
 		dirTimes: map[string]time.Time{},
 	}
-	var done int64
+	// progress is called at most once per progressStep bytes, and at the end.
+	var done, told int64
 	report := func(n int) {
 		done += int64(n)
-		if progress != nil {
+		if progress != nil && done-told >= progressStep {
+			told = done
 			progress(min(done, i.Size), i.Size)
 		}
 	}

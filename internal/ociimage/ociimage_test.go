@@ -255,10 +255,13 @@ func TestRegistryExtract(t *testing.T) {
 	if err := im.Extract(ctx, dst, func(d, tot int64) { last, total = d, tot; calls++ }); err != nil {
 		t.Fatal(err)
 	}
-	if calls < 2 || last != im.Size || total != im.Size {
+	if calls < 1 || last != im.Size || total != im.Size {
 		t.Errorf("progress: %d calls, last %d/%d, want %d", calls, last, total, im.Size)
 	}
 	checkRich(t, dst)
+	if err := im.Extract(ctx, dst, nil); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Errorf("extract into a non-empty dir: %v", err)
+	}
 
 	// The same reference with docker:// and by digest resolves the same.
 	for _, r := range []string{"docker://" + ref, host + "/rich@" + want.String()} {

@@ -49,6 +49,9 @@ type Options struct {
 	Keychain authn.Keychain
 	// Transport is the HTTP transport for registry traffic (tests).
 	Transport http.RoundTripper
+	// Insecure speaks plain HTTP to the registry. Without it ggcr already
+	// does so for localhost, loopback and RFC 1918 addresses only.
+	Insecure bool
 	// MaxBytes bounds the bytes of file content Extract writes; 0 means no
 	// bound. Exceeding it fails with ErrTooLarge.
 	MaxBytes int64
@@ -161,7 +164,11 @@ func Open(ctx context.Context, ref string, opts Options) (*Image, error) {
 }
 
 func (im *Image) openRegistry(ctx context.Context, src source, plat v1.Platform) error {
-	ref, err := name.ParseReference(src.ref)
+	var nopts []name.Option
+	if im.opts.Insecure {
+		nopts = append(nopts, name.Insecure)
+	}
+	ref, err := name.ParseReference(src.ref, nopts...)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", ErrBadRef, src.ref, err)
 	}
