@@ -79,8 +79,8 @@ func (r *hashReader) Read(p []byte) (int, error) {
 // security.capability are kept, the rest dropped.
 //
 // progress, if not nil, is called with the bytes read so far and Size, about
-// once per MiB and once at the end. On
-// error or cancellation dst is left partly written; the caller removes it.
+// once per MiB and once at the end. On error or cancellation dst is left
+// partly written; the caller removes it.
 func (i *Image) Extract(ctx context.Context, dst string, progress func(doneBytes, totalBytes int64)) error {
 	root, err := filepath.EvalSymlinks(dst)
 	if err != nil {
