@@ -4,6 +4,9 @@
 // It is a multi-call binary: the host also binds it over /usr/bin/sudo, and
 // invoked as `sudo` it is an unprivileged client that has the agent run the
 // command (internal/envd/sudo_proto.go), so sudo works without setuid.
+//
+// `envd step` is a third mode: the first process of a template build's
+// sandbox, which runs one build step (internal/envd/step.go).
 package main
 
 import (
@@ -26,6 +29,11 @@ func main() {
 	// stdin (the agent reads its config there) or log like the agent.
 	if name := filepath.Base(os.Args[0]); name == "sudo" || name == "sudoedit" {
 		os.Exit(envd.RunSudo(name, os.Args[1:]))
+	}
+	// `envd step`: the first process of a template build's sandbox (one RUN
+	// step), not the agent.
+	if len(os.Args) > 1 && os.Args[1] == "step" {
+		os.Exit(envd.RunStep(os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil))))
 	}
 	os.Exit(run())
 }

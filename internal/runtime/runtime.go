@@ -23,6 +23,9 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -89,6 +92,41 @@ type Spec struct {
 	// sandbox joins; the caller owns it and its interfaces. Empty means a new,
 	// private namespace with only loopback.
 	NetNS string
+	// Upper, when set, is the directory that receives the sandbox's writes instead of <Dir>/upper, and
+	// Destroy leaves it in place: a template build keeps it as a layer. It must be on the filesystem of
+	// Dir (overlay's work dir stays in Dir) and must not be inside Dir.
+	Upper string
+}
+
+// CheckUpper validates Spec.Upper against Spec.Dir for a backend: absolute,
+// and not inside Dir (Destroy removes Dir and must leave Upper).
+func CheckUpper(spec Spec) error {
+	if spec.Upper == "" {
+		return nil
+	}
+	if !filepath.IsAbs(spec.Upper) {
+		return fmt.Errorf("runtime: Upper %q must be an absolute path", spec.Upper)
+	}
+	dir, err := filepath.Abs(spec.Dir)
+	if err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	if rel, err := filepath.Rel(dir, filepath.Clean(spec.Upper)); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("runtime: Upper %s is inside Dir %s, which Destroy removes", spec.Upper, spec.Dir)
+	}
+	return nil
+}
+
+// OverlayOptions are the mount options of a sandbox's root overlay. Both
+// redirect_dir and metacopy are forced off, whatever the kernel's defaults
+// (CONFIG_OVERLAY_FS_REDIRECT_DIR / _METACOPY, module parameters): with them on,
+// a renamed directory is stored in upper as a redirect xattr pointing into lower,
+// and a chmod/chown copies up metadata only, with the data still read from lower.
+// An upper dir kept as a template layer (Spec.Upper) is then applied on its own,
+// outside overlayfs, so it must be a self-contained diff: every file in it has
+// its data, every directory its full contents or lower's at the same path.
+func OverlayOptions(lower, upper, work string) string {
+	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off"
 }
 
 // Mount binds a host path into the sandbox.

@@ -5,7 +5,9 @@
 //
 // On the host, a sandbox is:
 //
-//	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes)
+//	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes);
+//	                         Spec.Upper, when set, replaces <Spec.Dir>/upper and
+//	                         survives Destroy (recorded as a bundle annotation)
 //	<Spec.Dir>/rootfs        the overlay mount, handed to runsc as the OCI root
 //	<Spec.Dir>/bundle        the OCI bundle (config.json)
 //	<Spec.Dir>/runsc.log     runsc's own error messages from create
@@ -163,6 +165,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if !validID.MatchString(spec.ID) {
 		return nil, fmt.Errorf("gvisor runtime: sandbox id %q: want [a-z0-9]+", spec.ID)
 	}
+	if err := runtime.CheckUpper(spec); err != nil {
+		return nil, fmt.Errorf("gvisor runtime: %w", err)
+	}
 	// runsc's control socket lives in --root; a unix socket path has 108 bytes.
 	if sock := filepath.Join(r.root, "runsc-"+cid(spec.ID)+".sock"); len(sock) >= 108 {
 		return nil, fmt.Errorf("gvisor runtime: control socket path %s is too long for a unix socket; use a shorter state dir", sock)
@@ -175,13 +180,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if spec.NetNS != "" {
 		network = "sandbox"
 	}
-	s := &sandbox{rt: r, id: spec.ID, dir: dir, network: network}
+	s := &sandbox{rt: r, id: spec.ID, dir: dir, network: network, upper: spec.Upper}
 	defer func() {
 		if retErr != nil {
 			_ = s.Destroy(context.WithoutCancel(ctx))
 		}
 	}()
-	rootfs, err := mountOverlay(spec.Lower, dir)
+	rootfs, err := mountOverlay(spec.Lower, dir, s.upperDir())
 	if err != nil {
 		return nil, err
 	}
@@ -277,17 +282,16 @@ func runscErrors(path string) string {
 	return strings.Join(msgs, "; ")
 }
 
-// mountOverlay mounts the template (read-only lower) under a private writable
-// upper at dir/rootfs, as the linux backend does.
-func mountOverlay(lower, dir string) (string, error) {
-	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+// mountOverlay mounts the template (read-only lower) under a writable upper
+// at dir/rootfs, as the linux backend does; the work dir is in dir.
+func mountOverlay(lower, dir, upper string) (string, error) {
+	work, rootfs := filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return "", fmt.Errorf("gvisor runtime: %w", err)
 		}
 	}
-	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, runtime.OverlayOptions(lower, upper, work)); err != nil {
 		return "", fmt.Errorf("gvisor runtime: mount overlay on %s: %w", rootfs, err)
 	}
 	return rootfs, nil
@@ -360,8 +364,15 @@ func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
 		},
 	}
 	runtime.ApplyToOCI(s, spec)
+	if spec.Upper != "" {
+		s.Annotations = map[string]string{upperAnnotation: spec.Upper}
+	}
 	return s
 }
+
+// upperAnnotation records Spec.Upper in the bundle, so that a Destroy after a
+// restart (through Load) still knows where the writable layer is.
+const upperAnnotation = "airlock.upper"
 
 // Load re-attaches to a sandbox created earlier, by this or a previous process.
 func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
@@ -372,7 +383,7 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	network := "none"
+	network, upper := "none", ""
 	var spec specs.Spec
 	if b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json")); err == nil && json.Unmarshal(b, &spec) == nil && spec.Linux != nil {
 		for _, ns := range spec.Linux.Namespaces {
@@ -380,8 +391,9 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 				network = "sandbox"
 			}
 		}
+		upper = spec.Annotations[upperAnnotation]
 	}
-	return &sandbox{rt: r, id: id, dir: filepath.Dir(st.Bundle), network: network}, nil
+	return &sandbox{rt: r, id: id, dir: filepath.Dir(st.Bundle), network: network, upper: upper}, nil
 }
 
 // stateFiles returns the container ids runsc holds state for. Its state files
@@ -450,9 +462,18 @@ type sandbox struct {
 	rt      *Runtime
 	id, dir string
 	network string
+	upper   string // Spec.Upper; "" means <dir>/upper
 }
 
 func (s *sandbox) ID() string { return s.id }
+
+// upperDir is where the sandbox's writes land.
+func (s *sandbox) upperDir() string {
+	if s.upper != "" {
+		return s.upper
+	}
+	return filepath.Join(s.dir, "upper")
+}
 
 func (s *sandbox) Status() (runtime.Status, error) {
 	st, err := s.rt.state(s.id)
@@ -504,7 +525,7 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 	out.MemoryLimit = int64(mem.Usage.Limit)
 	out.Pids = int64(st.PidsStats.Current)
 	out.OOMKills = oomKills(m.Path("memory"))
-	out.WritableBytes = runtime.DiskUsage(filepath.Join(s.dir, "upper"))
+	out.WritableBytes = runtime.DiskUsage(s.upperDir())
 	return out, nil
 }
 

@@ -8,7 +8,8 @@
 // On the host, a sandbox is:
 //
 //	<Spec.Dir>/upper, work   overlay upper and work dirs (the sandbox's writes),
-//	                         owned by the sandbox's mapped root
+//	                         owned by the sandbox's mapped root; Spec.Upper, when
+//	                         set, replaces <Spec.Dir>/upper and survives Destroy
 //	<rootfsDir>/<key>-<id>   the overlay mount point, pivot_root'ed into
 //	                         (see Options.RootfsDir for why it is not in Spec.Dir)
 //	<stateRoot>/<id>/        libcontainer's state (survives our restarts)
@@ -157,9 +158,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
 		return nil, errors.New("linux runtime: spec needs ID, Dir, Lower and Init.Args")
 	}
+	if err := runtime.CheckUpper(spec); err != nil {
+		return nil, fmt.Errorf("linux runtime: %w", err)
+	}
 	s := &sandbox{
 		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, r.rootfsKey+"-"+spec.ID),
-		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps,
+		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps, upper: spec.Upper,
 	}
 	defer func() {
 		if retErr != nil {
@@ -171,7 +175,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 		return nil, fmt.Errorf("linux runtime: idmapped template: %w", err)
 	}
 	s.lower = lower
-	if err := mountOverlay(lower, spec.Dir, s.rootfs, r.ids); err != nil {
+	if err := mountOverlay(lower, spec.Dir, s.upperDir(), s.rootfs, r.ids); err != nil {
 		return nil, err
 	}
 	if err := r.chownWritableMounts(spec.Mounts); err != nil {
@@ -187,6 +191,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 		return nil, err
 	}
 	cfg.Labels = append(cfg.Labels, lowerLabel+lower, dirLabel+spec.Dir)
+	if spec.Upper != "" {
+		cfg.Labels = append(cfg.Labels, upperLabel+spec.Upper)
+	}
 	c, err := libcontainer.Create(r.stateRoot, spec.ID, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: create container: %w", err)
@@ -233,15 +240,20 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 		if v, ok := strings.CutPrefix(l, dirLabel); ok {
 			s.dir = v
 		}
+		if v, ok := strings.CutPrefix(l, upperLabel); ok {
+			s.upper = v
+		}
 	}
 	return s, nil
 }
 
 // Labels in libcontainer's state let a Destroy after a restart find what a
-// sandbox holds: its idmapped template view and its Spec.Dir.
+// sandbox holds: its idmapped template view, its Spec.Dir and its Spec.Upper
+// (which Destroy must leave in place).
 const (
 	lowerLabel = "airlock.lower="
 	dirLabel   = "airlock.dir="
+	upperLabel = "airlock.upper="
 )
 
 // List returns the ids of all containers with state on disk.
@@ -261,12 +273,13 @@ func (r *Runtime) List() ([]string, error) {
 }
 
 // mountOverlay mounts the template (its idmapped, read-only view) under a
-// private writable upper (in dir) at rootfs. The template itself is never copied or
-// written. The host mounts the overlay, so its own xattrs (trusted.overlay.*)
-// stay out of the sandbox's reach; upper and work belong to the sandbox's root
-// so that what it writes is owned by its mapped ids on the host.
-func mountOverlay(lower, dir, rootfs string, ids IDMap) error {
-	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+// private writable upper at rootfs; the work dir is in dir. The template itself
+// is never copied or written. The host mounts the overlay, so its own xattrs
+// (trusted.overlay.*) stay out of the sandbox's reach; upper and work belong to
+// the sandbox's root so that what it writes is owned by its mapped ids on the
+// host.
+func mountOverlay(lower, dir, upper, rootfs string, ids IDMap) error {
+	work := filepath.Join(dir, "work")
 	for _, d := range []string{upper, work, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("linux runtime: %w", err)
@@ -277,8 +290,7 @@ func mountOverlay(lower, dir, rootfs string, ids IDMap) error {
 			return fmt.Errorf("linux runtime: %w", err)
 		}
 	}
-	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, runtime.OverlayOptions(lower, upper, work)); err != nil {
 		return fmt.Errorf("linux runtime: mount overlay on %s: %w", rootfs, err)
 	}
 	return nil
@@ -505,12 +517,23 @@ type sandbox struct {
 	idmaps    *idmapStore
 	// lower is the idmapped template view this sandbox holds, if any.
 	lower string
+	// upper is Spec.Upper: the writable layer kept after Destroy ("" means
+	// <dir>/upper, removed with dir).
+	upper string
 	// reaped is closed once we have reaped the init process; nil when the
 	// sandbox was loaded and its init is not our child.
 	reaped chan struct{}
 }
 
 func (s *sandbox) ID() string { return s.id }
+
+// upperDir is where the sandbox's writes land.
+func (s *sandbox) upperDir() string {
+	if s.upper != "" {
+		return s.upper
+	}
+	return filepath.Join(s.dir, "upper")
+}
 
 func (s *sandbox) Status() (runtime.Status, error) {
 	st, err := s.c.Status()
@@ -544,7 +567,7 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 		out.MemoryLimit = int64(mem.Usage.Limit)
 		out.Pids = int64(cg.PidsStats.Current)
 	}
-	out.WritableBytes = runtime.DiskUsage(filepath.Join(s.dir, "upper"))
+	out.WritableBytes = runtime.DiskUsage(s.upperDir())
 	out.OOMKills = oomKills(s.c)
 	return out, nil
 }
@@ -565,7 +588,8 @@ func (s *sandbox) Resume() error {
 
 // Destroy tears down in order: processes and cgroups (libcontainer kills every
 // process of the cgroup, then removes it and its state), the overlay mount, and
-// the sandbox directory with the writable layer.
+// the sandbox directory with the writable layer (a Spec.Upper, outside the
+// directory, stays).
 func (s *sandbox) Destroy(ctx context.Context) error {
 	var errs []error
 	if s.c == nil {

@@ -73,6 +73,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
 	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
+	t.Run("UpperKeptAfterDestroy", func(t *testing.T) { testUpperKept(t, h) })
 	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })
 	t.Run("NeighboursInvisible", func(t *testing.T) { testNeighbours(t, h) })
 }
@@ -305,6 +306,58 @@ func testCreateFails(t *testing.T, h Harness) {
 	}
 	if ids, _ := r.List(); contains(ids, spec.ID) {
 		t.Errorf("failed Create left state for %s", spec.ID)
+	}
+}
+
+// testUpperKept: with Spec.Upper set, the sandbox's writes land there (not in
+// the template, not under Dir), and Destroy, also through a backend instance
+// that only loaded the sandbox (a restart), removes Dir but leaves Upper.
+func testUpperKept(t *testing.T, h Harness) {
+	r := h.New(t)
+	spec, out := newSpec(t, h)
+	spec.Upper = filepath.Join(filepath.Dir(spec.Dir), "kept-upper")
+	if err := os.Mkdir(spec.Upper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sb := create(t, r, spec)
+	waitFile(t, filepath.Join(out, "done"))
+	if b, err := os.ReadFile(filepath.Join(spec.Upper, "etc", "airlock-probe")); err != nil || strings.TrimSpace(string(b)) != "written" {
+		t.Fatalf("the probe's write to /etc is not in Upper: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(spec.Dir, "upper", "etc", "airlock-probe")); err == nil {
+		t.Errorf("the write also landed in <Dir>/upper")
+	}
+	st, err := sb.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.WritableBytes <= 0 {
+		t.Errorf("WritableBytes = %d; Stats must measure Upper", st.WritableBytes)
+	}
+	again, err := h.New(t).Load(spec.ID)
+	if err != nil {
+		t.Fatalf("Load from a new backend instance: %v", err)
+	}
+	if err := again.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if _, err := os.Stat(spec.Dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox dir %s still exists after Destroy (err=%v)", spec.Dir, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(spec.Upper, "etc", "airlock-probe")); err != nil || strings.TrimSpace(string(b)) != "written" {
+		t.Errorf("Upper lost the sandbox's write after Destroy: %q, %v", b, err)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), spec.Upper) {
+		t.Errorf("a mount referring to Upper survived Destroy")
+	}
+
+	// Upper inside Dir would be removed by Destroy: refused.
+	bad, _ := newSpec(t, h)
+	bad.Upper = filepath.Join(bad.Dir, "upper2")
+	if sb, err := r.Create(context.Background(), bad); err == nil {
+		_ = sb.Destroy(context.Background())
+		t.Errorf("Create accepted an Upper inside Dir")
 	}
 }
 

@@ -1,0 +1,302 @@
+package envd
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// StepSpec is what `envd step` reads on stdin: one command of a template build
+// (a RUN instruction), run as the build sandbox's first process.
+type StepSpec struct {
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	// User is Docker's USER: name, uid, name:group, uid:gid (or a mix).
+	// Empty means root.
+	User string `json:"user,omitempty"`
+	// ExitFile receives the StepResult as JSON; default DefaultStepExitFile.
+	ExitFile string `json:"exitFile,omitempty"`
+}
+
+// DefaultStepExitFile is where the result goes unless the spec says otherwise:
+// in a directory the host binds into the build sandbox.
+const DefaultStepExitFile = "/run/airlock/step.exit"
+
+// StepResult is how a step ended. Exactly one of the three is meaningful:
+// Error when the command could not be started at all (unknown user, missing
+// working directory or binary), else Signal when a signal killed it, else
+// ExitCode.
+type StepResult struct {
+	ExitCode int    `json:"exitCode"`
+	Signal   int    `json:"signal,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// DefaultPath is the PATH a step gets when its environment has none (Docker's).
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// StepCred is the identity a step's command runs as.
+type StepCred struct {
+	Name   string // "" when the uid has no passwd entry
+	UID    uint32
+	GID    uint32
+	Groups []uint32 // supplementary groups (the primary included)
+	Home   string
+}
+
+// ResolveStepUser resolves Docker's USER against the rootfs db reads, the way
+// Docker (runc's user.GetExecUser) does:
+//   - "" is root;
+//   - a name must exist in /etc/passwd; a numeric uid need not (then gid 0,
+//     home /);
+//   - without a group, the primary group is passwd's and the supplementary
+//     groups are those of /etc/group that list the user by name;
+//   - with ":group" (a name of /etc/group, or a gid that need not exist), that
+//     group is the only one.
+func ResolveStepUser(db *EtcUserDB, spec string) (*StepCred, error) {
+	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
+	if hasGroup && groupPart == "" {
+		return nil, fmt.Errorf("user %q: empty group", spec)
+	}
+	if userPart == "" {
+		if hasGroup {
+			return nil, fmt.Errorf("user %q: empty user", spec)
+		}
+		userPart = "root"
+	}
+	c := &StepCred{Home: "/"}
+	var u *User
+	if uid, err := strconv.ParseUint(userPart, 10, 32); err == nil {
+		c.UID = uint32(uid)
+		if name, ok := db.UserName(c.UID); ok {
+			if u, err = db.LookupUser(name); err != nil {
+				u = nil
+			}
+		}
+	} else {
+		if u, err = db.LookupUser(userPart); err != nil {
+			return nil, fmt.Errorf("user %q: no such user in /etc/passwd", userPart)
+		}
+		c.UID = u.UID
+	}
+	if u != nil {
+		c.Name, c.GID, c.Home = u.Name, u.GID, u.Home
+		c.Groups = append([]uint32(nil), u.Groups...)
+	} else {
+		c.Groups = []uint32{0}
+	}
+	if hasGroup {
+		gid, err := resolveGroup(db, groupPart)
+		if err != nil {
+			return nil, fmt.Errorf("user %q: %w", spec, err)
+		}
+		c.GID = gid
+		c.Groups = []uint32{gid}
+	}
+	if c.Home == "" {
+		c.Home = "/"
+	}
+	return c, nil
+}
+
+func resolveGroup(db *EtcUserDB, name string) (uint32, error) {
+	if gid, err := strconv.ParseUint(name, 10, 32); err == nil {
+		return uint32(gid), nil
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, g := range db.loadGroup().entries {
+		if g.name == name {
+			return g.gid, nil
+		}
+	}
+	if name == "root" {
+		return 0, nil
+	}
+	return 0, fmt.Errorf("no such group %q in /etc/group", name)
+}
+
+// StepEnv completes a step's environment: HOME, USER, LOGNAME and PATH get
+// defaults (from cred) when env lacks them; what env sets wins.
+func StepEnv(env []string, cred *StepCred) []string {
+	out := append([]string(nil), env...)
+	has := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		has[k] = true
+	}
+	name := cred.Name
+	if name == "" {
+		name = strconv.FormatUint(uint64(cred.UID), 10)
+	}
+	for _, kv := range [][2]string{{"PATH", DefaultPath}, {"HOME", cred.Home}, {"USER", name}, {"LOGNAME", name}} {
+		if !has[kv[0]] {
+			out = append(out, kv[0]+"="+kv[1])
+		}
+	}
+	return out
+}
+
+// stepLookPath finds a command the way a shell would, with the step's PATH
+// (not envd's own environment).
+func stepLookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	path := DefaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		p := filepath.Join(d, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: command not found in PATH", file)
+}
+
+// RunStep is `envd step`: it reads a StepSpec from in, runs the command as
+// described (stdin /dev/null, stdout and stderr both to envd's stdout), reaps
+// every process that ends while it waits (it is the sandbox's pid 1, so every
+// orphan becomes its child), writes the StepResult, and returns envd's own
+// exit status. When it returns, the sandbox's pid 1 exits and the kernel kills
+// whatever the step left running.
+func RunStep(in io.Reader, logger *slog.Logger) int {
+	var spec StepSpec
+	if err := json.NewDecoder(io.LimitReader(in, 4<<20)).Decode(&spec); err != nil {
+		logger.Error("step: reading the spec from stdin", "err", err)
+		return 2
+	}
+	exitFile := spec.ExitFile
+	if exitFile == "" {
+		exitFile = DefaultStepExitFile
+	}
+	res := runStep(spec)
+	if err := writeStepResult(exitFile, res); err != nil {
+		logger.Error("step: writing the result", "err", err)
+		return 2
+	}
+	if res.Error != "" {
+		fmt.Fprintf(os.Stdout, "airlock: %s\n", res.Error)
+		return 1
+	}
+	return 0
+}
+
+func runStep(spec StepSpec) StepResult {
+	if len(spec.Args) == 0 {
+		return StepResult{Error: "step has no command"}
+	}
+	cred, err := ResolveStepUser(&EtcUserDB{Root: "/"}, spec.User)
+	if err != nil {
+		return StepResult{Error: err.Error()}
+	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return StepResult{Error: fmt.Sprintf("working directory %s does not exist", cwd)}
+	}
+	env := StepEnv(spec.Env, cred)
+	bin, err := stepLookPath(spec.Args[0], env)
+	if err != nil {
+		return StepResult{Error: err.Error()}
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return StepResult{Error: err.Error()}
+	}
+	defer devnull.Close()
+	groups := cred.Groups
+	if len(groups) == 0 {
+		groups = []uint32{cred.GID}
+	}
+	// Register before the child exists so that no signal is lost; pid 1
+	// ignores every other signal, as the kernel does for a namespace's init.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	// os.StartProcess, not os/exec: this process reaps every child with
+	// wait4(-1), which would steal os/exec's own Wait.
+	p, err := os.StartProcess(bin, spec.Args, &os.ProcAttr{
+		Dir:   cwd,
+		Env:   env,
+		Files: []*os.File{devnull, os.Stdout, os.Stdout},
+		Sys: &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
+			Setsid:     true,
+		},
+	})
+	if err != nil {
+		return StepResult{Error: fmt.Sprintf("start %s: %v", spec.Args[0], err)}
+	}
+	go func() {
+		for sig := range sigs {
+			_ = p.Signal(sig)
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return StepResult{Error: fmt.Sprintf("wait: %v", err)}
+		}
+		if pid != p.Pid {
+			continue // an orphan the step left: reaped
+		}
+		switch {
+		case ws.Exited():
+			return StepResult{ExitCode: ws.ExitStatus()}
+		case ws.Signaled():
+			return StepResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal())}
+		}
+	}
+}
+
+// writeStepResult writes res atomically (a reader never sees half of it).
+func writeStepResult(path string, res StepResult) error {
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("%s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadStepResult reads what `envd step` wrote (for the host).
+func ReadStepResult(path string) (StepResult, error) {
+	var res StepResult
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return res, fmt.Errorf("step result: %w", err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		return res, fmt.Errorf("step result %s: %w", path, err)
+	}
+	return res, nil
+}
