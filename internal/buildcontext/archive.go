@@ -178,8 +178,10 @@ func (w *writer) extract(m match, dest string) error {
 				return fmt.Errorf("ADD %s: %w", m.src, err)
 			}
 			written[p] = target
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			// Skipped (see above).
 		default:
-			// Devices, FIFOs and the like: skipped (see above).
+			return fmt.Errorf("ADD %s: archive entry %q has an unsupported type %q", m.src, h.Name, h.Typeflag)
 		}
 	}
 	return nil

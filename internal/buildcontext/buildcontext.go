@@ -257,13 +257,8 @@ func (c *Context) Digest(sources []string) (string, error) {
 		return "", err
 	}
 	h := sha256.New()
-	lastSrc := ""
-	for i, m := range ms {
-		if i == 0 || m.src != lastSrc {
-			fmt.Fprintf(h, "source\x00%s\x00", m.src)
-			lastSrc = m.src
-		}
-		fmt.Fprintf(h, "match\x00%s\x00", m.name)
+	for _, m := range ms {
+		fmt.Fprintf(h, "match\x00%s\x00%s\x00", m.src, m.name)
 		if !copyable(m.info.Mode()) {
 			return "", fmt.Errorf("COPY source %s: %s is not a regular file, directory or symlink", m.src, m.rel)
 		}
@@ -278,7 +273,13 @@ func (c *Context) Digest(sources []string) (string, error) {
 			if !copyable(fi.Mode()) {
 				return nil
 			}
-			rel := strings.TrimPrefix(strings.TrimPrefix(p, m.rel), "/")
+			rel := "."
+			switch {
+			case m.rel == ".":
+				rel = p
+			case p != m.rel:
+				rel = strings.TrimPrefix(p, m.rel+"/")
+			}
 			fmt.Fprintf(h, "%s\x00%s\x00%o\x00", rel, typeChar(fi.Mode()), modeBits(fi.Mode()))
 			switch {
 			case fi.Mode().IsRegular():

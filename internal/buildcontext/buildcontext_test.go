@@ -215,6 +215,22 @@ func TestCopyDirectoryContents(t *testing.T) {
 	if l, _ := os.Readlink(filepath.Join(up, "app/abslink")); l != "/etc/passwd" {
 		t.Fatalf("abslink copied as %q", l)
 	}
+	// A symlink loop inside a copied directory is just a symlink.
+	if l, _ := os.Readlink(filepath.Join(up, "app/loop")); l != "loop" {
+		t.Fatalf("loop copied as %q", l)
+	}
+	// Hidden files count in the digest of "." under their full name.
+	d1, err := c.Digest([]string{"."})
+	must(t, err)
+	write(t, filepath.Join(c.root.Name(), ".hidden"), "h", 0o644)
+	d2, err := c.Digest([]string{"."})
+	must(t, err)
+	must(t, os.Rename(filepath.Join(c.root.Name(), ".hidden"), filepath.Join(c.root.Name(), "hidden")))
+	d3, err := c.Digest([]string{"."})
+	must(t, err)
+	if d1 == d2 || d2 == d3 {
+		t.Fatal("hidden files are not distinguished in the digest")
+	}
 }
 
 func TestCopyChownChmod(t *testing.T) {
@@ -500,9 +516,9 @@ func TestAddHostileArchives(t *testing.T) {
 	rootfs := newRootfs(t)
 	d, c := newContext(t)
 	cases := map[string][]tar.Header{
-		"dotdot": {{Name: "../../evil", Typeflag: tar.TypeReg}},
+		"dotdot":       {{Name: "../../evil", Typeflag: tar.TypeReg}},
 		"inner dotdot": {{Name: "a/../../evil", Typeflag: tar.TypeReg}},
-		"absolute": {{Name: "/etc/evil", Typeflag: tar.TypeReg}},
+		"absolute":     {{Name: "/etc/evil", Typeflag: tar.TypeReg}},
 		"through symlink": {
 			{Name: "esc", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
 			{Name: "esc/evil", Typeflag: tar.TypeReg},
@@ -512,8 +528,8 @@ func TestAddHostileArchives(t *testing.T) {
 			{Name: "d/up", Typeflag: tar.TypeSymlink, Linkname: "../.."},
 			{Name: "d/up/evil", Typeflag: tar.TypeReg},
 		},
-		"hard link out": {{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}},
-		"hard link absolute": {{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}},
+		"hard link out":        {{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}},
+		"hard link absolute":   {{Name: "h", Typeflag: tar.TypeLink, Linkname: "/etc/passwd"}},
 		"hard link to nothing": {{Name: "h", Typeflag: tar.TypeLink, Linkname: "nothing"}},
 		"hard link via symlink": {
 			{Name: "s", Typeflag: tar.TypeSymlink, Linkname: "/etc"},
