@@ -22,7 +22,7 @@ import (
 
 var old = time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -401,7 +401,7 @@ func TestDigest(t *testing.T) {
 	}
 }
 
-func tarball(t *testing.T, entries []tar.Header, bodies map[string]string) []byte {
+func tarball(t testing.TB, entries []tar.Header, bodies map[string]string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
