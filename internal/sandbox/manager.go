@@ -147,10 +147,13 @@ type Manager struct {
 // entry is a live sandbox. Fields other than the immutable ones are guarded by
 // Manager.mu.
 type entry struct {
-	info      Info
-	rt        runtime.Sandbox
-	dir       string
-	tplRootfs string
+	info Info
+	rt   runtime.Sandbox
+	dir  string
+	// started is what the sandbox was started from (template rootfs, env,
+	// start and ready commands); a pooled sandbox whose template changed
+	// since is not claimed.
+	started   startedFrom
 	transport *http.Transport
 	// net is the sandbox's network (nil without Options.Network).
 	net     *netpolicy.Sandbox
@@ -417,7 +420,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	if err != nil {
 		return fail(err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)

@@ -174,8 +174,9 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	if e == nil {
 		return nil
 	}
-	if e.tplRootfs != tpl.Rootfs {
-		// The template was rebuilt since this sandbox started.
+	if !e.started.equal(startedFromOf(tpl)) {
+		// The template was rebuilt (or its env or commands changed) since
+		// this sandbox started.
 		go m.teardown(e)
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -88,6 +89,25 @@ func templateEnv(tpl Template, client map[string]string) (map[string]string, err
 		out[k] = v
 	}
 	return out, nil
+}
+
+// startedFrom is the part of a template that shapes a sandbox before a client
+// claims it.
+type startedFrom struct {
+	rootfs, startCmd, readyCmd, workdir, user string
+	env                                       []string
+}
+
+func startedFromOf(tpl Template) startedFrom {
+	return startedFrom{
+		rootfs: tpl.Rootfs, startCmd: tpl.StartCmd, readyCmd: tpl.ReadyCmd,
+		workdir: tpl.DefaultWorkdir, user: tpl.DefaultUser, env: slices.Clone(tpl.Env),
+	}
+}
+
+func (a startedFrom) equal(b startedFrom) bool {
+	return a.rootfs == b.rootfs && a.startCmd == b.startCmd && a.readyCmd == b.readyCmd &&
+		a.workdir == b.workdir && a.user == b.user && slices.Equal(a.env, b.env)
 }
 
 // startPhase brings a sandbox whose envd answers to the "started" state: the

@@ -419,3 +419,55 @@ func TestStartCmdOnGVisor(t *testing.T) {
 	t.Logf("gVisor create with start + ready command: %s", time.Since(began).Round(time.Millisecond))
 	checkWebSandbox(t, m, info, true)
 }
+
+// TestWarmPoolSkipsChangedStartCmd: a pooled sandbox started with another
+// start command than the template now has is not handed out.
+func TestWarmPoolSkipsChangedStartCmd(t *testing.T) {
+	r := newRig(t)
+	r.tpl.StartCmd = "sleep 1000"
+	m := r.manager(t, 0)
+	m.SetWarmPool(r.tpl, 1)
+	deadline := time.Now().Add(60 * time.Second)
+	for m.WarmCount(r.tpl.ID) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("warm pool did not fill")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	entries, _ := os.ReadDir(filepath.Join(r.dataDir, "sandboxes"))
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+		}
+	}
+	if len(dirs) != 1 {
+		t.Fatalf("sandbox dirs %v with one pooled sandbox", dirs)
+	}
+	pooled := dirs[0]
+	r.tpl.StartCmd = "sleep 2000"
+	info := create(t, m, time.Minute)
+	if info.ID == pooled {
+		t.Fatal("the pooled sandbox of the old start command was handed out")
+	}
+	// The claim found it stale and destroys it in the background.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(r.dataDir, "sandboxes", pooled)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stale pooled sandbox was neither claimed nor destroyed")
+		}
+	}
+	startArgs := func() string {
+		for _, p := range procs(t, m, info) {
+			if p.GetTag() == sandbox.StartCmdTag {
+				return strings.Join(p.GetConfig().GetArgs(), " ")
+			}
+		}
+		return ""
+	}
+	if got := startArgs(); got != "-l -c sleep 2000" {
+		t.Fatalf("start command of the created sandbox: %q, want the template's current one", got)
+	}
+}
