@@ -88,6 +88,16 @@ func managerError(err error, sandboxID, template string) *apiError {
 		return &apiError{status: http.StatusTooManyRequests, message: err.Error(), err: err}
 	case errors.Is(err, sandbox.ErrConflict):
 		return &apiError{status: http.StatusConflict, message: err.Error(), err: err}
+	case errors.Is(err, sandbox.ErrTemplateNotReady):
+		// The sandbox started, but the service its template starts did not
+		// pass its ready command in time: a gateway timeout in the plain
+		// sense (an upstream, not Airlock, was too slow), which a retry may
+		// not repeat. 503 would read as "server busy" (ServiceBusyError).
+		return &apiError{status: http.StatusGatewayTimeout, message: startMessage(err), err: err}
+	case errors.Is(err, sandbox.ErrTemplateStart):
+		// The template's start command died: the template is broken, not the
+		// request, so a 4xx would mislead; the message says what happened.
+		return &apiError{status: http.StatusInternalServerError, message: startMessage(err), err: err}
 	case errors.Is(err, context.Canceled):
 		return &apiError{status: statusClientClosedRequest, message: "request cancelled", err: err}
 	case errors.Is(err, context.DeadlineExceeded):
@@ -95,4 +105,15 @@ func managerError(err error, sandboxID, template string) *apiError {
 	default:
 		return &apiError{status: http.StatusInternalServerError, message: err.Error(), err: err}
 	}
+}
+
+// startMessage is the client-facing text of a template start failure: the
+// StartError's own message (template, command, exit code, output), without
+// whatever context wrapped it on the way up.
+func startMessage(err error) string {
+	var se *sandbox.StartError
+	if errors.As(err, &se) {
+		return se.Error()
+	}
+	return err.Error()
 }

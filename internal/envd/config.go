@@ -31,7 +31,9 @@ type Config struct {
 	// (body: accessToken, envVars) arrives, envd answers /health and refuses
 	// everything else with 503. The host sends /init over the unix socket when a
 	// client claims the sandbox; a second /init, or one without AwaitInit, is
-	// refused, so nothing inside the sandbox can change its token later.
+	// refused, so nothing inside the sandbox can change its token later. Over
+	// the unix socket the process service works before /init too: the host
+	// runs the template's start command in the pooled sandbox with it.
 	AwaitInit bool `json:"awaitInit,omitempty"`
 
 	// DiskPath is the directory whose filesystem /metrics reports as disk use.

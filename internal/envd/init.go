@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 )
 
 // identity is the part of the configuration a warm-pool sandbox only learns when
@@ -118,12 +120,18 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 
 // awaitInit answers everything but /health and /init with 503 until the sandbox
 // has its identity, so a pooled sandbox can never serve under the wrong token.
+// The one exception is the process service over the unix socket: the host runs
+// the template's start and ready commands in a pooled sandbox before any client
+// claims it. The socket is the host's (mode 0600, owned by the sandbox's root),
+// and before the claim nothing runs in the sandbox but those commands.
 func (s *Server) awaitInit(next http.Handler) http.Handler {
 	if !s.cfg.AwaitInit {
 		return next
 	}
+	processPrefix := "/" + processconnect.ProcessName + "/"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" || r.URL.Path == "/init" || s.id.ready() {
+		if r.URL.Path == "/health" || r.URL.Path == "/init" || s.id.ready() ||
+			(strings.HasPrefix(r.URL.Path, processPrefix) && viaUnixSocket(r)) {
 			next.ServeHTTP(w, r)
 			return
 		}

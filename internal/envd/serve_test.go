@@ -222,9 +222,30 @@ func TestAwaitInit(t *testing.T) {
 			t.Fatalf("%s before init: %d", path, resp.StatusCode)
 		}
 	}
-	if resp, body := do(uc, "POST", "http://envd/process.Process/List", "{}", map[string]string{"Content-Type": "application/json"}); resp.StatusCode != 503 {
-		t.Fatalf("rpc before init: %d %s", resp.StatusCode, body)
+	if resp, body := do(http.DefaultClient, "POST", "http://"+tcpAddr+"/process.Process/List", "{}", map[string]string{"Content-Type": "application/json"}); resp.StatusCode != 503 {
+		t.Fatalf("rpc over tcp before init: %d %s", resp.StatusCode, body)
 	}
+	if resp, body := do(uc, "POST", "http://envd/filesystem.Filesystem/Stat", `{"path":"/"}`, map[string]string{"Content-Type": "application/json"}); resp.StatusCode != 503 {
+		t.Fatalf("filesystem rpc before init: %d %s", resp.StatusCode, body)
+	}
+	// The host runs a template's start command before the claim: the process
+	// service answers over the unix socket, and the process keeps running
+	// (and listed) after /init, with the env it was started with.
+	pre := processconnect.NewProcessClient(uc, "http://envd", connect.WithProtoJSON())
+	f := false
+	tag := "start_cmd"
+	preCtx, preDetach := context.WithCancel(ctx)
+	preStream, err := pre.Start(preCtx, connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo \"[$FROM_INIT]\"; exec sleep 30"}}, Stdin: &f, Tag: &tag}))
+	must(t, err)
+	if !preStream.Receive() || preStream.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("start before init: %v", preStream.Err())
+	}
+	if !preStream.Receive() || string(preStream.Msg().GetEvent().GetData().GetStdout()) != "[]\n" {
+		t.Fatalf("pre-init process output: %v %v", preStream.Msg(), preStream.Err())
+	}
+	preDetach()
+	preStream.Close()
 	initBody := `{"accessToken":"claimed","envVars":{"FROM_INIT":"1"}}`
 	// Processes in the sandbox reach envd over TCP; they must not be able to init it.
 	if resp, _ := do(http.DefaultClient, "POST", "http://"+tcpAddr+"/init", initBody, nil); resp.StatusCode != 403 {
@@ -246,7 +267,14 @@ func TestAwaitInit(t *testing.T) {
 	}
 	c := processconnect.NewProcessClient(uc, "http://envd", connect.WithProtoJSON(),
 		connect.WithInterceptors(headerInterceptor{"X-Access-Token": "claimed"}))
-	f := false
+	if _, err := pre.List(ctx, connect.NewRequest(&pb.ListRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("rpc without the token after init: %v", err)
+	}
+	list, err := c.List(ctx, connect.NewRequest(&pb.ListRequest{}))
+	must(t, err)
+	if ps := list.Msg.GetProcesses(); len(ps) != 1 || ps[0].GetTag() != tag {
+		t.Fatalf("process list after init: %v", ps)
+	}
 	stream, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo $FROM_INIT"}}, Stdin: &f}))
 	must(t, err)
 	if r := collect(stream); r.stdout != "1\n" {

@@ -51,6 +51,19 @@ type Template struct {
 	// Runtime names the backend its sandboxes run on ("linux", "gvisor");
 	// empty means the server's default, Options.Runtime.
 	Runtime string
+	// Env holds KEY=VALUE pairs from the template's ENV instructions. Every
+	// process in the sandbox sees them; the create request's envVars
+	// override them (Info.EnvVars stays what the client sent).
+	Env []string
+	// StartCmd runs at create, in the background, for the sandbox's whole
+	// life (tagged StartCmdTag in the process list); empty means none.
+	StartCmd string
+	// ReadyCmd is run until it exits 0; create returns only then. Empty
+	// means ready as soon as StartCmd runs.
+	ReadyCmd string
+	// ReadyTimeout is the deadline for ready, counted from when envd
+	// answers; 0 means DefaultReadyTimeout.
+	ReadyTimeout time.Duration
 }
 
 // Templates resolves a template id or alias to a built template. It returns an
@@ -120,6 +133,10 @@ type Manager struct {
 	creating map[string]int
 
 	stop chan struct{}
+	// life ends at Close; background work that may wait long (a pooled
+	// sandbox's start phase) runs under it.
+	life    context.Context
+	endLife context.CancelFunc
 	// wg tracks background work and teardowns in flight; Close waits for it.
 	wg sync.WaitGroup
 	// netWG tracks network teardowns, which run after the runtime's Destroy
@@ -130,10 +147,13 @@ type Manager struct {
 // entry is a live sandbox. Fields other than the immutable ones are guarded by
 // Manager.mu.
 type entry struct {
-	info      Info
-	rt        runtime.Sandbox
-	dir       string
-	tplRootfs string
+	info Info
+	rt   runtime.Sandbox
+	dir  string
+	// started is what the sandbox was started from (template rootfs, env,
+	// start and ready commands); a pooled sandbox whose template changed
+	// since is not claimed.
+	started   startedFrom
 	transport *http.Transport
 	// net is the sandbox's network (nil without Options.Network).
 	net     *netpolicy.Sandbox
@@ -169,6 +189,7 @@ func New(opts Options) *Manager {
 		stop:       make(chan struct{}),
 		creating:   map[string]int{},
 	}
+	m.life, m.endLife = context.WithCancel(context.Background())
 	m.wg.Add(2)
 	go m.sampleLoop()
 	go m.poolLoop()
@@ -227,6 +248,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := policyOf(info).Validate(); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if _, err := templateEnv(tpl, info.EnvVars); err != nil {
+		return Info{}, err
+	}
 	e := m.claim(ctx, info, tpl)
 	if e != nil {
 		// Already serving: one write of the record, straight as running.
@@ -243,6 +267,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		}
 		e, err = m.start(context.WithoutCancel(ctx), info, tpl, false)
 		if err != nil {
+			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
+			return Info{}, err
+		}
+		// The start phase may take seconds and runs the template's code, so
+		// unlike the steps above it stops when the request goes away.
+		if err := m.startPhase(ctx, e, tpl); err != nil {
+			m.teardown(e)
 			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
 			return Info{}, err
 		}
@@ -306,6 +337,12 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
 	dir := m.sandboxDir(info.ID)
 	runDir := filepath.Join(dir, "run")
+	// A pooled sandbox has no client env yet: it gets the template's alone,
+	// and the rest with POST /init at claim.
+	env, err := templateEnv(tpl, info.EnvVars)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
 	if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
 		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
@@ -314,7 +351,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		SandboxID:      info.ID,
 		TemplateID:     info.TemplateID,
 		AccessToken:    info.AccessToken,
-		EnvVars:        info.EnvVars,
+		EnvVars:        env,
 		DefaultUser:    tpl.DefaultUser,
 		DefaultWorkdir: tpl.DefaultWorkdir,
 		Listen:         []string{"unix:" + envdSocketDir + "/envd.sock", fmt.Sprintf("tcp:127.0.0.1:%d", envd.Port)},
@@ -383,7 +420,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	if err != nil {
 		return fail(err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, tplRootfs: tpl.Rootfs, net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)
@@ -1033,6 +1070,7 @@ func (m *Manager) Close() {
 	m.mu.Lock()
 	m.closed = true
 	m.mu.Unlock()
+	m.endLife()
 	close(m.stop)
 	m.wg.Wait()
 	m.drainPool()

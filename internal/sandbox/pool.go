@@ -20,6 +20,13 @@ import (
 // client can reach) gives it the access token and env vars. It is not in the
 // live map, not in the store and not routable; after a restart it is an orphan
 // that Recover destroys. Its StartedAt is the claim time.
+//
+// A pooled sandbox also goes through the start phase when it is made (the
+// template's start command runs and its ready command succeeded), so a claim
+// hands out a sandbox that is already ready. Its start command therefore sees
+// the template's env but not the claimer's envVars, as on E2B, where the
+// start command runs at build time and the sandbox is snapshotted. envd lets
+// the host use its process API over the unix socket before /init for this.
 
 // SetWarmPool asks for n sandboxes of tpl to be kept ready (0 turns it off).
 func (m *Manager) SetWarmPool(tpl Template, n int) {
@@ -84,7 +91,15 @@ func (m *Manager) poolLoop() {
 				break
 			}
 			e, err := m.start(context.Background(), Info{ID: newID(), TemplateID: want.tpl.ID}, want.tpl, true)
+			if err == nil {
+				if err = m.startPhase(m.life, e, want.tpl); err != nil {
+					m.teardown(e)
+				}
+			}
 			if err != nil {
+				if m.life.Err() != nil {
+					return // closing
+				}
 				m.log.Warn("warm pool: start failed", "template", want.tpl.ID, "err", err)
 				if !m.sleep(5 * time.Second) {
 					return
@@ -159,8 +174,9 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	if e == nil {
 		return nil
 	}
-	if e.tplRootfs != tpl.Rootfs {
-		// The template was rebuilt since this sandbox started.
+	if !e.started.equal(startedFromOf(tpl)) {
+		// The template was rebuilt (or its env or commands changed) since
+		// this sandbox started.
 		go m.teardown(e)
 		return nil
 	}
@@ -173,7 +189,13 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 			return nil
 		}
 	}
-	init := initRequest{AccessToken: info.AccessToken, EnvVars: info.EnvVars}
+	// envd replaces its env with /init's, so the template's goes along.
+	env, err := templateEnv(tpl, info.EnvVars)
+	if err != nil {
+		go m.teardown(e)
+		return nil
+	}
+	init := initRequest{AccessToken: info.AccessToken, EnvVars: env}
 	if err := postInit(ctx, e.transport, init); err != nil {
 		m.log.Warn("warm pool: claim failed; starting cold", "id", e.info.ID, "err", err)
 		go m.teardown(e)

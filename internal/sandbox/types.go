@@ -116,4 +116,12 @@ var (
 	ErrConflict         = errors.New("conflict")
 	// ErrLimit means a per-owner quota (concurrent sandboxes) is used up.
 	ErrLimit = errors.New("limit reached")
+	// ErrTemplateStart means the template's start command exited (or could
+	// not be started) before the sandbox was ready; the error is a
+	// *StartError carrying the message for the client.
+	ErrTemplateStart = errors.New("template start command failed")
+	// ErrTemplateNotReady means the template's ready command did not succeed
+	// within the template's ready timeout; the error is a *StartError and
+	// also matches ErrTemplateStart.
+	ErrTemplateNotReady = errors.New("template ready command did not succeed in time")
 )
