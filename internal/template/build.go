@@ -281,7 +281,10 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 	// The first layer: the FROM source.
 	parent := from.key
 	if from.parent != nil {
-		chain = append(chain, from.parent.Layers...)
+		for _, l := range from.parent.Layers {
+			l.Cached = true // reused from the parent template, not made here
+			chain = append(chain, l)
+		}
 		p.printf("FROM %s: template %s (layer %s)", ref, from.parent.Name, from.key)
 	} else if m, ok := s.layers.get(from.key); ok {
 		chain = append(chain, Layer{Key: m.Key, Kind: m.Kind, Text: m.Text, DiffBytes: m.DiffBytes, BuildSeconds: m.BuildSeconds, Cached: true})
@@ -340,7 +343,13 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 		kind := map[dockerfile.StepKind]string{dockerfile.StepRun: "run", dockerfile.StepCopy: "copy", dockerfile.StepWorkdir: "workdir"}[st.Kind]
 		m, err := s.layers.create(ctx, layerMeta{Key: key, Parent: parent, Kind: kind, Text: st.Text}, func(tmp string) (int64, error) {
 			upper := filepath.Join(tmp, "upper")
-			if err := os.Mkdir(upper, 0o755); err != nil {
+			// The upper's own root becomes the layer's root: it starts as the
+			// parent's, as overlayfs's upper root would look.
+			rootSt, err := os.Lstat(lower)
+			if err != nil {
+				return 0, err
+			}
+			if err := copyDirAttrs(lower, upper, rootSt); err != nil {
 				return 0, err
 			}
 			switch st.Kind {

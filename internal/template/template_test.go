@@ -385,8 +385,9 @@ func TestFailedStepReportsAndLeavesNothing(t *testing.T) {
 
 func TestStartAndReadyCommands(t *testing.T) {
 	s := storeFor(t)
-	m := sandboxes(t, s)
 	ready := uniqueName(t, s, "ready")
+	never := uniqueName(t, s, "never")
+	m := sandboxes(t, s) // after the names: cleanups run last-first, sandboxes die before their templates go
 	build(t, s, template.BuildRequest{
 		Name: ready, Dockerfile: []byte("FROM base\nRUN mkdir -p /srv/www && echo served > /srv/www/index.html\n"),
 		Settings: template.Settings{
@@ -400,7 +401,6 @@ func TestStartAndReadyCommands(t *testing.T) {
 		t.Errorf("server after create: %q", got)
 	}
 
-	never := uniqueName(t, s, "never")
 	build(t, s, template.BuildRequest{
 		Name: never, Dockerfile: []byte("FROM base\n"),
 		Settings: template.Settings{StartCmd: "sleep 600", ReadyCmd: "test -e /nonexistent", ReadyTimeoutSec: 2},
@@ -429,8 +429,8 @@ func TestStartAndReadyCommands(t *testing.T) {
 
 func TestRemoveRefusedWhileInUse(t *testing.T) {
 	s := storeFor(t)
-	m := sandboxes(t, s)
 	name := uniqueName(t, s, "rm")
+	m := sandboxes(t, s)
 	tpl, _ := build(t, s, template.BuildRequest{Name: name, Dockerfile: []byte("FROM base\nRUN echo x > /x\n")})
 	info := createFrom(t, m, name)
 	err := s.Remove(context.Background(), name, nil)
