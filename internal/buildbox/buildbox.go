@@ -36,7 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
 	"github.com/airlock-sandbox/airlock/internal/layer"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
@@ -292,7 +292,7 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		return -1, fmt.Errorf("buildbox: step network: %w", err)
 	}
 	r.net = true
-	spec, err := json.Marshal(envd.StepSpec{
+	spec, err := json.Marshal(stepproto.Spec{
 		Args: st.Args, Env: st.Env, Cwd: st.Cwd, User: st.User,
 		ExitFile: runTarget + "/step.exit",
 	})
@@ -321,7 +321,7 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		Mounts: r.mounts, NetNS: ns.NetNS, Resources: res,
 		Init: runtime.Process{
 			Args:    []string{envdTarget, "step"},
-			Env:     []string{"PATH=" + envd.DefaultPath},
+			Env:     []string{"PATH=" + stepproto.DefaultPath},
 			Stdin:   spec,
 			LogPath: logPath,
 		},
@@ -333,7 +333,7 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 	if err := b.wait(ctx, sb, logPath, out); err != nil {
 		return -1, err
 	}
-	result, err := envd.ReadStepResult(filepath.Join(runDir, "step.exit"))
+	result, err := stepproto.ReadResult(filepath.Join(runDir, "step.exit"))
 	if err != nil {
 		return -1, fmt.Errorf("buildbox: the step's init ended without a result (see its output): %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
 	"io"
 	"log/slog"
 	"os"
@@ -14,35 +15,17 @@ import (
 	"syscall"
 )
 
-// StepSpec is what `envd step` reads on stdin: one command of a template build
-// (a RUN instruction), run as the build sandbox's first process.
-type StepSpec struct {
-	Args []string `json:"args"`
-	Env  []string `json:"env,omitempty"`
-	Cwd  string   `json:"cwd,omitempty"`
-	// User is Docker's USER: name, uid, name:group, uid:gid (or a mix).
-	// Empty means root.
-	User string `json:"user,omitempty"`
-	// ExitFile receives the StepResult as JSON; default DefaultStepExitFile.
-	ExitFile string `json:"exitFile,omitempty"`
-}
+// The step protocol's types live in stepproto, which the host side imports
+// without the rest of envd.
+type (
+	StepSpec   = stepproto.Spec
+	StepResult = stepproto.Result
+)
 
-// DefaultStepExitFile is where the result goes unless the spec says otherwise:
-// in a directory the host binds into the build sandbox.
-const DefaultStepExitFile = "/run/airlock/step.exit"
-
-// StepResult is how a step ended. Exactly one of the three is meaningful:
-// Error when the command could not be started at all (unknown user, missing
-// working directory or binary), else Signal when a signal killed it, else
-// ExitCode.
-type StepResult struct {
-	ExitCode int    `json:"exitCode"`
-	Signal   int    `json:"signal,omitempty"`
-	Error    string `json:"error,omitempty"`
-}
-
-// DefaultPath is the PATH a step gets when its environment has none (Docker's).
-const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const (
+	DefaultStepExitFile = stepproto.DefaultExitFile
+	DefaultPath         = stepproto.DefaultPath
+)
 
 // StepCred is the identity a step's command runs as.
 type StepCred struct {
@@ -272,31 +255,7 @@ func runStep(spec StepSpec) StepResult {
 	}
 }
 
-// writeStepResult writes res atomically (a reader never sees half of it).
-func writeStepResult(path string, res StepResult) error {
-	b, err := json.Marshal(res)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("%s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
+func writeStepResult(path string, res StepResult) error { return stepproto.WriteResult(path, res) }
 
 // ReadStepResult reads what `envd step` wrote (for the host).
-func ReadStepResult(path string) (StepResult, error) {
-	var res StepResult
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return res, fmt.Errorf("step result: %w", err)
-	}
-	if err := json.Unmarshal(b, &res); err != nil {
-		return res, fmt.Errorf("step result %s: %w", path, err)
-	}
-	return res, nil
-}
+func ReadStepResult(path string) (StepResult, error) { return stepproto.ReadResult(path) }

@@ -37,10 +37,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	testenv.NeedRoot(t)
-	tpl, err := testenv.Templates(t).Get("base")
-	if err != nil {
-		testenv.BaseRootfs(t) // reports the missing template the standard way
-	}
+	rootfs := testenv.BaseRootfs(t)
 	dataDir := t.TempDir()
 	db, err := store.OpenSQLite(filepath.Join(dataDir, "airlock.db"))
 	if err != nil {
@@ -54,7 +51,7 @@ func newRig(t *testing.T) *rig {
 	return &rig{
 		dataDir: dataDir, db: db, rt: rt, envd: testenv.EnvdBinary(t),
 		tpl: sandbox.Template{
-			ID: "base", Alias: "base", Rootfs: tpl.RootFS, CPUCount: 2, MemoryMB: 512,
+			ID: "base", Alias: "base", Rootfs: rootfs, CPUCount: 2, MemoryMB: 512,
 			DiskSizeMB: 1024, DefaultUser: "user",
 		},
 	}

@@ -4,6 +4,8 @@
 package testenv
 
 import (
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
-	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // NeedRoot stops a test that needs root (namespaces, mounts, cgroups).
@@ -39,25 +40,27 @@ func DataDir() string {
 	return "/var/lib/airlock-test"
 }
 
-// Templates opens the template store of DataDir.
-func Templates(t testing.TB) *template.Store {
-	t.Helper()
-	s, err := template.Open(template.Options{DataDir: DataDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 // BaseRootfs returns the root filesystem of the built base template. It does
-// not build it (minutes): `make test` and `airlock template build base` do.
+// not build it (a minute or more): `make test` and `airlock template build base` do.
+// It reads the store's record itself rather than importing internal/template,
+// which would make every package whose tests use testenv depend on the builder.
 func BaseRootfs(t testing.TB) string {
 	t.Helper()
-	tpl, err := Templates(t).Get("base")
-	if err != nil {
-		missing(t, "base template not built in "+DataDir()+": run `bin/airlock template build base --data-dir "+DataDir()+"`: "+err.Error())
+	data, err := os.ReadFile(filepath.Join(DataDir(), "templates", "base", "template.json"))
+	var rec struct {
+		Key string `json:"key"`
 	}
-	return tpl.RootFS
+	if err == nil {
+		err = json.Unmarshal(data, &rec)
+	}
+	rootfs := filepath.Join(DataDir(), "layers", rec.Key, "rootfs")
+	if err == nil {
+		_, err = os.Stat(rootfs)
+	}
+	if err != nil || rec.Key == "" {
+		missing(t, fmt.Sprintf("base template not built in %s: run `bin/airlock template build base --data-dir %s`: %v", DataDir(), DataDir(), err))
+	}
+	return rootfs
 }
 
 var (
