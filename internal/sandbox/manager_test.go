@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -84,31 +83,7 @@ func run(t *testing.T, m *sandbox.Manager, info sandbox.Info, cmd string) (strin
 	if err != nil {
 		t.Fatalf("EnvdTransport: %v", err)
 	}
-	c := processconnect.NewProcessClient(&http.Client{Transport: tr}, "http://envd", connect.WithProtoJSON())
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
-	})
-	req.Header().Set("X-Access-Token", info.AccessToken)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	stream, err := c.Start(ctx, req)
-	if err != nil {
-		t.Fatalf("Start %q: %v", cmd, err)
-	}
-	defer stream.Close()
-	var out strings.Builder
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			out.Write(d.GetStdout())
-			out.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			return out.String(), end.GetExitCode()
-		}
-	}
-	t.Fatalf("Start %q: stream ended without end event: %v", cmd, stream.Err())
-	return "", 0
+	return testenv.RunCommand(t, tr, info.AccessToken, cmd)
 }
 
 func create(t *testing.T, m *sandbox.Manager, timeout time.Duration) sandbox.Info {
