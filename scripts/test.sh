@@ -41,6 +41,9 @@ fuzz FuzzResolvePath ./internal/envd
 fuzz FuzzPartFileName ./internal/envd
 fuzz FuzzServeMessage ./internal/netpolicy/dnsfilter
 fuzz FuzzUpstreamAnswer ./internal/netpolicy/dnsfilter
+fuzz FuzzTemplatePath ./internal/e2b
+fuzz FuzzParse ./internal/dockerfile
+fuzz FuzzExtract ./internal/buildcontext
 
 step "SDK conformance (npm e2b against airlock serve)"
 AIRLOCK_DATA_DIR="$AIRLOCK_TEST_DATA_DIR" tests/sdk/run.sh bin/airlock
