@@ -231,6 +231,13 @@ func (p *progress) note(format string, a ...any) {
 func (p *progress) line(l string) {
 	l = strings.TrimRight(l, "\r")
 	p.addTail(l)
+	if p.phase == phaseStep {
+		// A terminal shows a step's latest output line after its status.
+		if t := strings.TrimSpace(l); t != "" {
+			p.pkg = shorten(t, 50)
+		}
+		return
+	}
 	ev, ok := parseDebootstrapLine(l)
 	if !ok {
 		return

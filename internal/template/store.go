@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -436,8 +437,34 @@ func (s *Store) collect() (int, error) {
 		for _, l := range r.Layers {
 			keep[l.Key] = true
 		}
+		s.removeLegacyBuilds(n)
 	}
 	return s.layers.collect(keep)
+}
+
+// legacyBuild matches the build directories of builder version 1, which kept a
+// template's rootfs in templates/<name>/<16 hex digits>/.
+var legacyBuild = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+// removeLegacyBuilds deletes a template's version-1 builds that no mount uses:
+// its template.json now points at layers instead.
+func (s *Store) removeLegacyBuilds(name string) {
+	dir := filepath.Join(s.dir, name)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !legacyBuild.MatchString(e.Name()) {
+			continue
+		}
+		if used, err := mountedFrom(filepath.Join(dir, e.Name())); err != nil || used {
+			continue
+		}
+		if err := discard(dir, e.Name()); err != nil {
+			s.log.Warn("template store: removing a build of the old layout", "template", name, "dir", e.Name(), "err", err)
+		}
+	}
 }
 
 // ensureCall is one Ensure of a built-in, shared by concurrent callers.
