@@ -401,9 +401,16 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 			return fmt.Errorf("%w: template %s is used by %d sandbox(es); kill them first", ErrInUse, name, n)
 		}
 	}
+	// A mount of the top layer means a sandbox runs on this template, unless
+	// another template has the same top layer (FROM base with only ENV lines):
+	// then the mount may be theirs, and inUse is the judge.
+	shared, err := s.layerShared(name, r.Key)
+	if err != nil {
+		return err
+	}
 	if used, err := mountedFrom(filepath.Join(s.layers.dir, r.Key)); err != nil {
 		return err
-	} else if used {
+	} else if used && !shared {
 		return fmt.Errorf("%w: template %s is mounted by a running sandbox (a warm pool, or a server on this data dir); kill its sandboxes or stop the server first", ErrInUse, name)
 	}
 	old := filepath.Join(s.dir, "."+name+".removed")
@@ -418,6 +425,29 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 		s.log.Warn("template store: collecting unused layers", "err", err)
 	}
 	return nil
+}
+
+// layerShared reports whether a template other than name lists layer key.
+func (s *Store) layerShared(name, key string) (bool, error) {
+	names, err := s.names()
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if n == name {
+			continue
+		}
+		r, err := s.readRecord(n)
+		if err != nil {
+			return false, err
+		}
+		for _, l := range r.Layers {
+			if l.Key == key {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // collect deletes layers that no template's chain includes.
