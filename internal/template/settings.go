@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -78,7 +77,7 @@ func ParseSettings(data []byte) (Settings, error) {
 	var s Settings
 	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&s)
 	if err != nil {
-		return Settings{}, fmt.Errorf("%w: %s: %w", ErrInvalid, SettingsFile, err)
+		return Settings{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
@@ -86,8 +85,8 @@ func ParseSettings(data []byte) (Settings, error) {
 			keys[i] = k.String()
 		}
 		sort.Strings(keys)
-		return Settings{}, fmt.Errorf("%w: %s: unknown keys %s (known: template_name, dockerfile, description, aliases, cpu_count, memory_mb, disk_mb, start_cmd, ready_cmd, ready_timeout, user, workdir, runtime, [build_args])",
-			ErrInvalid, SettingsFile, strings.Join(keys, ", "))
+		return Settings{}, fmt.Errorf("%w: unknown keys %s (known: template_name, dockerfile, description, aliases, cpu_count, memory_mb, disk_mb, start_cmd, ready_cmd, ready_timeout, user, workdir, runtime, [build_args])",
+			ErrInvalid, strings.Join(keys, ", "))
 	}
 	return s, s.validate()
 }
@@ -103,7 +102,7 @@ func LoadSettings(path string) (Settings, error) {
 	}
 	s, err := ParseSettings(data)
 	if err != nil {
-		return Settings{}, fmt.Errorf("%s: %w", filepath.Base(path), err)
+		return Settings{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return s, nil
 }
