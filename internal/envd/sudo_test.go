@@ -425,8 +425,22 @@ func TestSudoTerminal(t *testing.T) {
 	// ^C reaches the command through its terminal's line discipline.
 	tm = start("sh", "-c", "echo ready; sleep 1000")
 	waitFor(tm, "ready")
-	_, _ = tm.ptm.Write([]byte{3})
-	if code := wait(tm); code != 128+int(syscall.SIGINT) {
+	// Under load the first ^C can land while sh is still between its echo and
+	// the sleep; repeat it until the command ends rather than race that window.
+	stopCtrlC := make(chan struct{})
+	go func() {
+		for {
+			_, _ = tm.ptm.Write([]byte{3})
+			select {
+			case <-stopCtrlC:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+	code := wait(tm)
+	close(stopCtrlC)
+	if code != 128+int(syscall.SIGINT) {
 		t.Fatalf("^C: exit %d, output %q", code, text(tm))
 	}
 
