@@ -400,6 +400,15 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 	}
 
 	p.setPhase(phaseFinish)
+	// The planner reports "/" when nothing set a WORKDIR (where RUN steps ran);
+	// as a sandbox default that would replace E2B's "the user's home".
+	workdirSet := from.config.Workdir != ""
+	for _, st := range steps {
+		workdirSet = workdirSet || st.Kind == dockerfile.StepWorkdir
+	}
+	if !workdirSet {
+		final.Workdir = ""
+	}
 	rootfs := s.layers.rootfs(parent)
 	set := req.Settings.withDefaults()
 	if set.DefaultUser == "" {

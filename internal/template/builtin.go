@@ -35,6 +35,11 @@ func (b *builtin) hasAlias(a string) bool {
 	return false
 }
 
+// recordVersion changes when the builder derives a template's record
+// differently from the same layers (its defaults, say): built-ins are then
+// re-recorded, from the layer cache, without rebuilding any layer.
+const recordVersion = 2
+
 // loadBuiltins reads every <name>/Dockerfile of fsys (nil: the embedded built-ins).
 func loadBuiltins(fsys fs.FS) (map[string]*builtin, error) {
 	if fsys == nil {
@@ -99,7 +104,7 @@ func digestFS(fsys fs.FS) (string, error) {
 	}
 	sort.Strings(files)
 	h := sha256.New()
-	fmt.Fprintf(h, "airlock-builtin/%d\n", builderVersion)
+	fmt.Fprintf(h, "airlock-builtin/%d/%d\n", builderVersion, recordVersion)
 	for _, f := range files {
 		data, err := fs.ReadFile(fsys, f)
 		if err != nil {
