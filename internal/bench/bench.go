@@ -269,7 +269,7 @@ func Print(w io.Writer, rows []Row) {
 	fmt.Fprintln(tw, "measurement\tn\tp50 ms\tp99 ms\tmean ms\tmax ms\t")
 	for _, r := range rows {
 		if len(r.Samples) == 0 {
-			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t%s\n", r.Name, r.Note)
+			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t  %s\n", r.Name, r.Note)
 			continue
 		}
 		s := append([]time.Duration(nil), r.Samples...)
@@ -278,7 +278,7 @@ func Print(w io.Writer, rows []Row) {
 		for _, d := range s {
 			sum += d
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Name, len(s),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t  %s\n", r.Name, len(s),
 			ms(Percentile(s, 50)), ms(Percentile(s, 99)), ms(sum/time.Duration(len(s))), ms(s[len(s)-1]), r.Note)
 	}
 	tw.Flush()
