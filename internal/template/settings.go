@@ -45,6 +45,10 @@ type Settings struct {
 	// Runtime is the isolation backend ("linux", "gvisor"); empty means the
 	// server's default (serve --runtime).
 	Runtime string `toml:"runtime" json:"runtime,omitempty"`
+	// Kernels are the code-interpreter languages whose default contexts start
+	// with every sandbox (python, javascript, typescript, bash, r), so a first
+	// runCode does not wait for a kernel to start.
+	Kernels []string `toml:"kernels" json:"kernels,omitempty"`
 	// BuildArgs are ARG values, overridden by --build-arg.
 	BuildArgs map[string]string `toml:"build_args" json:"-"`
 }
@@ -62,6 +66,9 @@ var (
 	validRuntime = regexp.MustCompile(`^[a-z0-9]+$`)
 	validArg     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
+
+// kernelLanguages are the languages the code interpreter knows.
+var kernelLanguages = map[string]bool{"python": true, "javascript": true, "typescript": true, "bash": true, "r": true}
 
 // ValidName checks a template name or alias.
 func ValidName(name string) error {
@@ -85,7 +92,7 @@ func ParseSettings(data []byte) (Settings, error) {
 			keys[i] = k.String()
 		}
 		sort.Strings(keys)
-		return Settings{}, fmt.Errorf("%w: unknown keys %s (known: template_name, dockerfile, description, aliases, cpu_count, memory_mb, disk_mb, start_cmd, ready_cmd, ready_timeout, user, workdir, runtime, [build_args])",
+		return Settings{}, fmt.Errorf("%w: unknown keys %s (known: template_name, dockerfile, description, aliases, cpu_count, memory_mb, disk_mb, start_cmd, ready_cmd, ready_timeout, user, workdir, runtime, kernels, [build_args])",
 			ErrInvalid, strings.Join(keys, ", "))
 	}
 	return s, s.validate()
@@ -134,6 +141,9 @@ func (s Settings) Merge(o Settings) Settings {
 	str(&s.DefaultUser, o.DefaultUser)
 	str(&s.DefaultWorkdir, o.DefaultWorkdir)
 	str(&s.Runtime, o.Runtime)
+	if o.Kernels != nil {
+		s.Kernels = o.Kernels
+	}
 	if len(o.BuildArgs) > 0 {
 		args := map[string]string{}
 		for k, v := range s.BuildArgs {
@@ -181,6 +191,11 @@ func (s Settings) validate() error {
 	}
 	if s.DefaultWorkdir != "" && !strings.HasPrefix(s.DefaultWorkdir, "/") {
 		return bad("workdir %q must be an absolute path", s.DefaultWorkdir)
+	}
+	for _, k := range s.Kernels {
+		if !kernelLanguages[k] {
+			return bad("kernels: unknown language %q (known: python, javascript, typescript, bash, r)", k)
+		}
 	}
 	for k := range s.BuildArgs {
 		if !validArg.MatchString(k) {

@@ -48,6 +48,7 @@ func TestParseSettingsRejects(t *testing.T) {
 		{`aliases = ["ok", "NO"]`, "template name \"NO\""},
 		{`workdir = "relative"`, "absolute"},
 		{`runtime = "gVisor!"`, "runtime"},
+		{`kernels = ["cobol"]`, "kernels: unknown language"},
 		{"[build_args]\n\"1X\" = \"y\"", "build arg name"},
 		{`ready_timeout = 99999`, "ready_timeout"},
 		{`cpu_count = `, "toml"},

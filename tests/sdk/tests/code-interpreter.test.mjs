@@ -1,0 +1,178 @@
+// The code interpreter through the unmodified npm @e2b/code-interpreter SDK
+// (port 49999: /execute, /contexts), against the code-interpreter-v1 template.
+
+import assert from 'node:assert/strict'
+import { before, describe, test } from 'node:test'
+import { Sandbox } from '@e2b/code-interpreter'
+import { meta, track, trackCleanup } from './helpers.mjs'
+
+trackCleanup()
+
+let sbx
+
+describe('code interpreter', { concurrency: false }, () => {
+  before(async () => {
+    sbx = await Sandbox.create('code-interpreter-v1', { metadata: meta({ file: 'code-interpreter' }) })
+    track(sbx.sandboxId)
+  })
+
+  test('python: state persists across runs; the last expression is the main result', async () => {
+    await sbx.runCode('x = 40')
+    const r = await sbx.runCode('x + 2')
+    assert.equal(r.text, '42')
+    assert.equal(r.results.length, 1)
+    assert.equal(r.results[0].isMainResult, true)
+    assert.equal(r.error, undefined)
+    assert.ok(r.executionCount >= 2, `executionCount ${r.executionCount}`)
+  })
+
+  test('python: stdout and stderr, streamed to callbacks', async () => {
+    const out = []
+    const err = []
+    const r = await sbx.runCode('import sys\nprint("hello")\nprint("oops", file=sys.stderr)', {
+      onStdout: (m) => out.push(m.line),
+      onStderr: (m) => err.push(m.line),
+    })
+    assert.deepEqual(r.logs.stdout, ['hello\n'])
+    assert.deepEqual(r.logs.stderr, ['oops\n'])
+    assert.deepEqual(out, ['hello\n'])
+    assert.deepEqual(err, ['oops\n'])
+  })
+
+  test('python: an exception comes back as error with a traceback; state is kept', async () => {
+    const r = await sbx.runCode('y = 7\n1 / 0')
+    assert.equal(r.error.name, 'ZeroDivisionError')
+    assert.match(r.error.value, /division by zero/)
+    assert.match(r.error.traceback, /ZeroDivisionError/)
+    assert.equal((await sbx.runCode('y')).text, '7')
+  })
+
+  test('python: a matplotlib plot is one png with chart data', async () => {
+    const r = await sbx.runCode(`
+import matplotlib.pyplot as plt
+plt.figure()
+plt.plot([1, 2, 3], [1, 4, 9], label="squares")
+plt.title("Squares")
+plt.xlabel("n")
+plt.ylabel("n^2")
+plt.show()
+`)
+    assert.equal(r.error, undefined, JSON.stringify(r.error))
+    const pngs = r.results.filter((x) => x.png)
+    assert.equal(pngs.length, 1, `results: ${JSON.stringify(r.results.map((x) => x.formats()))}`)
+    assert.ok(Buffer.from(pngs[0].png, 'base64').subarray(1, 4).toString() === 'PNG')
+    const chart = pngs[0].chart
+    assert.ok(chart, 'chart data')
+    assert.equal(chart.type, 'line')
+    assert.equal(chart.title, 'Squares')
+    assert.equal(chart.x_label, 'n')
+    assert.equal(chart.y_label, 'n^2')
+    assert.equal(chart.elements.length, 1)
+    assert.deepEqual(chart.elements[0].points.map(([x, y]) => [Number(x), Number(y)]), [[1, 1], [2, 4], [3, 9]])
+  })
+
+  test('python: bar chart data', async () => {
+    const r = await sbx.runCode(`
+import matplotlib.pyplot as plt
+plt.figure()
+plt.bar(["a", "b", "c"], [3, 5, 2])
+plt.title("Bars")
+plt.show()
+`)
+    const chart = r.results.find((x) => x.chart)?.chart
+    assert.ok(chart, JSON.stringify(r.results.map((x) => x.formats())))
+    assert.equal(chart.type, 'bar')
+    assert.deepEqual(chart.elements.map((e) => [e.label, Number(e.value)]), [['a', 3], ['b', 5], ['c', 2]])
+  })
+
+  test('python: a pandas DataFrame comes back as html and text', async () => {
+    const r = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": ["x", "y"]})')
+    const main = r.results.find((x) => x.isMainResult)
+    assert.ok(main.html && main.html.includes('<table'), main.html)
+    assert.match(main.text, /a\s+b/)
+  })
+
+  test('contexts are isolated from each other and from the default one', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'python', cwd: '/tmp' })
+    assert.ok(ctx.id)
+    await sbx.runCode('iso = "in ctx"', { context: ctx })
+    assert.equal((await sbx.runCode('iso', { context: ctx })).text, 'in ctx')
+    const other = await sbx.runCode('iso')
+    assert.equal(other.error?.name, 'NameError')
+    assert.equal((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text, '/tmp')
+    const list = await sbx.listCodeContexts()
+    assert.ok(list.some((c) => c.id === ctx.id && c.language === 'python' && c.cwd === '/tmp'))
+    await sbx.removeCodeContext(ctx.id)
+    assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
+  })
+
+  test('restart resets a context', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'python' })
+    await sbx.runCode('kept = 1', { context: ctx })
+    await sbx.restartCodeContext(ctx)
+    const r = await sbx.runCode('kept', { context: ctx })
+    assert.equal(r.error?.name, 'NameError')
+    await sbx.removeCodeContext(ctx)
+  })
+
+  test('javascript: state, top-level await, re-declarable const', async () => {
+    await sbx.runCode('const a = 20', { language: 'javascript' })
+    await sbx.runCode('const a = 21', { language: 'javascript' })
+    const r = await sbx.runCode('const b = await Promise.resolve(a * 2); b', { language: 'javascript' })
+    assert.equal(r.text, '42')
+    const logs = await sbx.runCode('console.log("from js")', { language: 'js' })
+    assert.deepEqual(logs.logs.stdout, ['from js\n'])
+  })
+
+  test('typescript: types are stripped, generics work', async () => {
+    const r = await sbx.runCode(
+      'interface P { n: number }\nfunction twice<T extends P>(p: T): number { return p.n * 2 }\ntwice({ n: 21 })',
+      { language: 'typescript' },
+    )
+    assert.equal(r.error, undefined, JSON.stringify(r.error))
+    assert.equal(r.text, '42')
+  })
+
+  test('bash: a persistent shell per context', async () => {
+    await sbx.runCode('export GREETING=hi; cd /tmp', { language: 'bash' })
+    const r = await sbx.runCode('echo "$GREETING from $(pwd)"', { language: 'bash' })
+    assert.deepEqual(r.logs.stdout, ['hi from /tmp\n'])
+  })
+
+  test('env vars apply to one execution only', async () => {
+    const r = await sbx.runCode('import os; os.environ.get("ONE_SHOT")', { envs: { ONE_SHOT: 'yes' } })
+    assert.equal(r.text, 'yes')
+    const after = await sbx.runCode('import os; str(os.environ.get("ONE_SHOT"))')
+    assert.equal(after.text, 'None')
+    const js = await sbx.runCode('process.env.ONE_SHOT', { language: 'javascript', envs: { ONE_SHOT: 'js' } })
+    assert.equal(js.text, 'js')
+  })
+
+  test('a timeout interrupts the code and the context keeps its state', async () => {
+    await sbx.runCode('survivor = "still here"')
+    await assert.rejects(sbx.runCode('import time\ntime.sleep(30)', { timeoutMs: 1500 }))
+    // The interrupted execution must not block the next one for long.
+    const started = Date.now()
+    const r = await sbx.runCode('survivor')
+    assert.equal(r.text, 'still here')
+    assert.ok(Date.now() - started < 10_000, `next run took ${Date.now() - started} ms`)
+  })
+
+  test('an unknown language is a clear error', async () => {
+    await assert.rejects(sbx.runCode('x', { language: 'cobol' }), /cobol/)
+  })
+})
+
+describe('code interpreter in other templates', () => {
+  test('python and javascript work in base (no ipykernel: the stdlib driver)', async () => {
+    const s = await Sandbox.create('base', { metadata: meta({ file: 'code-interpreter' }) })
+    track(s.sandboxId)
+    await s.runCode('z = 5')
+    const r = await s.runCode('z * 2')
+    assert.equal(r.text, '10')
+    const js = await s.runCode('[1, 2, 3].map((n) => n * 2).join(",")', { language: 'javascript' })
+    assert.equal(js.text, '2,4,6')
+    const ts = await s.runCode('let n: number = 1', { language: 'typescript' }).catch((e) => e)
+    assert.match(String(ts.error?.value ?? ts.message ?? ts), /typescript|TypeScript/)
+  })
+})
