@@ -74,7 +74,7 @@ template rootfs as baselines.`,
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
-	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd())
+	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd())
 	return cmd
 }
 
@@ -192,5 +192,63 @@ Sandboxes mount a template read-only and never copy it, so size should not show.
 	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
 	f.StringSliceVar(&templates, "templates", []string{"base", "code-interpreter-v1"}, "templates to compare; the first is the baseline")
 	f.IntVar(&n, "n", 50, "creates per template")
+	return cmd
+}
+
+func benchInterpCmd() *cobra.Command {
+	var (
+		dataDir, tpl  string
+		rtt, creates int
+	)
+	cmd := &cobra.Command{
+		Use:   "interp",
+		Short: "Measure the code interpreter: runCode round trips per language, and create + first runCode",
+		Long: `Start an Airlock server in this process, then measure over the calls
+@e2b/code-interpreter makes (POST /execute on port 49999 through the sandbox
+proxy): runCode('1+1') in a warm context for python, javascript and bash, and
+create + first runCode, cold and from the warm pool. Baselines in the same run:
+envd's /health through the proxy, and python3 -c through commands.run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			inst, err := start(cmd.Context(), serveConfig{
+				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
+				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: "linux", diskQuota: true,
+				network: true, egress: false,
+			}, log)
+			if err != nil {
+				return err
+			}
+			defer inst.close(true)
+			t, err := inst.tpls.Get(tpl)
+			if err != nil {
+				return err
+			}
+			rows, err := bench.Interp(cmd.Context(), bench.InterpConfig{
+				Config: bench.Config{
+					APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey, Template: tpl,
+					Progress: os.Stderr,
+					SetWarmPool: func(n int) {
+						if st, err := (template.Resolver{Store: inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
+							inst.mgr.SetWarmPool(st, n)
+						}
+					},
+					WarmCount: func() int { return inst.mgr.WarmCount(t.ID) },
+				},
+				RoundTrips: rtt, Creates: creates,
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("\nAirlock bench interp, template %s, %s\n\n", tpl, time.Now().UTC().Format(time.DateOnly))
+			bench.Print(os.Stdout, rows)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&tpl, "template", "code-interpreter-v1", "template to create sandboxes from")
+	f.IntVar(&rtt, "round-trips", 200, "runCode round trips per language in one warm context")
+	f.IntVar(&creates, "creates", 20, "create + first runCode, cold and warm")
 	return cmd
 }
