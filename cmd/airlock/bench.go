@@ -197,7 +197,7 @@ Sandboxes mount a template read-only and never copy it, so size should not show.
 
 func benchInterpCmd() *cobra.Command {
 	var (
-		dataDir, tpl  string
+		dataDir, tpl string
 		rtt, creates int
 	)
 	cmd := &cobra.Command{
