@@ -33,6 +33,7 @@ test: setup build
 bench: build
 	bin/airlock bench --data-dir $(TEST_DATA)
 	bin/airlock bench templates --data-dir $(TEST_DATA)
+	bin/airlock bench interp --data-dir $(TEST_DATA)
 
 proto:
 	scripts/gen-proto.sh
