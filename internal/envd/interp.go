@@ -44,7 +44,14 @@ func (s *Server) interpDefaults(ctx context.Context) (interp.Options, error) {
 	h := s.interp
 	// Kernel support files live in a fresh private directory: a name chosen
 	// by envd at random, so nothing in the sandbox can plant it beforehand.
-	h.runOnce.Do(func() { h.runDir, h.runErr = os.MkdirTemp("", "airlock-interp-") })
+	h.runOnce.Do(func() {
+		h.runDir, h.runErr = os.MkdirTemp("", "airlock-interp-")
+		if h.runErr == nil {
+			// Kernels run as the sandbox user inside their own 0700
+			// subdirectories: the root may be crossed, not listed.
+			h.runErr = os.Chmod(h.runDir, 0o711)
+		}
+	})
 	if h.runErr != nil {
 		return interp.Options{}, fmt.Errorf("interpreter run dir: %w", h.runErr)
 	}
