@@ -36,6 +36,17 @@ type Config struct {
 	// runs the template's start command in the pooled sandbox with it.
 	AwaitInit bool `json:"awaitInit,omitempty"`
 
+	// InterpListen is where envd serves the code interpreter (spec §4), in the
+	// same forms as Listen: the host proxies sandbox port 49999 to the unix
+	// socket, and tcp 0.0.0.0:49999 lets in-sandbox code use localhost:49999
+	// as on E2B. Empty means no interpreter.
+	InterpListen []string `json:"interpListen,omitempty"`
+
+	// Kernels are the languages whose default interpreter contexts start at
+	// boot, in the background (after /init for a pooled sandbox, so they see
+	// the client's env); the first /execute waits for such a start.
+	Kernels []string `json:"kernels,omitempty"`
+
 	// DiskPath is the directory whose filesystem /metrics reports as disk use.
 	DiskPath string `json:"diskPath,omitempty"`
 }
@@ -43,6 +54,9 @@ type Config struct {
 // Version is the envd version reported to SDKs. It gates SDK features (spec §3.9);
 // 0.6.4 or later unlocks everything the current SDKs use.
 const Version = "0.6.13"
+
+// InterpPort is the in-sandbox port of the code interpreter.
+const InterpPort = 49999
 
 // Port is the in-sandbox port on which the E2B SDKs address envd.
 const Port = 49983

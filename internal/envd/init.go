@@ -114,6 +114,8 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	id.token, id.env, id.initialized = req.AccessToken, env, true
 	id.mu.Unlock()
 	s.log.Info("envd initialized", "sandbox", s.cfg.SandboxID)
+	// Kernels start now that they can get the client's env.
+	s.startKernels()
 	w.Header().Set("X-Envd-Version", Version)
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -60,6 +60,7 @@ type Server struct {
 
 	handler http.Handler
 	ready   chan struct{}
+	interp  *interpHost
 
 	defaultUserOnce sync.Once
 }
@@ -102,12 +103,22 @@ func NewServer(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error)
 			return nil, err
 		}
 	}
+	for _, l := range cfg.InterpListen {
+		if _, _, err := parseListen(l); err != nil {
+			return nil, err
+		}
+	}
 	s.handler = s.buildHandler()
+	s.interp = s.newInterp()
 	return s, nil
 }
 
 // Handler serves the whole envd protocol; tests mount it on httptest servers.
 func (s *Server) Handler() http.Handler { return s.handler }
+
+// InterpHandler serves the code interpreter (spec §4); tests mount it on
+// httptest servers.
+func (s *Server) InterpHandler() http.Handler { return s.interpHandler() }
 
 // Ready is closed once Serve has bound every listener.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
@@ -158,16 +169,27 @@ func (s *Server) Serve(ctx context.Context) error {
 	if len(s.cfg.Listen) == 0 {
 		return errors.New("no listen addresses configured")
 	}
-	var listeners []net.Listener
+	var listeners, interpListeners []net.Listener
+	closeAll := func() {
+		for _, l := range append(listeners, interpListeners...) {
+			l.Close()
+		}
+	}
 	for _, addr := range s.cfg.Listen {
 		l, err := listen(addr)
 		if err != nil {
-			for _, l := range listeners {
-				l.Close()
-			}
+			closeAll()
 			return fmt.Errorf("listen %s: %w", addr, err)
 		}
 		listeners = append(listeners, l)
+	}
+	for _, addr := range s.cfg.InterpListen {
+		l, err := listen(addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		interpListeners = append(interpListeners, l)
 	}
 	// HTTP/2 without TLS (h2c, prior knowledge) comes from net/http itself, which
 	// spares the binary the x/net copy of the HTTP/2 stack.
@@ -183,11 +205,27 @@ func (s *Server) Serve(ctx context.Context) error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ConnContext:       connContext,
 	}
-	errc := make(chan error, len(listeners))
+	// The interpreter has its own server: its handler differs, and its
+	// streams must not be cut by envd's limits.
+	isrv := &http.Server{
+		Handler:           s.interpHandler(),
+		Protocols:         protocols,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, len(listeners)+len(interpListeners))
 	for _, l := range listeners {
 		go func(l net.Listener) { errc <- srv.Serve(l) }(l)
 	}
+	for _, l := range interpListeners {
+		go func(l net.Listener) { errc <- isrv.Serve(l) }(l)
+	}
 	close(s.ready)
+	if s.id.ready() {
+		s.startKernels()
+	}
 	s.log.Info("envd ready", "version", Version, "listen", s.cfg.Listen, "pid", os.Getpid())
 
 	var err error
@@ -199,9 +237,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
 	srv.Close()
+	isrv.Close()
+	s.interp.close()
 	s.procs.killAll()
 	s.watchers.closeAll()
-	for _, addr := range s.cfg.Listen {
+	for _, addr := range append(append([]string(nil), s.cfg.Listen...), s.cfg.InterpListen...) {
 		if network, address, _ := parseListen(addr); network == "unix" {
 			_ = os.Remove(address)
 		}

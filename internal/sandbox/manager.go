@@ -64,6 +64,10 @@ type Template struct {
 	// ReadyTimeout is the deadline for ready, counted from when envd
 	// answers; 0 means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Kernels are the code-interpreter languages whose default contexts
+	// envd starts at boot (["python","javascript"] for code-interpreter-v1);
+	// the others start on first use.
+	Kernels []string
 }
 
 // Templates resolves a template id or alias to a built template. It returns an
@@ -112,6 +116,10 @@ const envdMountPath = "/usr/local/bin/envd"
 // host side is <sandbox dir>/run.
 const envdSocketDir = "/run/airlock"
 
+// interpSocket is the code interpreter's socket inside the sandbox; the proxy
+// sends sandbox port 49999 there whatever the network mode.
+const interpSocket = envdSocketDir + "/interp.sock"
+
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
 const metricsKept = 720
 
@@ -155,6 +163,8 @@ type entry struct {
 	// since is not claimed.
 	started   startedFrom
 	transport *http.Transport
+	// interp reaches the code interpreter (port 49999) over its socket.
+	interp *http.Transport
 	// net is the sandbox's network (nil without Options.Network).
 	net     *netpolicy.Sandbox
 	timer   *time.Timer
@@ -357,6 +367,10 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		Listen:         []string{"unix:" + envdSocketDir + "/envd.sock", fmt.Sprintf("tcp:127.0.0.1:%d", envd.Port)},
 		DiskPath:       "/",
 		AwaitInit:      pooled,
+		// The interpreter over the socket for the host proxy, and on every
+		// interface inside the sandbox so its code can use localhost:49999.
+		InterpListen: []string{"unix:" + interpSocket, fmt.Sprintf("tcp:0.0.0.0:%d", envd.InterpPort)},
+		Kernels:      tpl.Kernels,
 	}
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
@@ -420,7 +434,8 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	if err != nil {
 		return fail(err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns, transport: envdTransport(filepath.Join(runDir, "envd.sock"))}
+	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns,
+		transport: envdTransport(filepath.Join(runDir, "envd.sock")), interp: envdTransport(filepath.Join(runDir, "interp.sock"))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)
@@ -488,6 +503,7 @@ func waitEnvd(ctx context.Context, tr *http.Transport, limit time.Duration) erro
 // since there is no one left to tell.
 func (m *Manager) teardown(e *entry) {
 	e.transport.CloseIdleConnections()
+	e.interp.CloseIdleConnections()
 	if err := e.rt.Destroy(context.Background()); err != nil {
 		m.log.Error("sandbox teardown", "id", e.info.ID, "err", err)
 	}
@@ -801,6 +817,18 @@ func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
 	return e.transport, nil
 }
 
+// InterpTransport returns the transport to a running sandbox's code
+// interpreter (in-sandbox port 49999), for the sandbox-traffic proxy.
+func (m *Manager) InterpTransport(id string) (http.RoundTripper, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok || e.info.State != StateRunning {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return e.interp, nil
+}
+
 // MatchToken returns the ids of running sandboxes for which accept(token) is
 // true; the proxy routes header-less signed /files URLs with it.
 func (m *Manager) MatchToken(accept func(token string) bool) []string {
@@ -930,6 +958,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
 			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock")),
+			interp:    envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "interp.sock")),
 			seenOOM:   m.seenOOMOf(ctx, rec.ID)}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
@@ -1080,6 +1109,7 @@ func (m *Manager) Close() {
 			e.timer.Stop()
 		}
 		e.transport.CloseIdleConnections()
+		e.interp.CloseIdleConnections()
 	}
 	m.mu.Unlock()
 	m.netWG.Wait()

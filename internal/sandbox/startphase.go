@@ -95,19 +95,21 @@ func templateEnv(tpl Template, client map[string]string) (map[string]string, err
 // claims it.
 type startedFrom struct {
 	rootfs, startCmd, readyCmd, workdir, user string
-	env                                       []string
+	env, kernels                              []string
 }
 
 func startedFromOf(tpl Template) startedFrom {
 	return startedFrom{
 		rootfs: tpl.Rootfs, startCmd: tpl.StartCmd, readyCmd: tpl.ReadyCmd,
 		workdir: tpl.DefaultWorkdir, user: tpl.DefaultUser, env: slices.Clone(tpl.Env),
+		kernels: slices.Clone(tpl.Kernels),
 	}
 }
 
 func (a startedFrom) equal(b startedFrom) bool {
 	return a.rootfs == b.rootfs && a.startCmd == b.startCmd && a.readyCmd == b.readyCmd &&
-		a.workdir == b.workdir && a.user == b.user && slices.Equal(a.env, b.env)
+		a.workdir == b.workdir && a.user == b.user && slices.Equal(a.env, b.env) &&
+		slices.Equal(a.kernels, b.kernels)
 }
 
 // startPhase brings a sandbox whose envd answers to the "started" state: the

@@ -32,6 +32,10 @@ type Sandboxes interface {
 	// reached at (invalid when it has no network) and the traffic access
 	// token they require ("" for none).
 	UserPortTarget(id string) (netip.Addr, string, error)
+	// InterpTransport returns the transport to a running sandbox's code
+	// interpreter (in-sandbox port 49999), which envd serves on a unix
+	// socket so it is reachable whatever the sandbox's network mode.
+	InterpTransport(id string) (http.RoundTripper, error)
 }
 
 // trafficTokenHeader carries the traffic access token of a sandbox created
@@ -89,6 +93,10 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			r.Out.URL.Scheme = "http"
 			r.Out.URL.Host = "envd"
 			r.Out.Host = "envd"
+			if rt.interp {
+				// The traffic token is the proxy's business, as for user ports.
+				r.Out.Header.Del(trafficTokenHeader)
+			}
 			// envd has no use for where the client thought it was connecting.
 			r.Out.Header.Del("Forwarded")
 		},
@@ -106,6 +114,16 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 				portClosed(w, rt.id, rt.port)
 				return
 			}
+			if rt.interp {
+				// envd serves the interpreter in every sandbox since
+				// interp existed; an older envd (a sandbox recovered
+				// across an upgrade) has no socket.
+				writeJSON(w, http.StatusBadGateway, map[string]any{
+					"sandboxId": rt.id, "code": http.StatusBadGateway, "port": rt.port,
+					"message": "The sandbox has no code interpreter (its envd does not serve port 49999): " + err.Error(),
+				})
+				return
+			}
 			sandboxGone(w, rt.id)
 		},
 	}
@@ -118,6 +136,7 @@ type route struct {
 	id        string
 	port      int
 	addr      netip.Addr // set for user ports
+	interp    bool       // the code interpreter (port 49999)
 	transport http.RoundTripper
 }
 
@@ -141,17 +160,40 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rt route
-	if port != envd.Port {
+	switch port {
+	case envd.Port:
+		tr, err := p.sandboxes.EnvdTransport(id)
+		if err != nil {
+			sandboxGone(w, id)
+			return
+		}
+		rt = route{id: id, port: port, transport: tr}
+	case envd.InterpPort:
+		// A user port as far as the traffic token goes (E2B routes it like
+		// any other), but served by envd over its own socket.
+		_, token, err := p.sandboxes.UserPortTarget(id)
+		if err != nil {
+			sandboxGone(w, id)
+			return
+		}
+		if token != "" && !tokenEqual(r.Header.Get(trafficTokenHeader), token) {
+			portForbidden(w, id)
+			return
+		}
+		tr, err := p.sandboxes.InterpTransport(id)
+		if err != nil {
+			sandboxGone(w, id)
+			return
+		}
+		rt = route{id: id, port: port, transport: tr, interp: true}
+	default:
 		addr, token, err := p.sandboxes.UserPortTarget(id)
 		if err != nil {
 			sandboxGone(w, id)
 			return
 		}
 		if token != "" && !tokenEqual(r.Header.Get(trafficTokenHeader), token) {
-			writeJSON(w, http.StatusForbidden, map[string]any{
-				"sandboxId": id, "code": http.StatusForbidden,
-				"message": "missing or invalid " + trafficTokenHeader + " header: this sandbox's ports are not public",
-			})
+			portForbidden(w, id)
 			return
 		}
 		if !addr.IsValid() {
@@ -160,13 +202,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rt = route{id: id, port: port, addr: addr, transport: p.ports}
-	} else {
-		tr, err := p.sandboxes.EnvdTransport(id)
-		if err != nil {
-			sandboxGone(w, id)
-			return
-		}
-		rt = route{id: id, port: port, transport: tr}
 	}
 	// envd often answers (and flushes) before the proxy has forwarded the end of
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
@@ -251,6 +286,13 @@ func hostOnly(hostport string) string {
 func portClosed(w http.ResponseWriter, id string, port int) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway,
+	})
+}
+
+func portForbidden(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusForbidden, map[string]any{
+		"sandboxId": id, "code": http.StatusForbidden,
+		"message": "missing or invalid " + trafficTokenHeader + " header: this sandbox's ports are not public",
 	})
 }
 

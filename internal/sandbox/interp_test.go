@@ -1,0 +1,98 @@
+package sandbox_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/server"
+)
+
+// TestCodeInterpreterThroughProxy drives the code interpreter of a real sandbox
+// the way @e2b/code-interpreter does: through the sandbox-traffic proxy with
+// E2b-Sandbox-Port: 49999, which reaches envd's interpreter socket.
+func TestCodeInterpreterThroughProxy(t *testing.T) {
+	r := newRig(t)
+	r.tpl.Kernels = []string{"bash"}
+	m := r.manager(t, 0)
+	info := create(t, m, time.Minute)
+	proxy := httptest.NewServer(server.NewProxy(m, nil))
+	defer proxy.Close()
+
+	do := func(method, path, body, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, proxy.URL+path, strings.NewReader(body))
+		req.Header.Set("E2b-Sandbox-Id", info.ID)
+		req.Header.Set("E2b-Sandbox-Port", "49999")
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, body := do("GET", "/health", "", ""); st != 200 || strings.TrimSpace(body) != `"OK"` {
+		t.Fatalf("health: %d %q", st, body)
+	}
+	// The prewarmed bash default context is listed.
+	if st, body := do("GET", "/contexts", "", ""); st != 200 || !strings.Contains(body, `"language":"bash"`) || !strings.Contains(body, `"cwd":"/home/user"`) {
+		t.Fatalf("contexts: %d %q", st, body)
+	}
+	if st, _ := do("POST", "/execute", `{"code":"echo hi","language":"bash"}`, "wrong"); st != 401 {
+		t.Fatalf("bad token: %d", st)
+	}
+	t0 := time.Now()
+	st, body := do("POST", "/execute", `{"code":"x=5; echo \"$(whoami) $PWD $FOO $BAR\"; echo warn >&2","language":"bash","env_vars":{"BAR":"per-exec"}}`, info.AccessToken)
+	t.Logf("first bash execute: %v", time.Since(t0))
+	if st != 200 {
+		t.Fatalf("execute: %d %q", st, body)
+	}
+	var got []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		got = append(got, m)
+	}
+	// stdout and stderr are separate pipes, each may come in several chunks,
+	// and their relative order is not fixed.
+	byType := map[string]string{}
+	var tail []string
+	for _, l := range got {
+		typ := l["type"].(string)
+		if typ == "stdout" || typ == "stderr" {
+			byType[typ] += l["text"].(string)
+		} else {
+			tail = append(tail, typ)
+		}
+	}
+	if byType["stdout"] != "user /home/user bar per-exec\n" || byType["stderr"] != "warn\n" ||
+		strings.Join(tail, ",") != "number_of_executions,end_of_execution" {
+		t.Fatalf("stream: %q", body)
+	}
+	t0 = time.Now()
+	_, body = do("POST", "/execute", `{"code":"echo $x ${BAR-unset}; false","language":"bash"}`, info.AccessToken)
+	t.Logf("warm bash execute: %v", time.Since(t0))
+	if !strings.Contains(body, `"text":"5 unset`) || !strings.Contains(body, `"type":"error","value":"1"`) {
+		t.Fatalf("state/exit status: %q", body)
+	}
+	// In-sandbox code reaches the interpreter on localhost:49999, as on E2B.
+	out, code := run(t, m, info, `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://localhost:49999/health").read().decode())'`)
+	if code != 0 || strings.TrimSpace(out) != `"OK"` {
+		t.Fatalf("in-sandbox localhost:49999: %q (exit %d)", out, code)
+	}
+	// A language the server does not know: a clear 400.
+	if st, body := do("POST", "/execute", `{"code":"1","language":"cobol"}`, info.AccessToken); st != 400 || !strings.Contains(body, "supported languages") {
+		t.Fatalf("unknown language: %d %q", st, body)
+	}
+}
