@@ -163,7 +163,7 @@ function rewrite(src) {
       case 'ImportDeclaration': {
         const spec = JSON.stringify(node.source.value);
         if (node.specifiers.length === 0) {
-          edits.push([node.start, node.end, `__airlock_import(${spec});`]);
+          edits.push([node.start, node.end, `void __airlock_import(${spec});`]);
           break;
         }
         const m = `__airlock_m${count}_${tmp++}`;
