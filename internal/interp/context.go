@@ -164,7 +164,7 @@ func (c *kctx) kernelLocked(ctx context.Context) (Kernel, error) {
 	if k != nil {
 		return k, nil
 	}
-	start, ok := starterFor(c.language)
+	start, ok := Lookup(c.language)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", ErrUnavailable, c.language)
 	}

@@ -84,8 +84,8 @@ func Register(language string, start Starter) {
 	registry[language] = start
 }
 
-// starterFor returns the registered Starter of a normalised language.
-func starterFor(language string) (Starter, bool) {
+// Lookup returns the registered Starter of a normalised language.
+func Lookup(language string) (Starter, bool) {
 	registryMu.RLock()
 	defer registryMu.RUnlock()
 	s, ok := registry[language]

@@ -72,7 +72,7 @@ func (s *Server) Handler() http.Handler { return s.mux }
 func (s *Server) Prewarm(languages []string) {
 	for _, l := range languages {
 		lang := NormalizeLanguage(l)
-		if _, ok := starterFor(lang); !ok {
+		if _, ok := Lookup(lang); !ok {
 			s.cfg.Log.Warn("interp: prewarm of an unsupported language skipped", "language", l)
 			continue
 		}
@@ -161,7 +161,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 		if hasLang {
 			lang = NormalizeLanguage(*req.Language)
 		}
-		if _, ok := starterFor(lang); !ok {
+		if _, ok := Lookup(lang); !ok {
 			plain(w, http.StatusBadRequest, unsupported(lang))
 			return
 		}
@@ -321,7 +321,7 @@ func (s *Server) handleCreateContext(w http.ResponseWriter, r *http.Request) {
 	if req.Language != nil {
 		lang = NormalizeLanguage(*req.Language)
 	}
-	if _, ok := starterFor(lang); !ok {
+	if _, ok := Lookup(lang); !ok {
 		plain(w, http.StatusBadRequest, unsupported(lang))
 		return
 	}
