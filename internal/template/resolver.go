@@ -41,5 +41,6 @@ func (t Template) ForSandbox() sandbox.Template {
 		StartCmd:       st.StartCmd,
 		ReadyCmd:       st.ReadyCmd,
 		ReadyTimeout:   st.ReadyTimeout(),
+		Kernels:        st.Kernels,
 	}
 }
