@@ -1,0 +1,417 @@
+package interp
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the real backends on the host's Debian /usr/bin/python3 as the current
+// user. ipykernel tests need python3-ipykernel, python3-matplotlib, python3-pandas (see
+// scripts/setup.sh); the stdlib driver needs only python3 (matplotlib/pandas cases are skipped
+// without them).
+
+type pyBackend struct {
+	name  string
+	start Starter
+	need  []string // Python modules required by the backend itself
+}
+
+var pyBackends = []pyBackend{
+	{"ipykernel", StartIPykernel, []string{"ipykernel", "zmq"}},
+	{"driver", StartPythonDriver, nil},
+}
+
+func havePyModules(t *testing.T, mods ...string) bool {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		return false
+	}
+	for _, m := range mods {
+		if exec.Command("/usr/bin/python3", "-c", "import "+m).Run() != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func testPyOptions(t *testing.T) Options {
+	t.Helper()
+	home := t.TempDir()
+	return Options{
+		Language: "python",
+		Cwd:      t.TempDir(),
+		UID:      uint32(os.Getuid()),
+		GID:      uint32(os.Getgid()),
+		Home:     home,
+		// Like a template's env: MPLBACKEND=Agg must not stop figures from being displayed.
+		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8", "MPLBACKEND=Agg"},
+		RunDir: t.TempDir(),
+	}
+}
+
+func startPyBackend(t *testing.T, b pyBackend) Kernel {
+	t.Helper()
+	if !havePyModules(t, b.need...) {
+		t.Skipf("/usr/bin/python3 lacks %v", b.need)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	k, err := b.start(ctx, testPyOptions(t))
+	if err != nil {
+		t.Fatalf("start %s: %v", b.name, err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+type runOut struct {
+	events []Event
+	count  int
+	err    error
+}
+
+func (r runOut) text(typ string) string {
+	var b strings.Builder
+	for _, e := range r.events {
+		if e.Type == typ {
+			b.WriteString(e.Text)
+		}
+	}
+	return b.String()
+}
+
+func (r runOut) results() []Event {
+	var out []Event
+	for _, e := range r.events {
+		if e.Type == "result" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (r runOut) main(t *testing.T) map[string]any {
+	t.Helper()
+	for _, e := range r.events {
+		if e.Type == "result" && e.IsMainResult {
+			return e.Data
+		}
+	}
+	t.Fatalf("no main result in %+v", r.events)
+	return nil
+}
+
+func run(t *testing.T, k Kernel, code string, env map[string]string) runOut {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out runOut
+	out.count, out.err = k.Execute(ctx, code, env, func(e Event) { out.events = append(out.events, e) })
+	return out
+}
+
+func mustRun(t *testing.T, k Kernel, code string) runOut {
+	t.Helper()
+	out := run(t, k, code, nil)
+	if out.err != nil {
+		t.Fatalf("execute %q: %v", code, out.err)
+	}
+	for _, e := range out.events {
+		if e.Type == "error" {
+			t.Fatalf("execute %q: %s: %s\n%s", code, e.Error.Name, e.Error.Value, e.Error.Traceback)
+		}
+	}
+	return out
+}
+
+func TestPythonBackends(t *testing.T) {
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			k := startPyBackend(t, b)
+			hasMPL := havePyModules(t, "matplotlib")
+			hasPandas := havePyModules(t, "pandas")
+
+			t.Run("state", func(t *testing.T) {
+				first := mustRun(t, k, "x = 41")
+				if len(first.results()) != 0 {
+					t.Errorf("assignment produced results: %+v", first.events)
+				}
+				second := mustRun(t, k, "x + 1")
+				if got := second.main(t)["text/plain"]; got != "42" {
+					t.Errorf("x + 1 = %v, want 42", got)
+				}
+				if second.count != first.count+1 || first.count < 1 {
+					t.Errorf("execution counts %d then %d", first.count, second.count)
+				}
+			})
+			t.Run("streams", func(t *testing.T) {
+				out := mustRun(t, k, "import sys, os\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.stdout.flush()\nos.system('echo raw-out; echo raw-err >&2')")
+				if s := out.text("stdout"); !strings.Contains(s, "hello\n") || !strings.Contains(s, "raw-out") {
+					t.Errorf("stdout %q", s)
+				}
+				if s := out.text("stderr"); !strings.Contains(s, "oops\n") || !strings.Contains(s, "raw-err") {
+					t.Errorf("stderr %q", s)
+				}
+			})
+			t.Run("error", func(t *testing.T) {
+				out := run(t, k, "def f():\n    return 1/0\nf()", nil)
+				if out.err != nil {
+					t.Fatal(out.err)
+				}
+				var e *ExecError
+				for _, ev := range out.events {
+					if ev.Type == "error" {
+						e = ev.Error
+					}
+				}
+				if e == nil {
+					t.Fatalf("no error event: %+v", out.events)
+				}
+				if e.Name != "ZeroDivisionError" || e.Value != "division by zero" {
+					t.Errorf("error %s: %s", e.Name, e.Value)
+				}
+				if !strings.Contains(e.Traceback, "return 1/0") || strings.Contains(e.Traceback, "airlock_driver") {
+					t.Errorf("traceback:\n%s", e.Traceback)
+				}
+				// State survives errors.
+				if got := mustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
+					t.Errorf("x after error = %v", got)
+				}
+			})
+			t.Run("await", func(t *testing.T) {
+				out := mustRun(t, k, "import asyncio\nawait asyncio.sleep(0.01)\n6 * 7")
+				if got := out.main(t)["text/plain"]; got != "42" {
+					t.Errorf("await cell = %v", got)
+				}
+			})
+			t.Run("display", func(t *testing.T) {
+				code := "class H:\n    def _repr_html_(self): return '<b>hi</b>'\ndisplay(H())\n"
+				if havePyModules(t, "IPython") {
+					code += "from IPython.display import display as d2, HTML, Markdown\nd2(HTML('<i>x</i>'))\nd2(Markdown('**y**'))\n"
+				}
+				code += "7"
+				out := mustRun(t, k, code)
+				res := out.results()
+				if res[0].Data["text/html"] != "<b>hi</b>" || res[0].IsMainResult {
+					t.Errorf("first display %+v", res[0])
+				}
+				if havePyModules(t, "IPython") {
+					if len(res) != 4 || res[1].Data["text/html"] != "<i>x</i>" || res[2].Data["text/markdown"] != "**y**" {
+						t.Errorf("IPython displays %+v", res)
+					}
+				}
+				if last := res[len(res)-1]; !last.IsMainResult || last.Data["text/plain"] != "7" {
+					t.Errorf("main result %+v", last)
+				}
+			})
+			t.Run("env", func(t *testing.T) {
+				code := "import os\nprint(os.environ.get('AIRLOCK_T1'), os.environ.get('HOME') is not None, os.popen('echo $AIRLOCK_T1').read().strip())"
+				out := run(t, k, code, map[string]string{"AIRLOCK_T1": "v1"})
+				if out.err != nil || strings.TrimSpace(out.text("stdout")) != "v1 True v1" {
+					t.Errorf("with env: %q %v %+v", out.text("stdout"), out.err, out.events)
+				}
+				out = mustRun(t, k, code)
+				if strings.TrimSpace(out.text("stdout")) != "None True" {
+					t.Errorf("env not restored: %q", out.text("stdout"))
+				}
+			})
+			t.Run("plots", func(t *testing.T) {
+				if !hasMPL {
+					t.Skip("no matplotlib")
+				}
+				cases := []struct {
+					kind, code string
+					check      func(t *testing.T, chart map[string]any)
+				}{
+					{"line", "plt.figure()\nplt.plot([1, 2, 3], [4, 5, 6], label='l1')\nplt.title('T')\nplt.xlabel('Time (s)')\nplt.ylabel('v')\nplt.show()", func(t *testing.T, c map[string]any) {
+						if c["title"] != "T" || c["x_label"] != "Time (s)" || c["x_unit"] != "s" || c["y_label"] != "v" {
+							t.Errorf("labels %v", c)
+						}
+						els := c["elements"].([]any)
+						el := els[0].(map[string]any)
+						pts := el["points"].([]any)
+						if el["label"] != "l1" || len(pts) != 3 || pts[2].([]any)[1] != 6.0 {
+							t.Errorf("line element %v", el)
+						}
+						if c["x_scale"] != "linear" || len(c["x_ticks"].([]any)) == 0 {
+							t.Errorf("ticks/scale %v %v", c["x_scale"], c["x_ticks"])
+						}
+					}},
+					{"scatter", "plt.figure()\nplt.scatter([1, 2], [3, 4], label='s')", func(t *testing.T, c map[string]any) {
+						el := c["elements"].([]any)[0].(map[string]any)
+						if el["label"] != "s" || len(el["points"].([]any)) != 2 {
+							t.Errorf("scatter element %v", el)
+						}
+					}},
+					{"bar", "plt.figure()\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\nplt.show()", func(t *testing.T, c map[string]any) {
+						els := c["elements"].([]any)
+						if len(els) != 3 {
+							t.Fatalf("bar elements %v", els)
+						}
+						el := els[0].(map[string]any)
+						if el["label"] != "a" || el["value"] != 3.0 {
+							t.Errorf("bar element %v", el)
+						}
+					}},
+					{"pie", "plt.figure()\nplt.pie([1, 3], labels=['p', 'q'])\nplt.show()", func(t *testing.T, c map[string]any) {
+						els := c["elements"].([]any)
+						if len(els) != 2 || els[1].(map[string]any)["label"] != "q" || els[1].(map[string]any)["angle"].(float64) != 270 {
+							t.Errorf("pie elements %v", els)
+						}
+					}},
+					{"box_and_whisker", "plt.figure()\nplt.boxplot([[1, 2, 3, 4, 50]], labels=['g'])\nplt.show()", func(t *testing.T, c map[string]any) {
+						els := c["elements"].([]any)
+						el := els[0].(map[string]any)
+						if el["label"] != "g" || el["median"] != 3.0 || len(el["outliers"].([]any)) != 1 {
+							t.Errorf("box element %v", el)
+						}
+					}},
+				}
+				mustRun(t, k, "import matplotlib.pyplot as plt")
+				for _, c := range cases {
+					t.Run(c.kind, func(t *testing.T) {
+						out := mustRun(t, k, c.code)
+						var figs []Event
+						for _, r := range out.results() {
+							if _, ok := r.Data["image/png"]; ok {
+								figs = append(figs, r)
+							}
+						}
+						if len(figs) != 1 {
+							t.Fatalf("%d png results, want 1: %+v", len(figs), out.results())
+						}
+						png, _ := figs[0].Data["image/png"].(string)
+						if !strings.HasPrefix(png, "iVBORw0KGgo") {
+							t.Errorf("image/png is not a base64 PNG: %.20q", png)
+						}
+						chart, ok := figs[0].Data["e2b/chart"].(map[string]any)
+						if !ok {
+							t.Fatalf("no e2b/chart in %v", keys(figs[0].Data))
+						}
+						if chart["type"] != c.kind {
+							t.Fatalf("chart type %v, want %s: %v", chart["type"], c.kind, chart)
+						}
+						c.check(t, chart)
+					})
+				}
+			})
+			t.Run("dataframe", func(t *testing.T) {
+				if !hasPandas {
+					t.Skip("no pandas")
+				}
+				data := mustRun(t, k, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})").main(t)
+				html, _ := data["text/html"].(string)
+				text, _ := data["text/plain"].(string)
+				if !strings.Contains(html, "<table") || !strings.Contains(text, "a  b") {
+					t.Errorf("DataFrame bundle: html %q text %q", html, text)
+				}
+			})
+			t.Run("interrupt", func(t *testing.T) {
+				ctx, cancel := context.WithCancel(context.Background())
+				time.AfterFunc(500*time.Millisecond, cancel)
+				start := time.Now()
+				_, err := k.Execute(ctx, "import time\ntime.sleep(30)", nil, func(Event) {})
+				took := time.Since(start)
+				t.Logf("interrupted after %v (cancel at 500ms)", took)
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("err %v, want context.Canceled", err)
+				}
+				if took > 10*time.Second {
+					t.Errorf("interrupt took %v", took)
+				}
+				if got := mustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
+					t.Errorf("x after interrupt = %v", got)
+				}
+			})
+			t.Run("latency", func(t *testing.T) {
+				var ds []time.Duration
+				for range 50 {
+					start := time.Now()
+					mustRun(t, k, "1+1")
+					ds = append(ds, time.Since(start))
+				}
+				slices.Sort(ds)
+				t.Logf("%s trivial execute: p50 %v p90 %v", b.name, ds[len(ds)/2], ds[len(ds)*9/10])
+			})
+		})
+	}
+}
+
+func keys(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestPythonKernelDeath(t *testing.T) {
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			k := startPyBackend(t, b)
+			out := run(t, k, "import os\nos._exit(3)", nil)
+			if !errors.Is(out.err, ErrKernelDied) {
+				t.Fatalf("err %v, want ErrKernelDied", out.err)
+			}
+			if out := run(t, k, "1", nil); !errors.Is(out.err, ErrKernelDied) {
+				t.Fatalf("next execute: err %v, want ErrKernelDied", out.err)
+			}
+		})
+	}
+}
+
+func TestPythonCloseKillsGroup(t *testing.T) {
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			k := startPyBackend(t, b)
+			out := mustRun(t, k, "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid")
+			pid, err := strconv.Atoi(out.main(t)["text/plain"].(string))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Close(); err != nil {
+				t.Fatalf("close: %v", err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				err := syscall.Kill(pid, 0)
+				stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+				if errors.Is(err, syscall.ESRCH) || strings.Contains(string(stat), ") Z ") {
+					break
+				}
+				if time.Now().After(deadline) {
+					syscall.Kill(pid, syscall.SIGKILL)
+					t.Fatalf("child sleep %d survived Close", pid)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestStartPythonPicksBackend(t *testing.T) {
+	if !havePyModules(t) {
+		t.Skip("no /usr/bin/python3")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	k, err := StartPython(ctx, testPyOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	_, isJupyter := k.(*jupyterKernel)
+	if want := havePyModules(t, "ipykernel", "zmq"); isJupyter != want {
+		t.Errorf("StartPython gave %T with ipykernel available = %v", k, want)
+	}
+}
