@@ -51,8 +51,8 @@ type driverKernel struct {
 	active   atomic.Bool // an Execute is consuming raw output; otherwise it is dropped
 	// stale counts cells abandoned after an interrupt that did not stop them: their output
 	// and end marks are still to come and belong to no execution (used by Execute only).
-	stale int
-	output   *tailBuffer // stderr seen outside executions (start-up failures)
+	stale  int
+	output *tailBuffer // stderr seen outside executions (start-up failures)
 
 	dead      chan struct{}
 	deadOnce  sync.Once

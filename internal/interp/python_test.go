@@ -53,7 +53,7 @@ func testPyOptions(t *testing.T) Options {
 		GID:      uint32(os.Getgid()),
 		Home:     home,
 		// Like a template's env: MPLBACKEND=Agg must not stop figures from being displayed.
-		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8", "MPLBACKEND=Agg"},
+		Env:    []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8", "MPLBACKEND=Agg"},
 		RunDir: t.TempDir(),
 	}
 }

@@ -48,16 +48,25 @@ def _setup_formatter():
     from traitlets import ObjectName, Unicode
 
     class ChartFormatter(BaseFormatter):
+        """Chart data for matplotlib figures. It matches figures itself instead of through
+        for_type: IPython's select_figure_formats (run when the inline backend loads) pops
+        Figure from every formatter's registry."""
+
         format_type = Unicode("e2b/chart")
         _return_type = dict
         print_method = ObjectName("_repr_e2b_chart_")
+
+        def __call__(self, obj):
+            mpl_figure = sys.modules.get("matplotlib.figure")
+            if mpl_figure is None or not isinstance(obj, mpl_figure.Figure):
+                return None
+            return _charts.chart_from_figure(obj)
 
     shell = get_ipython()
     if shell is None:
         return
     formatter = ChartFormatter(parent=shell.display_formatter)
     shell.display_formatter.formatters["e2b/chart"] = formatter
-    formatter.for_type_by_name("matplotlib.figure", "Figure", _charts.chart_from_figure)
 
 
 def _on_import_matplotlib_axes():
