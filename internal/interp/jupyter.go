@@ -23,9 +23,15 @@ import (
 
 const (
 	jupyterReadyTimeout   = 60 * time.Second // upper bound for kernel start → kernel_info answered on iopub
-	jupyterHeartbeatEvery = 2 * time.Second
-	jupyterHeartbeatLimit = 15 * time.Second // generous: the machine may be loaded; process exit is the fast path
 	jupyterInterruptGrace = 5 * time.Second  // after ctx ends: how long to wait for the interrupted cell to finish
+)
+
+// Heartbeat period and the silence after which a kernel whose process is still there counts
+// as dead (hung, or stopped). Generous: the machine may be loaded, and process exit is the
+// fast path. Variables so tests can shorten them.
+var (
+	jupyterHeartbeatEvery = 2 * time.Second
+	jupyterHeartbeatLimit = 15 * time.Second
 )
 
 // jupyterKernelSpec is the part of kernel.json we use.

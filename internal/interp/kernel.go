@@ -38,7 +38,9 @@ type Kernel interface {
 	// the code (SIGINT semantics, state kept) and return promptly with ctx.Err().
 	// A dead kernel returns an error wrapping ErrKernelDied.
 	Execute(ctx context.Context, code string, env map[string]string, emit func(Event)) (execCount int, err error)
-	// Close stops the kernel and everything it started.
+	// Close stops the kernel and everything it started. It may be called while an
+	// Execute is in progress (context deleted or restarted): that Execute then
+	// returns promptly with an error wrapping ErrKernelDied.
 	Close() error
 }
 
@@ -57,7 +59,8 @@ type Options struct {
 	RunDir   string   // a directory the kernel may write its support files to (driver scripts, connection files)
 }
 
-// Starter starts a kernel for opts.Language. It returns an error wrapping ErrUnavailable when
+// Starter starts a kernel for opts.Language. ctx bounds the start only (a client
+// that gives up while waiting for it); the kernel outlives it until Close. It returns an error wrapping ErrUnavailable when
 // the template lacks what it needs (e.g. no node).
 type Starter func(ctx context.Context, opts Options) (Kernel, error)
 

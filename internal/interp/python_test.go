@@ -415,3 +415,40 @@ func TestStartPythonPicksBackend(t *testing.T) {
 		t.Errorf("StartPython gave %T with ipykernel available = %v", k, want)
 	}
 }
+
+func TestPythonCloseDuringExecute(t *testing.T) {
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			k := startPyBackend(t, b)
+			time.AfterFunc(500*time.Millisecond, func() { k.Close() })
+			start := time.Now()
+			out := run(t, k, "import time\ntime.sleep(30)", nil)
+			if !errors.Is(out.err, ErrKernelDied) {
+				t.Fatalf("err %v, want ErrKernelDied", out.err)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("Execute returned %v after Close", took)
+			}
+		})
+	}
+}
+
+// A kernel whose process lives on but stops answering (here: SIGSTOPped) is declared dead
+// by the heartbeat, and its process group is killed.
+func TestJupyterHeartbeatDeath(t *testing.T) {
+	every, limit := jupyterHeartbeatEvery, jupyterHeartbeatLimit
+	jupyterHeartbeatEvery, jupyterHeartbeatLimit = 200*time.Millisecond, 2*time.Second
+	defer func() { jupyterHeartbeatEvery, jupyterHeartbeatLimit = every, limit }()
+	k := startPyBackend(t, pyBackends[0])
+	pid := k.(*jupyterKernel).cmd.Process.Pid
+	out := run(t, k, "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", nil)
+	if !errors.Is(out.err, ErrKernelDied) || !strings.Contains(out.err.Error(), "heartbeat") {
+		t.Fatalf("err %v, want ErrKernelDied by heartbeat", out.err)
+	}
+	select {
+	case <-k.(*jupyterKernel).waitDone:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-pid, syscall.SIGKILL)
+		t.Fatal("stopped kernel not killed")
+	}
+}
