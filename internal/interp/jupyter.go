@@ -116,6 +116,8 @@ type jupyterKernel struct {
 	deadOnce  sync.Once
 	deadErr   error
 	lastBeat  atomic.Int64
+	hbEvery   time.Duration // jupyterHeartbeatEvery/Limit when the kernel started
+	hbLimit   time.Duration
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -158,6 +160,8 @@ func startJupyter(ctx context.Context, opts Options, name string, argv, env []st
 		dead:     make(chan struct{}),
 		waiters:  map[string]*jupyterWaiter{},
 		output:   &tailBuffer{max: 8 << 10},
+		hbEvery:  jupyterHeartbeatEvery,
+		hbLimit:  jupyterHeartbeatLimit,
 	}
 	conn, err := json.Marshal(map[string]any{
 		"shell_port": ports[0], "iopub_port": ports[1], "stdin_port": ports[2],
@@ -337,15 +341,15 @@ func (k *jupyterKernel) waitReady(ctx context.Context) error {
 
 func (k *jupyterKernel) heartbeat() {
 	go func() {
-		t := time.NewTicker(jupyterHeartbeatEvery)
+		t := time.NewTicker(k.hbEvery)
 		defer t.Stop()
 		for {
 			select {
 			case <-k.dead:
 				return
 			case <-t.C:
-				if time.Since(time.Unix(0, k.lastBeat.Load())) > jupyterHeartbeatLimit {
-					k.markDead(fmt.Errorf("no heartbeat for %v", jupyterHeartbeatLimit))
+				if time.Since(time.Unix(0, k.lastBeat.Load())) > k.hbLimit {
+					k.markDead(fmt.Errorf("no heartbeat for %v", k.hbLimit))
 					// A kernel that stopped answering is useless: end it so nothing lingers.
 					_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
 					return
@@ -364,7 +368,7 @@ func (k *jupyterKernel) heartbeat() {
 		select {
 		case <-k.dead:
 			return
-		case <-time.After(jupyterHeartbeatEvery):
+		case <-time.After(k.hbEvery):
 		}
 	}
 }
