@@ -67,6 +67,12 @@ func readKernelspec(name string) (*jupyterKernelSpec, error) {
 	return nil, fmt.Errorf("jupyter kernelspec %q: %w", name, ErrUnavailable)
 }
 
+func init() {
+	// R through IRkernel (Debian r-cran-irkernel installs the "ir" kernelspec); templates
+	// without it get ErrUnavailable.
+	Register("r", StartKernelspec("ir"))
+}
+
 // StartKernelspec returns a Starter for an installed Jupyter kernelspec (e.g. "ir" for R's
 // IRkernel). Per-execution env vars are not applied for such kernels (no generic way).
 func StartKernelspec(name string) Starter {

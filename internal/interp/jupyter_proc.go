@@ -86,15 +86,16 @@ func prepareRunDir(opts Options) error {
 // connection file holds the HMAC key: mode 0600).
 func writeKernelFile(opts Options, name string, data []byte, mode os.FileMode) (string, error) {
 	path := opts.RunDir + "/" + name
-	if err := os.WriteFile(path+".tmp", data, mode); err != nil {
+	tmp := path + ".tmp-" + randomHex(4) // unique: kernels may share a RunDir
+	if err := os.WriteFile(tmp, data, mode); err != nil {
 		return "", fmt.Errorf("write %s: %w", name, err)
 	}
 	if os.Getuid() == 0 {
-		if err := os.Chown(path+".tmp", int(opts.UID), int(opts.GID)); err != nil {
+		if err := os.Chown(tmp, int(opts.UID), int(opts.GID)); err != nil {
 			return "", fmt.Errorf("chown %s: %w", name, err)
 		}
 	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
 		return "", fmt.Errorf("install %s: %w", name, err)
 	}
 	return path, nil

@@ -454,3 +454,26 @@ func TestJupyterHeartbeatDeath(t *testing.T) {
 }
 
 func sortDurations(ds []time.Duration) { slices.Sort(ds) }
+
+// The generic kernelspec path (argv from kernel.json), exercised with Debian's python3
+// kernelspec, as IRkernel would be with "ir".
+func TestJupyterKernelspec(t *testing.T) {
+	if _, err := readKernelspec("python3"); err != nil {
+		t.Skipf("no python3 kernelspec: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	k, err := StartKernelspec("python3")(ctx, testPyOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	mustRun(t, k, "y = 5")
+	out := mustRun(t, k, "print('out')\ny * 2")
+	if out.text("stdout") != "out\n" || out.main(t)["text/plain"] != "10" {
+		t.Errorf("events %+v", out.events)
+	}
+	if _, err := StartKernelspec("no-such-kernel")(ctx, testPyOptions(t)); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("missing kernelspec: %v, want ErrUnavailable", err)
+	}
+}
