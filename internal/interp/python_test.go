@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -475,5 +476,38 @@ func TestJupyterKernelspec(t *testing.T) {
 	}
 	if _, err := StartKernelspec("no-such-kernel")(ctx, testPyOptions(t)); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("missing kernelspec: %v, want ErrUnavailable", err)
+	}
+}
+
+// Kernels run as the context's user (the sandbox's default user), not as envd's root.
+func TestPythonRunsAsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch users")
+	}
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			if !havePyModules(t, b.need...) {
+				t.Skipf("/usr/bin/python3 lacks %v", b.need)
+			}
+			opts := testPyOptions(t)
+			const nobody = 65534
+			opts.UID, opts.GID, opts.Groups = nobody, nobody, []uint32{nobody}
+			for _, d := range []string{opts.Cwd, opts.RunDir, opts.Home} {
+				// t.TempDir makes 0700 dirs under a 0700 parent: open them up to the user.
+				os.Chmod(filepath.Dir(d), 0o755)
+				os.Chown(d, nobody, nobody)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			k, err := b.start(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k.Close()
+			out := mustRun(t, k, "import os\nos.getuid(), os.getgid(), os.getcwd() == "+strconv.Quote(opts.Cwd))
+			if got := out.main(t)["text/plain"]; got != "(65534, 65534, True)" {
+				t.Errorf("uid, gid, cwd = %v", got)
+			}
+		})
 	}
 }
