@@ -400,8 +400,9 @@ type executeReply struct {
 }
 
 // runSilent executes helper code without output or history (used for per-execution env)
-// and waits for its reply.
-func (k *jupyterKernel) runSilent(code string) error {
+// and waits for its reply, or until ctx ends (the kernel may still be busy with an abandoned
+// cell; the request then stays queued and runs after it).
+func (k *jupyterKernel) runSilent(ctx context.Context, code string) error {
 	id, w, err := k.send(k.shell, "execute_request", map[string]any{
 		"code": code, "silent": true, "store_history": false, "user_expressions": map[string]any{},
 		"allow_stdin": false, "stop_on_error": false,
@@ -423,6 +424,8 @@ func (k *jupyterKernel) runSilent(code string) error {
 				}
 				return nil
 			}
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-k.dead:
 			return k.diedErr()
 		}
@@ -435,18 +438,29 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 		return 0, k.diedErr()
 	default:
 	}
+	abandoned := false // gave up on a cell that ignores interrupts: it still runs
 	if len(env) > 0 && k.envCode != nil {
 		apply, restore, err := k.envCode(env)
 		if err != nil {
 			return 0, err
 		}
-		if err := k.runSilent(apply); err != nil {
-			return 0, fmt.Errorf("apply execution env: %w", err)
-		}
+		applyErr := k.runSilent(ctx, apply)
+		// Restore even when waiting for apply failed: it may still run (queued).
 		defer func() {
-			// Restore even after an interrupt; a dead kernel has nothing to restore.
-			_ = k.runSilent(restore)
+			// Restore even after an interrupt (a dead kernel has nothing to restore). Behind
+			// an abandoned cell it is only queued (it runs when the cell ends): Execute
+			// must return promptly.
+			wait := jupyterInterruptGrace
+			if abandoned {
+				wait = 0
+			}
+			rctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			_ = k.runSilent(rctx, restore)
 		}()
+		if applyErr != nil {
+			return 0, fmt.Errorf("apply execution env: %w", applyErr)
+		}
 	}
 	id, w, err := k.send(k.shell, "execute_request", map[string]any{
 		"code": code, "silent": false, "store_history": true, "user_expressions": map[string]any{},
@@ -512,6 +526,7 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 		case <-grace:
 			// The cell ignores interrupts; give up waiting but leave the kernel running (its
 			// state is kept and it stays busy until the cell ends).
+			abandoned = true
 			return 0, fmt.Errorf("%s kernel did not stop after interrupt: %w", k.name, interruptErr)
 		case <-k.dead:
 			return 0, k.diedErr()

@@ -13,7 +13,7 @@ import (
 )
 
 // templateRootfs returns a built template's rootfs in the test data dir, or skips.
-func templateRootfs(t *testing.T, name string) string {
+func pyTemplateRootfs(t *testing.T, name string) string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(testenv.DataDir(), "templates", name, "template.json"))
 	if err != nil {
@@ -70,7 +70,7 @@ func TestPythonInTemplates(t *testing.T) {
 		jupyter  bool
 	}{{"code-interpreter-v1", true}, {"base", false}} {
 		t.Run(tc.template, func(t *testing.T) {
-			chrootPython(t, templateRootfs(t, tc.template))
+			chrootPython(t, pyTemplateRootfs(t, tc.template))
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			opts := testPyOptions(t)
@@ -84,16 +84,16 @@ func TestPythonInTemplates(t *testing.T) {
 			if _, isJupyter := k.(*jupyterKernel); isJupyter != tc.jupyter {
 				t.Fatalf("StartPython gave %T", k)
 			}
-			mustRun(t, k, "x = 20")
-			if got := mustRun(t, k, "x * 2 + 2").main(t)["text/plain"]; got != "42" {
+			pyMustRun(t, k, "x = 20")
+			if got := pyMustRun(t, k, "x * 2 + 2").main(t)["text/plain"]; got != "42" {
 				t.Errorf("x*2+2 = %v", got)
 			}
-			out := run(t, k, "import os\nprint(os.environ.get('E1'))", map[string]string{"E1": "v"})
+			out := pyRun(t, k, "import os\nprint(os.environ.get('E1'))", map[string]string{"E1": "v"})
 			if strings.TrimSpace(out.text("stdout")) != "v" {
 				t.Errorf("env: %q %v", out.text("stdout"), out.err)
 			}
 			if tc.jupyter {
-				out := mustRun(t, k, "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 2])\nplt.show()")
+				out := pyMustRun(t, k, "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 2])\nplt.show()")
 				res := out.results()
 				if len(res) != 1 || res[0].Data["image/png"] == nil {
 					t.Fatalf("plot results %d: %+v", len(res), res)
@@ -101,7 +101,7 @@ func TestPythonInTemplates(t *testing.T) {
 				if c, _ := res[0].Data["e2b/chart"].(map[string]any); c == nil || c["type"] != "bar" {
 					t.Errorf("chart %v", res[0].Data["e2b/chart"])
 				}
-				html, _ := mustRun(t, k, "import pandas as pd\npd.DataFrame({'a': [1]})").main(t)["text/html"].(string)
+				html, _ := pyMustRun(t, k, "import pandas as pd\npd.DataFrame({'a': [1]})").main(t)["text/html"].(string)
 				if !strings.Contains(html, "<table") {
 					t.Errorf("DataFrame html %q", html)
 				}
@@ -111,16 +111,16 @@ func TestPythonInTemplates(t *testing.T) {
 			if _, err := k.Execute(ictx, "import time\ntime.sleep(30)", nil, func(Event) {}); err != context.Canceled {
 				t.Fatalf("interrupt: %v", err)
 			}
-			if got := mustRun(t, k, "x").main(t)["text/plain"]; got != "20" {
+			if got := pyMustRun(t, k, "x").main(t)["text/plain"]; got != "20" {
 				t.Errorf("x after interrupt = %v", got)
 			}
 			var ds []time.Duration
 			for range 30 {
 				s := time.Now()
-				mustRun(t, k, "1+1")
+				pyMustRun(t, k, "1+1")
 				ds = append(ds, time.Since(s))
 			}
-			sortDurations(ds)
+			pySortDurations(ds)
 			t.Logf("%s: trivial execute p50 %v", tc.template, ds[len(ds)/2])
 		})
 	}

@@ -74,13 +74,13 @@ func startPyBackend(t *testing.T, b pyBackend) Kernel {
 	return k
 }
 
-type runOut struct {
+type pyRunOut struct {
 	events []Event
 	count  int
 	err    error
 }
 
-func (r runOut) text(typ string) string {
+func (r pyRunOut) text(typ string) string {
 	var b strings.Builder
 	for _, e := range r.events {
 		if e.Type == typ {
@@ -90,7 +90,7 @@ func (r runOut) text(typ string) string {
 	return b.String()
 }
 
-func (r runOut) results() []Event {
+func (r pyRunOut) results() []Event {
 	var out []Event
 	for _, e := range r.events {
 		if e.Type == "result" {
@@ -100,7 +100,7 @@ func (r runOut) results() []Event {
 	return out
 }
 
-func (r runOut) main(t *testing.T) map[string]any {
+func (r pyRunOut) main(t *testing.T) map[string]any {
 	t.Helper()
 	for _, e := range r.events {
 		if e.Type == "result" && e.IsMainResult {
@@ -111,18 +111,18 @@ func (r runOut) main(t *testing.T) map[string]any {
 	return nil
 }
 
-func run(t *testing.T, k Kernel, code string, env map[string]string) runOut {
+func pyRun(t *testing.T, k Kernel, code string, env map[string]string) pyRunOut {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var out runOut
+	var out pyRunOut
 	out.count, out.err = k.Execute(ctx, code, env, func(e Event) { out.events = append(out.events, e) })
 	return out
 }
 
-func mustRun(t *testing.T, k Kernel, code string) runOut {
+func pyMustRun(t *testing.T, k Kernel, code string) pyRunOut {
 	t.Helper()
-	out := run(t, k, code, nil)
+	out := pyRun(t, k, code, nil)
 	if out.err != nil {
 		t.Fatalf("execute %q: %v", code, out.err)
 	}
@@ -142,11 +142,11 @@ func TestPythonBackends(t *testing.T) {
 			hasPandas := havePyModules(t, "pandas")
 
 			t.Run("state", func(t *testing.T) {
-				first := mustRun(t, k, "x = 41")
+				first := pyMustRun(t, k, "x = 41")
 				if len(first.results()) != 0 {
 					t.Errorf("assignment produced results: %+v", first.events)
 				}
-				second := mustRun(t, k, "x + 1")
+				second := pyMustRun(t, k, "x + 1")
 				if got := second.main(t)["text/plain"]; got != "42" {
 					t.Errorf("x + 1 = %v, want 42", got)
 				}
@@ -155,7 +155,7 @@ func TestPythonBackends(t *testing.T) {
 				}
 			})
 			t.Run("streams", func(t *testing.T) {
-				out := mustRun(t, k, "import sys, os\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.stdout.flush()\nos.system('echo raw-out; echo raw-err >&2')")
+				out := pyMustRun(t, k, "import sys, os\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.stdout.flush()\nos.system('echo raw-out; echo raw-err >&2')")
 				if s := out.text("stdout"); !strings.Contains(s, "hello\n") || !strings.Contains(s, "raw-out") {
 					t.Errorf("stdout %q", s)
 				}
@@ -164,7 +164,7 @@ func TestPythonBackends(t *testing.T) {
 				}
 			})
 			t.Run("error", func(t *testing.T) {
-				out := run(t, k, "def f():\n    return 1/0\nf()", nil)
+				out := pyRun(t, k, "def f():\n    return 1/0\nf()", nil)
 				if out.err != nil {
 					t.Fatal(out.err)
 				}
@@ -184,12 +184,12 @@ func TestPythonBackends(t *testing.T) {
 					t.Errorf("traceback:\n%s", e.Traceback)
 				}
 				// State survives errors.
-				if got := mustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
+				if got := pyMustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
 					t.Errorf("x after error = %v", got)
 				}
 			})
 			t.Run("await", func(t *testing.T) {
-				out := mustRun(t, k, "import asyncio\nawait asyncio.sleep(0.01)\n6 * 7")
+				out := pyMustRun(t, k, "import asyncio\nawait asyncio.sleep(0.01)\n6 * 7")
 				if got := out.main(t)["text/plain"]; got != "42" {
 					t.Errorf("await cell = %v", got)
 				}
@@ -200,7 +200,7 @@ func TestPythonBackends(t *testing.T) {
 					code += "from IPython.display import display as d2, HTML, Markdown\nd2(HTML('<i>x</i>'))\nd2(Markdown('**y**'))\n"
 				}
 				code += "7"
-				out := mustRun(t, k, code)
+				out := pyMustRun(t, k, code)
 				res := out.results()
 				if res[0].Data["text/html"] != "<b>hi</b>" || res[0].IsMainResult {
 					t.Errorf("first display %+v", res[0])
@@ -216,11 +216,11 @@ func TestPythonBackends(t *testing.T) {
 			})
 			t.Run("env", func(t *testing.T) {
 				code := "import os\nprint(os.environ.get('AIRLOCK_T1'), os.environ.get('HOME') is not None, os.popen('echo $AIRLOCK_T1').read().strip())"
-				out := run(t, k, code, map[string]string{"AIRLOCK_T1": "v1"})
+				out := pyRun(t, k, code, map[string]string{"AIRLOCK_T1": "v1"})
 				if out.err != nil || strings.TrimSpace(out.text("stdout")) != "v1 True v1" {
 					t.Errorf("with env: %q %v %+v", out.text("stdout"), out.err, out.events)
 				}
-				out = mustRun(t, k, code)
+				out = pyMustRun(t, k, code)
 				if strings.TrimSpace(out.text("stdout")) != "None True" {
 					t.Errorf("env not restored: %q", out.text("stdout"))
 				}
@@ -277,10 +277,10 @@ func TestPythonBackends(t *testing.T) {
 						}
 					}},
 				}
-				mustRun(t, k, "import matplotlib.pyplot as plt")
+				pyMustRun(t, k, "import matplotlib.pyplot as plt")
 				for _, c := range cases {
 					t.Run(c.kind, func(t *testing.T) {
-						out := mustRun(t, k, c.code)
+						out := pyMustRun(t, k, c.code)
 						var figs []Event
 						for _, r := range out.results() {
 							if _, ok := r.Data["image/png"]; ok {
@@ -296,7 +296,7 @@ func TestPythonBackends(t *testing.T) {
 						}
 						chart, ok := figs[0].Data["e2b/chart"].(map[string]any)
 						if !ok {
-							t.Fatalf("no e2b/chart in %v", keys(figs[0].Data))
+							t.Fatalf("no e2b/chart in %v", pyKeys(figs[0].Data))
 						}
 						if chart["type"] != c.kind {
 							t.Fatalf("chart type %v, want %s: %v", chart["type"], c.kind, chart)
@@ -309,7 +309,7 @@ func TestPythonBackends(t *testing.T) {
 				if !hasPandas {
 					t.Skip("no pandas")
 				}
-				data := mustRun(t, k, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})").main(t)
+				data := pyMustRun(t, k, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})").main(t)
 				html, _ := data["text/html"].(string)
 				text, _ := data["text/plain"].(string)
 				if !strings.Contains(html, "<table") || !strings.Contains(text, "a  b") {
@@ -329,7 +329,7 @@ func TestPythonBackends(t *testing.T) {
 				if took > 10*time.Second {
 					t.Errorf("interrupt took %v", took)
 				}
-				if got := mustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
+				if got := pyMustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
 					t.Errorf("x after interrupt = %v", got)
 				}
 			})
@@ -337,17 +337,17 @@ func TestPythonBackends(t *testing.T) {
 				var ds []time.Duration
 				for range 50 {
 					start := time.Now()
-					mustRun(t, k, "1+1")
+					pyMustRun(t, k, "1+1")
 					ds = append(ds, time.Since(start))
 				}
-				sortDurations(ds)
+				pySortDurations(ds)
 				t.Logf("%s trivial execute: p50 %v p90 %v", b.name, ds[len(ds)/2], ds[len(ds)*9/10])
 			})
 		})
 	}
 }
 
-func keys(m map[string]any) []string {
+func pyKeys(m map[string]any) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)
@@ -360,11 +360,11 @@ func TestPythonKernelDeath(t *testing.T) {
 	for _, b := range pyBackends {
 		t.Run(b.name, func(t *testing.T) {
 			k := startPyBackend(t, b)
-			out := run(t, k, "import os\nos._exit(3)", nil)
+			out := pyRun(t, k, "import os\nos._exit(3)", nil)
 			if !errors.Is(out.err, ErrKernelDied) {
 				t.Fatalf("err %v, want ErrKernelDied", out.err)
 			}
-			if out := run(t, k, "1", nil); !errors.Is(out.err, ErrKernelDied) {
+			if out := pyRun(t, k, "1", nil); !errors.Is(out.err, ErrKernelDied) {
 				t.Fatalf("next execute: err %v, want ErrKernelDied", out.err)
 			}
 		})
@@ -375,7 +375,7 @@ func TestPythonCloseKillsGroup(t *testing.T) {
 	for _, b := range pyBackends {
 		t.Run(b.name, func(t *testing.T) {
 			k := startPyBackend(t, b)
-			out := mustRun(t, k, "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid")
+			out := pyMustRun(t, k, "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid")
 			pid, err := strconv.Atoi(out.main(t)["text/plain"].(string))
 			if err != nil {
 				t.Fatal(err)
@@ -423,7 +423,7 @@ func TestPythonCloseDuringExecute(t *testing.T) {
 			k := startPyBackend(t, b)
 			time.AfterFunc(500*time.Millisecond, func() { k.Close() })
 			start := time.Now()
-			out := run(t, k, "import time\ntime.sleep(30)", nil)
+			out := pyRun(t, k, "import time\ntime.sleep(30)", nil)
 			if !errors.Is(out.err, ErrKernelDied) {
 				t.Fatalf("err %v, want ErrKernelDied", out.err)
 			}
@@ -442,7 +442,7 @@ func TestJupyterHeartbeatDeath(t *testing.T) {
 	defer func() { jupyterHeartbeatEvery, jupyterHeartbeatLimit = every, limit }()
 	k := startPyBackend(t, pyBackends[0])
 	pid := k.(*jupyterKernel).cmd.Process.Pid
-	out := run(t, k, "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", nil)
+	out := pyRun(t, k, "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", nil)
 	if !errors.Is(out.err, ErrKernelDied) || !strings.Contains(out.err.Error(), "heartbeat") {
 		t.Fatalf("err %v, want ErrKernelDied by heartbeat", out.err)
 	}
@@ -454,7 +454,7 @@ func TestJupyterHeartbeatDeath(t *testing.T) {
 	}
 }
 
-func sortDurations(ds []time.Duration) { slices.Sort(ds) }
+func pySortDurations(ds []time.Duration) { slices.Sort(ds) }
 
 // The generic kernelspec path (argv from kernel.json), exercised with Debian's python3
 // kernelspec, as IRkernel would be with "ir".
@@ -469,8 +469,8 @@ func TestJupyterKernelspec(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Close()
-	mustRun(t, k, "y = 5")
-	out := mustRun(t, k, "print('out')\ny * 2")
+	pyMustRun(t, k, "y = 5")
+	out := pyMustRun(t, k, "print('out')\ny * 2")
 	if out.text("stdout") != "out\n" || out.main(t)["text/plain"] != "10" {
 		t.Errorf("events %+v", out.events)
 	}
@@ -504,9 +504,32 @@ func TestPythonRunsAsUser(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer k.Close()
-			out := mustRun(t, k, "import os\nos.getuid(), os.getgid(), os.getcwd() == "+strconv.Quote(opts.Cwd))
+			out := pyMustRun(t, k, "import os\nos.getuid(), os.getgid(), os.getcwd() == "+strconv.Quote(opts.Cwd))
 			if got := out.main(t)["text/plain"]; got != "(65534, 65534, True)" {
 				t.Errorf("uid, gid, cwd = %v", got)
+			}
+		})
+	}
+}
+
+// A cell that swallows interrupts: Execute gives up after its grace period, and the next
+// execution waits for that cell and gets only its own output.
+func TestPythonAbandonedCell(t *testing.T) {
+	for _, b := range pyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			k := startPyBackend(t, b)
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(300*time.Millisecond, cancel)
+			code := "import time\nt0 = time.time()\nwhile time.time() - t0 < 8:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass\nprint('late')"
+			start := time.Now()
+			_, err := k.Execute(ctx, code, map[string]string{"AB_ENV": "1"}, func(Event) {})
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err %v, want context.Canceled", err)
+			}
+			t.Logf("gave up after %v", time.Since(start))
+			out := pyRun(t, k, "import os\nprint('next', os.environ.get('AB_ENV'))", nil)
+			if out.err != nil || out.text("stdout") != "next None\n" {
+				t.Fatalf("next execution: %q %v %+v", out.text("stdout"), out.err, out.events)
 			}
 		})
 	}
