@@ -534,3 +534,11 @@ func TestPythonAbandonedCell(t *testing.T) {
 		})
 	}
 }
+
+func TestPythonDriverRealStreams(t *testing.T) {
+	k := startPyBackend(t, pyBackends[1])
+	out := pyMustRun(t, k, "import sys\nsys.__stdout__.write('direct\\n')\nprint('via', file=sys.__stderr__)")
+	if out.text("stdout") != "direct\n" || out.text("stderr") != "via\n" {
+		t.Errorf("stdout %q stderr %q", out.text("stdout"), out.text("stderr"))
+	}
+}

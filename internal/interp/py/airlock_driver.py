@@ -376,6 +376,11 @@ def main():
             pass  # landed after the cell's own handler: the cell is over anyway
         finally:
             _restore_env(prev)
+        for f in (sys.__stdout__, sys.__stderr__):  # code that wrote to the real streams
+            try:
+                f.flush()
+            except Exception:
+                pass
         try:
             os.write(1, _SENTINEL)
             os.write(2, _SENTINEL)
