@@ -21,6 +21,9 @@ RUNSC=/usr/local/bin/runsc
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
 	protobuf-compiler ca-certificates make gcc debian-archive-keyring btrfs-progs
+	# The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
+	# matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
+	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
 )
 
 step() { printf '\n==> %s\n' "$*"; }
