@@ -162,7 +162,12 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 			lang = NormalizeLanguage(*req.Language)
 		}
 		if _, ok := Lookup(lang); !ok {
-			plain(w, http.StatusBadRequest, unsupported(lang))
+			// As for a language the sandbox lacks: a stream error the SDK shows
+			// (execution.error), where a 400's body would be dropped.
+			st := newStream(w, s.cfg.Keepalive)
+			st.send(errorLine(&ExecError{Name: "UnknownLanguage", Value: unsupported(lang)}))
+			st.send(map[string]any{"type": "end_of_execution"})
+			st.close()
 			return
 		}
 		c = s.contexts.defaultFor(lang)

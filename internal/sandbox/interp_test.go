@@ -92,7 +92,7 @@ func TestCodeInterpreterThroughProxy(t *testing.T) {
 		t.Fatalf("in-sandbox localhost:49999: %q (exit %d)", out, code)
 	}
 	// A language the server does not know: a clear 400.
-	if st, body := do("POST", "/execute", `{"code":"1","language":"cobol"}`, info.AccessToken); st != 400 || !strings.Contains(body, "supported languages") {
+	if st, body := do("POST", "/execute", `{"code":"1","language":"cobol"}`, info.AccessToken); st != 200 || !strings.Contains(body, `"name":"UnknownLanguage"`) || !strings.Contains(body, "supported languages") {
 		t.Fatalf("unknown language: %d %q", st, body)
 	}
 }

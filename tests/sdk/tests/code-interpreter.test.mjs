@@ -159,7 +159,9 @@ plt.show()
   })
 
   test('an unknown language is a clear error', async () => {
-    await assert.rejects(sbx.runCode('x', { language: 'cobol' }), /cobol/)
+    const r = await sbx.runCode('x', { language: 'cobol' })
+    assert.equal(r.error?.name, 'UnknownLanguage')
+    assert.match(r.error.value, /"cobol" is not supported; supported languages: .*python/)
   })
 })
 
