@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -111,11 +112,16 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusConflict, "already initialized")
 		return
 	}
+	envChanged := !slices.Equal(id.env, env)
 	id.token, id.env, id.initialized = req.AccessToken, env, true
 	id.mu.Unlock()
 	s.log.Info("envd initialized", "sandbox", s.cfg.SandboxID)
-	// Kernels start now that they can get the client's env.
-	s.startKernels()
+	// Kernels prewarmed at boot keep running when the claim left the env as it
+	// was (the common case: no envVars beyond the template's); otherwise they
+	// restart so they see the client's env.
+	if envChanged {
+		s.refreshKernels()
+	}
 	w.Header().Set("X-Envd-Version", Version)
 	w.WriteHeader(http.StatusNoContent)
 }

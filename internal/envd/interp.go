@@ -62,12 +62,23 @@ func (s *Server) interpDefaults(ctx context.Context) (interp.Options, error) {
 	}, nil
 }
 
-// startKernels prewarms Config.Kernels once the sandbox has its identity.
+// startKernels prewarms Config.Kernels at boot, pooled sandboxes included: a
+// claim then finds them running. Kernels take the sandbox env of their start;
+// refreshKernels restarts them when a claim changes it.
 func (s *Server) startKernels() {
 	if len(s.cfg.Kernels) == 0 || len(s.cfg.InterpListen) == 0 {
 		return
 	}
 	s.interp.prewarm.Do(func() { s.interp.srv.Prewarm(s.cfg.Kernels) })
+}
+
+// refreshKernels restarts the prewarmed kernels of a pooled sandbox whose
+// claim brought env vars the kernels did not start with.
+func (s *Server) refreshKernels() {
+	if len(s.cfg.Kernels) == 0 || len(s.cfg.InterpListen) == 0 {
+		return
+	}
+	s.interp.srv.Refresh(s.cfg.Kernels)
 }
 
 // interpHandler gates the interpreter like envd: nothing but /health before a

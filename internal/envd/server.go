@@ -223,9 +223,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		go func(l net.Listener) { errc <- isrv.Serve(l) }(l)
 	}
 	close(s.ready)
-	if s.id.ready() {
-		s.startKernels()
-	}
+	s.startKernels()
 	s.log.Info("envd ready", "version", Version, "listen", s.cfg.Listen, "pid", os.Getpid())
 
 	var err error

@@ -220,6 +220,21 @@ func (c *kctx) ensureStarted(ctx context.Context) error {
 	return err
 }
 
+// refresh replaces the kernel with a new one once any start or execution in
+// progress is over: a prewarmed kernel whose environment is out of date (a
+// pooled sandbox claimed with env vars) must not survive a start racing it.
+func (c *kctx) refresh(ctx context.Context) error {
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	if k, dir := c.takeKernel(false); k != nil {
+		closeKernel(k, dir)
+	}
+	_, err := c.kernelLocked(ctx)
+	return err
+}
+
 func closeKernel(k Kernel, runDir string) {
 	_ = k.Close()
 	if runDir != "" {

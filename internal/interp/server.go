@@ -85,6 +85,24 @@ func (s *Server) Prewarm(languages []string) {
 	}
 }
 
+// Refresh restarts the default contexts of languages in the background, after
+// any start in progress: Prewarm's kernels got the environment of their start,
+// and a pooled sandbox learns its client's env vars only when claimed.
+func (s *Server) Refresh(languages []string) {
+	for _, l := range languages {
+		lang := NormalizeLanguage(l)
+		if _, ok := Lookup(lang); !ok {
+			continue
+		}
+		c := s.contexts.defaultFor(lang)
+		go func() {
+			if err := c.refresh(context.Background()); err != nil {
+				s.cfg.Log.Warn("interp: restarting a prewarmed kernel failed", "language", lang, "err", err)
+			}
+		}()
+	}
+}
+
 // Close stops every kernel.
 func (s *Server) Close() { s.contexts.closeAll() }
 
