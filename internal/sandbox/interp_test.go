@@ -12,6 +12,49 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/server"
 )
 
+// interpDo sends one request to a sandbox's code interpreter through the proxy.
+func interpDo(t *testing.T, proxyURL, id, method, path, body, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, proxyURL+path, strings.NewReader(body))
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", "49999")
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestCodeInterpreterWarmPoolEnv: a pooled sandbox's kernels start before any
+// client exists; a claim that brings env vars must restart them so the code
+// sees the client's env (here FOO=bar from create()).
+func TestCodeInterpreterWarmPoolEnv(t *testing.T) {
+	r := newRig(t)
+	r.tpl.Kernels = []string{"bash"}
+	m := r.manager(t, 0)
+	m.SetWarmPool(r.tpl, 1)
+	deadline := time.Now().Add(time.Minute)
+	for m.WarmCount(r.tpl.ID) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("warm pool did not fill")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	info := create(t, m, time.Minute)
+	proxy := httptest.NewServer(server.NewProxy(m, nil))
+	defer proxy.Close()
+	st, body := interpDo(t, proxy.URL, info.ID, "POST", "/execute", `{"code":"echo \"foo=$FOO\"","language":"bash"}`, info.AccessToken)
+	if st != 200 || !strings.Contains(body, `foo=bar\n`) {
+		t.Fatalf("claimed sandbox's kernel does not see the client's env: %d %q", st, body)
+	}
+}
+
 // TestCodeInterpreterThroughProxy drives the code interpreter of a real sandbox
 // the way @e2b/code-interpreter does: through the sandbox-traffic proxy with
 // E2b-Sandbox-Port: 49999, which reaches envd's interpreter socket.
@@ -25,20 +68,7 @@ func TestCodeInterpreterThroughProxy(t *testing.T) {
 
 	do := func(method, path, body, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, proxy.URL+path, strings.NewReader(body))
-		req.Header.Set("E2b-Sandbox-Id", info.ID)
-		req.Header.Set("E2b-Sandbox-Port", "49999")
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("X-Access-Token", token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return interpDo(t, proxy.URL, info.ID, method, path, body, token)
 	}
 	if st, body := do("GET", "/health", "", ""); st != 200 || strings.TrimSpace(body) != `"OK"` {
 		t.Fatalf("health: %d %q", st, body)
