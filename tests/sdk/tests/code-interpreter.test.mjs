@@ -158,6 +158,17 @@ plt.show()
     assert.ok(Date.now() - started < 10_000, `next run took ${Date.now() - started} ms`)
   })
 
+  test('a kernel crash is an error, and the context comes back empty', async () => {
+    const ctx = await sbx.createCodeContext({ language: 'python' })
+    await sbx.runCode('before_crash = 1', { context: ctx })
+    const r = await sbx.runCode('import os\nos._exit(3)', { context: ctx })
+    assert.equal(r.error?.name, 'KernelDied', JSON.stringify(r.error))
+    const again = await sbx.runCode('before_crash', { context: ctx })
+    assert.equal(again.error?.name, 'NameError')
+    assert.equal((await sbx.runCode('2 * 21', { context: ctx })).text, '42')
+    await sbx.removeCodeContext(ctx)
+  })
+
   test('an unknown language is a clear error', async () => {
     const r = await sbx.runCode('x', { language: 'cobol' })
     assert.equal(r.error?.name, 'UnknownLanguage')
