@@ -239,14 +239,15 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 			mgr.SetWarmPool(t, c.warmPool)
 		}
 	}
+	authenticate := func(key string) bool {
+		ok := 0
+		for _, k := range apiKeys { // no early exit: time does not tell which key matched
+			ok |= subtle.ConstantTimeCompare([]byte(key), []byte(k))
+		}
+		return ok == 1
+	}
 	api := e2b.NewHandler(mgr, e2b.Options{
-		Authenticate: func(key string) bool {
-			ok := 0
-			for _, k := range apiKeys { // no early exit: time does not tell which key matched
-				ok |= subtle.ConstantTimeCompare([]byte(key), []byte(k))
-			}
-			return ok == 1
-		},
+		Authenticate: authenticate,
 		MaxTimeout: c.maxTimeout,
 		Domain:     c.domain,
 		Limits:     c.limits,
@@ -269,8 +270,13 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		}
 		lns = append(lns, ln)
 	}
+	// The API listener also serves MCP (/mcp), whose tools call this server's
+	// own API and proxy over loopback.
+	apiMux := http.NewServeMux()
+	apiMux.Handle("/mcp", mcpHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), authenticate))
+	apiMux.Handle("/", api)
 	servers := []*http.Server{
-		{Handler: h2c.NewHandler(api, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
+		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
 		{Handler: h2c.NewHandler(proxy, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
 	}
 	inst := &instance{

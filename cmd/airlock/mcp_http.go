@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/airlock-sandbox/airlock/internal/mcp"
+)
+
+// mcpHandler serves MCP over streamable HTTP at /mcp on the API listener. The
+// bearer token must be one of serve's API keys: no key, no session. Each session
+// gets an MCP server whose tools call this server's own E2B API and sandbox proxy
+// with the caller's key, so MCP clients get exactly the rights, limits and rate
+// limits of that key.
+func mcpHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.Handler {
+	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		if token == "" || !authenticate(token) {
+			return nil, auth.ErrInvalidToken
+		}
+		// The digest binds a session to the key that opened it, without
+		// keeping the key itself in the session table.
+		sum := sha256.Sum256([]byte(token))
+		return &auth.TokenInfo{UserID: hex.EncodeToString(sum[:8]), Extra: map[string]any{"key": token}}, nil
+	}
+	streamable := mcpsdk.NewStreamableHTTPHandler(func(r *http.Request) *mcpsdk.Server {
+		info := auth.TokenInfoFromContext(r.Context())
+		key, _ := info.Extra["key"].(string)
+		return mcp.NewServer(mcp.NewHTTPBackend(mcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), mcp.Options{})
+	}, &mcpsdk.StreamableHTTPOptions{SessionTimeout: 30 * time.Minute})
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(streamable)
+}
+
+// loopbackURL is how serve reaches one of its own listeners: an unspecified
+// listen address (0.0.0.0) is dialled on 127.0.0.1.
+func loopbackURL(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return "http://" + a.String()
+	}
+	ip := tcp.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(tcp.Port))
+}
