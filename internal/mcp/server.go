@@ -21,6 +21,3 @@ func NewServer(b Backend, opts Options) *mcp.Server {
 	registerTools(s, b)
 	return s
 }
-
-// registerTools is filled in by tools.go.
-func registerTools(s *mcp.Server, b Backend) {}
