@@ -103,8 +103,8 @@ func (f *fakeBackend) ListFiles(_ context.Context, _, path string, depth int) ([
 		{Name: "d", Path: path + "/d", Type: "dir", Permissions: "drwxr-xr-x"}}, nil
 }
 
-// connect serves NewServer(b) over in-memory transports and returns a client session.
-func connect(t *testing.T, b Backend) *mcp.ClientSession {
+// connectClient serves NewServer(b) over in-memory transports and returns a client session.
+func connectClient(t *testing.T, b Backend) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
 	st, ct := mcp.NewInMemoryTransports()
@@ -153,7 +153,7 @@ func structured(t *testing.T, res *mcp.CallToolResult, v any) {
 }
 
 func TestToolSchemas(t *testing.T) {
-	cs := connect(t, &fakeBackend{})
+	cs := connectClient(t, &fakeBackend{})
 	lt, err := cs.ListTools(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestToolSchemas(t *testing.T) {
 
 func TestCreateSandboxDefaultsAndCustomTemplate(t *testing.T) {
 	f := &fakeBackend{}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	res := call(t, cs, "create_sandbox", map[string]any{})
 	if res.IsError {
 		t.Fatal(text(res))
@@ -242,7 +242,7 @@ func TestCreateSandboxDefaultsAndCustomTemplate(t *testing.T) {
 
 func TestBoundsAndEnumsRejected(t *testing.T) {
 	f := &fakeBackend{}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	for _, c := range []struct {
 		tool string
 		args map[string]any
@@ -266,7 +266,7 @@ func TestBoundsAndEnumsRejected(t *testing.T) {
 
 func TestBackendErrorsAreToolErrors(t *testing.T) {
 	f := &fakeBackend{err: errors.New("sandbox \"nope\" not found")}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	for name, args := range map[string]map[string]any{
 		"create_sandbox": {},
 		"kill_sandbox":   {"sandbox_id": "nope"},
@@ -288,7 +288,7 @@ func TestBackendErrorsAreToolErrors(t *testing.T) {
 
 func TestKillListTimeoutMetrics(t *testing.T) {
 	f := &fakeBackend{}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	res := call(t, cs, "kill_sandbox", map[string]any{"sandbox_id": "sb1"})
 	var k killOut
 	structured(t, res, &k)
@@ -334,7 +334,7 @@ func TestRunCode(t *testing.T) {
 		Stdout:  []string{"hello\n"},
 		Results: []Result{{Formats: map[string]string{"png": base64.StdEncoding.EncodeToString(png), "text": "<Figure>"}}, {IsMain: true, Formats: map[string]string{"text": "2"}}},
 	}}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 
 	// No sandbox id: one code-interpreter-v1 sandbox is created and named.
 	res := call(t, cs, "run_code", map[string]any{"code": "print('hello'); 1+1"})
@@ -383,7 +383,7 @@ func TestRunCode(t *testing.T) {
 
 func TestRunCommand(t *testing.T) {
 	f := &fakeBackend{cmd: CommandResult{PID: 7, Stdout: "out\n", Stderr: "err\n"}}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	res := call(t, cs, "run_command", map[string]any{"sandbox_id": "s", "command": "echo out", "cwd": "/tmp", "envs": map[string]string{"A": "b"}})
 	var out runCommandOut
 	structured(t, res, &out)
@@ -407,7 +407,7 @@ func TestRunCommand(t *testing.T) {
 
 func TestFiles(t *testing.T) {
 	f := &fakeBackend{files: map[string][]byte{"/t.txt": []byte("hi"), "/b.bin": {0xff, 0x00}}}
-	cs := connect(t, f)
+	cs := connectClient(t, f)
 	res := call(t, cs, "read_file", map[string]any{"sandbox_id": "s", "path": "/t.txt"})
 	var r readFileOut
 	structured(t, res, &r)
