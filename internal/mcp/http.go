@@ -487,6 +487,11 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 			stdout.Write(ev.GetData().GetStdout())
 			stderr.Write(ev.GetData().GetStderr())
 		case ev.GetEnd() != nil:
+			select {
+			case <-timedOut: // our SIGKILL ended it
+				return CommandResult{}, fmt.Errorf("command timed out after %s and was killed (pid %d)", r.Timeout, res.PID)
+			default:
+			}
 			end := ev.GetEnd()
 			res.ExitCode = int(end.GetExitCode())
 			res.Error = end.GetError()
