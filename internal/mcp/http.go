@@ -489,7 +489,7 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 		case ev.GetEnd() != nil:
 			select {
 			case <-timedOut: // our SIGKILL ended it
-				return CommandResult{}, fmt.Errorf("command timed out after %s and was killed (pid %d)", r.Timeout, res.PID)
+				return CommandResult{}, commandTimeout(r.Timeout, res.PID, &stdout, &stderr)
 			default:
 			}
 			end := ev.GetEnd()
@@ -501,13 +501,26 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 	}
 	select {
 	case <-timedOut:
-		return CommandResult{}, fmt.Errorf("command timed out after %s and was killed (pid %d)", r.Timeout, res.PID)
+		return CommandResult{}, commandTimeout(r.Timeout, res.PID, &stdout, &stderr)
 	default:
 	}
 	if err := stream.Err(); err != nil {
 		return CommandResult{}, fmt.Errorf("command: %w", err)
 	}
 	return CommandResult{}, errors.New("command: the stream ended without an end event")
+}
+
+// commandTimeout reports a killed command with the output it had produced, which
+// often says why it hung (a prompt waiting for input, a server that started).
+func commandTimeout(d time.Duration, pid uint32, stdout, stderr *limitedBuffer) error {
+	msg := fmt.Sprintf("command timed out after %s and was killed (pid %d); use background for long-running commands", d, pid)
+	if s := stdout.String(); s != "" {
+		msg += "\nstdout so far:\n" + s
+	}
+	if s := stderr.String(); s != "" {
+		msg += "\nstderr so far:\n" + s
+	}
+	return errors.New(msg)
 }
 
 // kill sends SIGKILL to a process in the sandbox (best effort: it may have just ended).

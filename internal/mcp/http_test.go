@@ -96,7 +96,8 @@ func TestHTTPBackendRealServer(t *testing.T) {
 	}
 	// A foreground command past its timeout is killed and reported.
 	start := time.Now()
-	if res := call(t, cs, "run_command", map[string]any{"sandbox_id": id, "command": "sleep 60", "timeout": 1}); !res.IsError || !strings.Contains(text(res), "timed out") {
+	if res := call(t, cs, "run_command", map[string]any{"sandbox_id": id, "command": "echo started; sleep 60", "timeout": 1}); !res.IsError ||
+		!strings.Contains(text(res), "timed out") || !strings.Contains(text(res), "started") {
 		t.Errorf("timeout: isError=%v %q", res.IsError, text(res))
 	}
 	if d := time.Since(start); d > 30*time.Second {
