@@ -22,7 +22,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), templateCmd(), benchCmd())
+	root.AddCommand(serveCmd(), templateCmd(), benchCmd(), mcpCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
 		os.Exit(1)

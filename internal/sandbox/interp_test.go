@@ -50,7 +50,15 @@ func TestCodeInterpreterWarmPoolEnv(t *testing.T) {
 	proxy := httptest.NewServer(server.NewProxy(m, nil))
 	defer proxy.Close()
 	st, body := interpDo(t, proxy.URL, info.ID, "POST", "/execute", `{"code":"echo \"foo=$FOO\"","language":"bash"}`, info.AccessToken)
-	if st != 200 || !strings.Contains(body, `foo=bar\n`) {
+	// stdout may arrive in several chunks: join them.
+	var stdout strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+		var ev struct{ Type, Text string }
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Type == "stdout" {
+			stdout.WriteString(ev.Text)
+		}
+	}
+	if st != 200 || stdout.String() != "foo=bar\n" {
 		t.Fatalf("claimed sandbox's kernel does not see the client's env: %d %q", st, body)
 	}
 }

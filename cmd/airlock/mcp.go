@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	airlockmcp "github.com/airlock-sandbox/airlock/internal/mcp"
+)
+
+// mcpCmd is `airlock mcp`: the MCP server over stdio for desktop and IDE agents.
+// It is a client of a running `airlock serve`, so it needs no root and holds no
+// state; stdout carries the protocol, so everything else goes to stderr.
+func mcpCmd() *cobra.Command {
+	var apiURL, sandboxURL, apiKey, dataDir string
+	cmd := &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve the Airlock MCP tools over stdio (for Claude Desktop, Cursor and other MCP clients)",
+		Long: "Serve the Airlock MCP tools (create_sandbox, run_code, run_command, files, ...) over stdio.\n" +
+			"It talks to a running `airlock serve` at --url and --sandbox-url with --api-key\n" +
+			"(or AIRLOCK_URL, AIRLOCK_SANDBOX_URL, AIRLOCK_API_KEY; the key defaults to <data-dir>/api-key).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			key, err := mcpAPIKey(apiKey, dataDir)
+			if err != nil {
+				return err
+			}
+			b := airlockmcp.NewHTTPBackend(airlockmcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key})
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			log.Info("airlock mcp on stdio", "api", apiURL, "sandbox", sandboxURL)
+			err = airlockmcp.NewServer(b, airlockmcp.Options{}).Run(ctx, &mcp.StdioTransport{})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("mcp server: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&apiURL, "url", envOr("AIRLOCK_URL", "http://127.0.0.1:3000"), "Airlock API URL (env AIRLOCK_URL)")
+	f.StringVar(&sandboxURL, "sandbox-url", envOr("AIRLOCK_SANDBOX_URL", "http://127.0.0.1:3001"), "Airlock sandbox proxy URL (env AIRLOCK_SANDBOX_URL)")
+	f.StringVar(&apiKey, "api-key", "", "API key (env AIRLOCK_API_KEY; default: the key in <data-dir>/api-key)")
+	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data directory of a local server, to read its api-key file")
+	return cmd
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// mcpAPIKey picks the key: the flag, else AIRLOCK_API_KEY (its first key, as
+// serve accepts a comma-separated list), else the local server's key file.
+func mcpAPIKey(flag, dataDir string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	for _, k := range strings.Split(os.Getenv("AIRLOCK_API_KEY"), ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			return k, nil
+		}
+	}
+	path := filepath.Join(dataDir, "api-key")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("no API key: pass --api-key or set AIRLOCK_API_KEY (reading %s: %w)", path, err)
+	}
+	if k := strings.TrimSpace(string(b)); k != "" {
+		return k, nil
+	}
+	return "", fmt.Errorf("no API key: %s is empty; pass --api-key or set AIRLOCK_API_KEY", path)
+}
