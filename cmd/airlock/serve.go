@@ -248,11 +248,11 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	}
 	api := e2b.NewHandler(mgr, e2b.Options{
 		Authenticate: authenticate,
-		MaxTimeout: c.maxTimeout,
-		Domain:     c.domain,
-		Limits:     c.limits,
-		Templates:  e2bTemplates{s: tpls, mgr: mgr},
-		Logger:     log,
+		MaxTimeout:   c.maxTimeout,
+		Domain:       c.domain,
+		Limits:       c.limits,
+		Templates:    e2bTemplates{s: tpls, mgr: mgr},
+		Logger:       log,
 	})
 	proxy := server.NewProxy(mgr, log)
 
