@@ -298,11 +298,17 @@ func stripOverlayXattrs(path string) error {
 }
 
 func fgetXattr(fd int, name string) ([]byte, error) {
+	return readXattr(func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
+}
+
+// readXattr grows its buffer until get (an fgetxattr or lgetxattr of one file and
+// attribute) fits the value, which may grow between the size query and the read.
+func readXattr(get func(buf []byte) (int, error)) ([]byte, error) {
 	buf := make([]byte, 256)
 	for {
-		n, err := unix.Fgetxattr(fd, name, buf)
+		n, err := get(buf)
 		if errors.Is(err, unix.ERANGE) {
-			sz, err := unix.Fgetxattr(fd, name, nil)
+			sz, err := get(nil)
 			if err != nil {
 				return nil, err
 			}

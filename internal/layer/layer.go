@@ -255,22 +255,7 @@ func putLE32(b []byte, v uint32) {
 // getXattr reads one xattr of path without following a symlink; an absent
 // attribute is an error (ENODATA).
 func getXattr(path, name string) ([]byte, error) {
-	buf := make([]byte, 256)
-	for {
-		n, err := unix.Lgetxattr(path, name, buf)
-		if errors.Is(err, unix.ERANGE) {
-			sz, err := unix.Lgetxattr(path, name, nil)
-			if err != nil {
-				return nil, err
-			}
-			buf = make([]byte, sz+1)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return buf[:n], nil
-	}
+	return readXattr(func(b []byte) (int, error) { return unix.Lgetxattr(path, name, b) })
 }
 
 // listXattrs lists the xattr names of path without following a symlink.
