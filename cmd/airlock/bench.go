@@ -30,14 +30,7 @@ same run, measure plain fork+exec and 'runc run' of /bin/true on the same
 template rootfs as baselines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			inst, err := start(cmd.Context(), serveConfig{
-				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: rtName, diskQuota: true,
-				// Sandboxes get their networks as under serve; egress stays
-				// off so the bench never changes the host's ip_forward.
-				network: true, egress: false,
-			}, log)
+			inst, err := startBench(cmd.Context(), dataDir, []string{tpl}, rtName)
 			if err != nil {
 				return err
 			}
@@ -159,12 +152,7 @@ time-to-interactive percentiles, with each template's p50 against the first's.
 Sandboxes mount a template read-only and never copy it, so size should not show.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			inst, err := start(cmd.Context(), serveConfig{
-				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: templates, warmPool: 0, runtime: "linux", diskQuota: true,
-				network: true, egress: false,
-			}, log)
+			inst, err := startBench(cmd.Context(), dataDir, templates, "linux")
 			if err != nil {
 				return err
 			}
@@ -210,12 +198,7 @@ create + first runCode, cold and from the warm pool. Baselines in the same run:
 envd's /health through the proxy, and python3 -c through commands.run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			inst, err := start(cmd.Context(), serveConfig{
-				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, runtime: "linux", diskQuota: true,
-				network: true, egress: false,
-			}, log)
+			inst, err := startBench(cmd.Context(), dataDir, []string{tpl}, "linux")
 			if err != nil {
 				return err
 			}
@@ -251,4 +234,17 @@ envd's /health through the proxy, and python3 -c through commands.run.`,
 	f.IntVar(&rtt, "round-trips", 200, "runCode round trips per language in one warm context")
 	f.IntVar(&creates, "creates", 20, "create + first runCode, cold and warm")
 	return cmd
+}
+
+// startBench starts a server in this process for a bench: loopback on ephemeral
+// ports, no warm pool (each bench sets its own), disk quotas and a network per
+// sandbox as under serve, but egress off so a bench never changes the host's
+// ip_forward.
+func startBench(ctx context.Context, dataDir string, templates []string, runtimeName string) (*instance, error) {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return start(ctx, serveConfig{
+		apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
+		maxTimeout: time.Hour, templates: templates, warmPool: 0, runtime: runtimeName, diskQuota: true,
+		network: true, egress: false,
+	}, log)
 }
