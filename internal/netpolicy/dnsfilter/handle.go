@@ -244,7 +244,9 @@ func sanitize(resp *dns.Msg, q dns.Question) answer {
 	for _, rr := range resp.Ns {
 		switch rr.(type) {
 		case *dns.SOA, *dns.NSEC, *dns.NSEC3, *dns.RRSIG:
-			a.ns = append(a.ns, rr)
+			if intact(rr) {
+				a.ns = append(a.ns, rr)
+			}
 		}
 	}
 
@@ -270,4 +272,18 @@ func withoutHints(in []dns.SVCBKeyValue) []dns.SVCBKeyValue {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// intact reports whether rr survives being packed and parsed again. miekg/dns
+// accepts some records with empty rdata (an SOA of rdlength 0) that it then packs
+// into bytes no resolver, itself included, can parse; such a record from upstream
+// is dropped rather than passed on broken.
+func intact(rr dns.RR) bool {
+	buf := make([]byte, dns.Len(rr)+64)
+	n, err := dns.PackRR(rr, buf, 0, nil, false)
+	if err != nil {
+		return false
+	}
+	_, _, err = dns.UnpackRR(buf[:n], 0)
+	return err == nil
 }
