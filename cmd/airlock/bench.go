@@ -43,14 +43,10 @@ template rootfs as baselines.`,
 				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey,
 				Template: tpl, Rootfs: t.RootFS,
 				Sequential: sequential, Concurrent: concurrent, RoundTrips: rtt,
-				Progress: os.Stderr,
-				SetWarmPool: func(n int) {
-					if st, err := (template.Resolver{Store: inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
-						inst.mgr.SetWarmPool(st, n)
-					}
-				},
-				WarmCount: func() int { return inst.mgr.WarmCount(t.ID) },
-				NetRound:  netRound(inst),
+				Progress:    os.Stderr,
+				SetWarmPool: warmPoolSetter(cmd.Context(), inst, tpl),
+				WarmCount:   func() int { return inst.mgr.WarmCount(t.ID) },
+				NetRound:    netRound(inst),
 			})
 			if err != nil {
 				return err
@@ -210,13 +206,9 @@ envd's /health through the proxy, and python3 -c through commands.run.`,
 			rows, err := bench.Interp(cmd.Context(), bench.InterpConfig{
 				Config: bench.Config{
 					APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey, Template: tpl,
-					Progress: os.Stderr,
-					SetWarmPool: func(n int) {
-						if st, err := (template.Resolver{Store: inst.tpls}).Resolve(cmd.Context(), tpl); err == nil {
-							inst.mgr.SetWarmPool(st, n)
-						}
-					},
-					WarmCount: func() int { return inst.mgr.WarmCount(t.ID) },
+					Progress:    os.Stderr,
+					SetWarmPool: warmPoolSetter(cmd.Context(), inst, tpl),
+					WarmCount:   func() int { return inst.mgr.WarmCount(t.ID) },
 				},
 				RoundTrips: rtt, Creates: creates,
 			})
@@ -247,4 +239,13 @@ func startBench(ctx context.Context, dataDir string, templates []string, runtime
 		maxTimeout: time.Hour, templates: templates, warmPool: 0, runtime: runtimeName, diskQuota: true,
 		network: true, egress: false,
 	}, log)
+}
+
+// warmPoolSetter lets a bench resize the server's warm pool of one template.
+func warmPoolSetter(ctx context.Context, inst *instance, name string) func(int) {
+	return func(n int) {
+		if st, err := (template.Resolver{Store: inst.tpls}).Resolve(ctx, name); err == nil {
+			inst.mgr.SetWarmPool(st, n)
+		}
+	}
 }

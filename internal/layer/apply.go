@@ -323,19 +323,26 @@ func readXattr(get func(buf []byte) (int, error)) ([]byte, error) {
 }
 
 func flistXattrs(fd int) ([]string, error) {
+	return listXattrNames(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+}
+
+// listXattrNames reads a NUL-separated name list with list (an flistxattr or
+// llistxattr of one file), growing the buffer while the list grows under it. A
+// filesystem without xattrs has none.
+func listXattrNames(list func(buf []byte) (int, error)) ([]string, error) {
 	for {
-		sz, err := unix.Flistxattr(fd, nil)
+		sz, err := list(nil)
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
 		if err != nil {
-			if errors.Is(err, unix.ENOTSUP) {
-				return nil, nil
-			}
 			return nil, err
 		}
 		if sz == 0 {
 			return nil, nil
 		}
 		buf := make([]byte, sz)
-		n, err := unix.Flistxattr(fd, buf)
+		n, err := list(buf)
 		if errors.Is(err, unix.ERANGE) {
 			continue
 		}

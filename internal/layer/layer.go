@@ -13,11 +13,9 @@
 package layer
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -260,36 +258,5 @@ func getXattr(path, name string) ([]byte, error) {
 
 // listXattrs lists the xattr names of path without following a symlink.
 func listXattrs(path string) ([]string, error) {
-	sz, err := unix.Llistxattr(path, nil)
-	if err != nil {
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	if sz == 0 {
-		return nil, nil
-	}
-	buf := make([]byte, sz)
-	for {
-		n, err := unix.Llistxattr(path, buf)
-		if errors.Is(err, unix.ERANGE) {
-			sz, err = unix.Llistxattr(path, nil)
-			if err != nil {
-				return nil, err
-			}
-			buf = make([]byte, sz)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		var out []string
-		for _, s := range strings.Split(string(buf[:n]), "\x00") {
-			if s != "" {
-				out = append(out, s)
-			}
-		}
-		return out, nil
-	}
+	return listXattrNames(func(b []byte) (int, error) { return unix.Llistxattr(path, b) })
 }
