@@ -101,7 +101,13 @@ func closedPrivate(open []netip.Prefix) []ipRange {
 			v4 = append(v4, p)
 		}
 	}
-	return subtractRanges(mergeRanges(v4), mergeRanges(open))
+	var open4 []netip.Prefix
+	for _, p := range open {
+		if p.Addr().Is4() { // there is no IPv6 egress to open
+			open4 = append(open4, p)
+		}
+	}
+	return subtractRanges(mergeRanges(v4), mergeRanges(open4))
 }
 
 // inRanges reports whether a (IPv4) lies in one of the sorted ranges.
