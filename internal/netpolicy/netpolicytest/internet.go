@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
@@ -64,6 +65,9 @@ var Names = map[string]netip.Addr{
 	"private.test.":     Private192, // an allowed-looking name with a private address
 }
 
+// lockPath is the lock one stand-in internet at a time holds.
+const lockPath = "/run/airlock-netpolicytest.lock"
+
 // Internet is a running stand-in internet.
 type Internet struct {
 	HostIf  string
@@ -96,6 +100,20 @@ func Start(t *testing.T) *Internet {
 	_, _ = rand.Read(b)
 	in := &Internet{HostIf: "lkn" + hex.EncodeToString(b), nsPath: filepath.Join(t.TempDir(), "internet")}
 	t.Cleanup(in.close)
+	// One stand-in internet per machine at a time: its host routes (the
+	// TEST-NET-3 range, the private test hosts) exist once, and test
+	// binaries of several packages run in parallel under go test ./....
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.closers = append(in.closers, func() { lock.Close() }) // runs last
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Logf("waiting for another test's stand-in internet to go (%s)", lockPath)
+		if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ns, err := netpolicy.NewNetNS(in.nsPath)
 	if err != nil {
 		t.Fatal(err)
