@@ -57,6 +57,8 @@ type serveConfig struct {
 	egress      bool
 	dnsUpstream []string
 	dnsListen   string
+	// allowPrivate: private ranges every sandbox may reach (closed by default).
+	allowPrivate []string
 }
 
 func serveCmd() *cobra.Command {
@@ -99,6 +101,7 @@ needed (a few minutes the first time; progress is shown).`,
 	f.StringVar(&c.sandboxCIDR, "sandbox-cidr", "", "private IPv4 range sandboxes get a /30 each from (default 10.77.0.0/16 for the default --data-dir, else a 10.x.0.0/16 derived from the data dir)")
 	f.BoolVar(&c.egress, "sandbox-egress", true, "let sandboxes reach beyond the host (sets net.ipv4.ip_forward=1); off: no egress for any sandbox")
 	f.StringSliceVar(&c.dnsUpstream, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
+	f.StringSliceVar(&c.allowPrivate, "allow-private", nil, "private IPv4 ranges (CIDR or IP, comma-separated) every sandbox may reach; 10/8, 172.16/12, 192.168/16 and 100.64/10 are closed by default unless a sandbox's network.allowOut names them (169.254/16 stays closed)")
 	f.StringVar(&c.dnsListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
 	return cmd
 }
@@ -514,6 +517,10 @@ func startNetwork(c serveConfig, dataDir string, log *slog.Logger) (*netpolicy.N
 	if err != nil {
 		return nil, fmt.Errorf("--sandbox-cidr: %w", err)
 	}
+	allowPrivate, err := netpolicy.ParseAllowPrivate(c.allowPrivate)
+	if err != nil {
+		return nil, fmt.Errorf("--allow-private: %w", err)
+	}
 	if c.egress {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
@@ -527,13 +534,14 @@ func startNetwork(c serveConfig, dataDir string, log *slog.Logger) (*netpolicy.N
 		DNSUpstreams: c.dnsUpstream,
 		DNSListen:    c.dnsListen,
 		NoEgress:     !c.egress,
+		AllowPrivate: allowPrivate,
 		Logger:       log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox network: %w", err)
 	}
 	log.Info("sandbox network ready", "cidr", cidr, "egress", c.egress, "dns_port", nw.DNSPort(),
-		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix)
+		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix, "allow_private", allowPrivate)
 	return nw, nil
 }
 

@@ -155,6 +155,10 @@ func Open(ctx context.Context, opts Options) (_ *Box, retErr error) {
 		IfPrefix:     inst.IfPrefix,
 		DNSUpstreams: opts.DNSUpstreams,
 		NoEgress:     !opts.Egress,
+		// Build steps are the operator's own (templates cannot be built
+		// through the API), and a company's package mirror or proxy is
+		// usually on a private address; sandboxes keep them closed.
+		AllowPrivate: netpolicy.PrivateRanges,
 		Logger:       log,
 	})
 	if err != nil {

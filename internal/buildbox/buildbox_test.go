@@ -316,9 +316,10 @@ func TestEgress(t *testing.T) {
 	script := fmt.Sprintf(`
 curl -sS -m 10 http://%s/ > /tmp/web 2>&1
 curl -sS -m 10 http://allowed.test/ > /tmp/byname 2>&1
+curl -sS -m 10 http://%s/ > /tmp/private 2>&1
 gw=$(awk '/^nameserver/{print $2; exit}' /etc/resolv.conf)
 curl -sS -m 3 http://$gw:%d/ > /tmp/host 2>&1; echo "exit $?" >> /tmp/host
-true`, netpolicytest.Web1, port)
+true`, netpolicytest.Web1, netpolicytest.Private10, port)
 	var out bytes.Buffer
 	if code, err := b.Run(context.Background(), buildbox.Step{Lower: e.lower, Upper: up, Args: sh(script)}, &out); err != nil || code != 0 {
 		t.Fatalf("exit %d, %v: %s", code, err, out.String())
@@ -332,6 +333,11 @@ true`, netpolicytest.Web1, port)
 	}
 	if got := read("byname"); got != "hello from "+netpolicytest.Allowed.String() {
 		t.Errorf("egress by name: %q", got)
+	}
+	// Unlike a sandbox, a build step reaches private addresses (a
+	// company's mirror or proxy).
+	if got := read("private"); got != "hello from "+netpolicytest.Private10.String() {
+		t.Errorf("egress to a private address: %q", got)
 	}
 	if got := read("host"); strings.Contains(got, "host secret") || strings.HasSuffix(got, "exit 0") {
 		t.Errorf("the step reached the host: %q", got)

@@ -53,7 +53,13 @@ type Config struct {
 	// its policy (the host itself stays unreachable as always). Serve sets it
 	// when sandbox egress is off, which also leaves ip_forward alone.
 	NoEgress bool
-	Logger   *slog.Logger
+	// AllowPrivate are private ranges (see PrivateRanges) every sandbox may
+	// reach, as if each sandbox's allowOut named them; a sandbox's denyOut
+	// still closes them. Serve sets them from --allow-private (checked by
+	// ParseAllowPrivate); the build box opens all of them. Without it, no
+	// sandbox reaches a private address its own allowOut does not name.
+	AllowPrivate []netip.Prefix
+	Logger       *slog.Logger
 }
 
 // Sandbox is one sandbox's network, as the runtime needs it.
@@ -154,7 +160,7 @@ func New(cfg Config) (*Network, error) {
 		return nil, err
 	}
 	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.NoEgress)
+	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
 	if err != nil {
 		pc.Close()
 		l.Close()
@@ -569,6 +575,16 @@ func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs
 	for _, a := range addrs {
 		a = a.Unmap()
 		if !a.Is4() {
+			continue
+		}
+		if inRanges(n.fw.closed, a) {
+			// A domain never opens a closed private address, as E2B's
+			// firewall refuses them too: whoever controls a name's DNS (or
+			// rebinds it) could otherwise point an allowed domain at the
+			// company network. The sandbox still gets the answer; its
+			// connection is dropped unless allowOut names the address.
+			n.log.Debug("netpolicy: allowed domain resolved to a private address; not opened",
+				"sandbox", st.ID, "name", name, "addr", a)
 			continue
 		}
 		if old, ok := st.learned[a]; ok && old.expires.After(expires) {

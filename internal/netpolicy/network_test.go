@@ -198,3 +198,62 @@ func median(d []time.Duration) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
 }
+
+func TestParseAllowPrivate(t *testing.T) {
+	got, err := ParseAllowPrivate([]string{"192.168.250.0/24", " 10.1.2.3 ", "", "0.0.0.0/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("192.168.250.0/24"), netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("0.0.0.0/0")}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	for in, msg := range map[string]string{
+		"8.8.8.0/24":     "not in a private range",
+		"169.254.0.0/16": "link-local",
+		"fd00::/8":       "no IPv6 egress",
+		"10.0.0.0/33":    "not an IPv4 address or CIDR",
+		"intranet":       "not an IPv4 address or CIDR",
+	} {
+		if _, err := ParseAllowPrivate([]string{in}); err == nil || !contains(err.Error(), msg) {
+			t.Errorf("%q: error %v, want one saying %q", in, err, msg)
+		}
+	}
+}
+
+func TestClosedPrivate(t *testing.T) {
+	r := func(lo, hi string) ipRange {
+		return ipRange{addrU32(netip.MustParseAddr(lo)), addrU32(netip.MustParseAddr(hi))}
+	}
+	all := []ipRange{
+		r("10.0.0.0", "10.255.255.255"), r("100.64.0.0", "100.127.255.255"), r("169.254.0.0", "169.254.255.255"),
+		r("172.16.0.0", "172.31.255.255"), r("192.168.0.0", "192.168.255.255"),
+	}
+	if got := closedPrivate(nil); !slices.Equal(got, all) {
+		t.Errorf("closedPrivate(nil) = %v, want %v", got, all)
+	}
+	open, _ := ParseAllowPrivate([]string{"10.0.0.0/9", "10.200.0.1", "192.168.0.0/16", "172.31.255.255"})
+	want := []ipRange{
+		r("10.128.0.0", "10.200.0.0"), r("10.200.0.2", "10.255.255.255"), r("100.64.0.0", "100.127.255.255"),
+		r("169.254.0.0", "169.254.255.255"), r("172.16.0.0", "172.31.255.254"),
+	}
+	got := closedPrivate(open)
+	if !slices.Equal(got, want) {
+		t.Errorf("closedPrivate(%v) = %v, want %v", open, got, want)
+	}
+	for a, closed := range map[string]bool{
+		"10.0.0.1": false, "10.200.0.1": false, "10.200.0.2": true, "172.31.255.255": false, "172.16.0.0": true,
+		"192.168.1.1": false, "100.64.0.1": true, "8.8.8.8": false, "169.254.169.254": true,
+	} {
+		if inRanges(got, netip.MustParseAddr(a)) != closed {
+			t.Errorf("%s closed = %v, want %v", a, !closed, closed)
+		}
+	}
+	// The build box opens PrivateRanges, IPv6 entries included.
+	if got := closedPrivate(PrivateRanges); len(got) != 0 {
+		t.Errorf("PrivateRanges leave %v closed", got)
+	}
+	if everything, _ := ParseAllowPrivate([]string{"0.0.0.0/0"}); len(closedPrivate(everything)) != 0 {
+		t.Errorf("0.0.0.0/0 leaves %v closed", closedPrivate(everything))
+	}
+}

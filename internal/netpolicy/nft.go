@@ -32,12 +32,23 @@ import (
 //	    iifname "alk*" ip daddr 169.254.0.0/16 drop          # cloud metadata, link-local
 //	    iifname "alk*" ip saddr vmap @sandboxes              # per-sandbox policy
 //	    iifname "alk*" drop                                  # unknown source: fail closed
+//	set private (interval): the private ranges (PrivateRanges, IPv4) minus
+//	    those the operator opened for all sandboxes (Config.AllowPrivate)
 //	chain postrouting (nat, postrouting, srcnat)
 //	    ip saddr <cidr> oifname != "alk*" masquerade
 //	per sandbox <id>: sets a_<id> (allowed CIDRs, interval), l_<id> (addresses
 //	of allowed domains, learned from DNS answers, per-element timeout),
 //	d_<id> (denied CIDRs, interval) and chain s_<id>:
-//	    ip daddr @a_<id> accept; ip daddr @l_<id> accept; ip daddr @d_<id> drop; accept
+//	    ip daddr @a_<id> accept; ip daddr @l_<id> accept; ip daddr @d_<id> drop;
+//	    ip daddr @private drop; accept
+//
+// So a sandbox's allowOut (addresses, CIDRs, and what its domains resolved
+// to; see onAnswer for why that never includes a private address) opens a
+// destination whatever else says; its denyOut closes one; and a private
+// destination neither names is closed. IPv6 needs no rule of its own: a
+// sandbox has no IPv6 address or route, and the forward chain drops every
+// non-IPv4 packet from a sandbox interface (the policy rule matches IPv4
+// only and the rule after it drops).
 //
 // The spoofing check matters because the policy is keyed by source address:
 // sandbox root has CAP_NET_RAW and could otherwise borrow another sandbox's
@@ -49,6 +60,9 @@ type firewall struct {
 	conn    *nftables.Conn
 	table   *nftables.Table
 	vmap    *nftables.Set
+	private *nftables.Set
+	// closed are the private ranges in the private set.
+	closed  []ipRange
 	prefix  string
 	cidr    netip.Prefix
 	dnsPort uint16
@@ -57,7 +71,7 @@ type firewall struct {
 	noEgress bool
 }
 
-func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16, noEgress bool) (*firewall, error) {
+func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
@@ -69,6 +83,7 @@ func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16, noEgre
 		cidr:     cidr,
 		dnsPort:  dnsPort,
 		noEgress: noEgress,
+		closed:   closed,
 	}
 	return fw, fw.install()
 }
@@ -120,6 +135,10 @@ func (fw *firewall) install() error {
 	fw.vmap = &nftables.Set{Table: t, Name: "sandboxes", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 	if err := c.AddSet(fw.vmap, nil); err != nil {
 		return fmt.Errorf("nftables: sandboxes map: %w", err)
+	}
+	fw.private = &nftables.Set{Table: t, Name: "private", KeyType: nftables.TypeIPAddr, Interval: true}
+	if err := c.AddSet(fw.private, rangeElems(fw.closed)); err != nil {
+		return fmt.Errorf("nftables: private set: %w", err)
 	}
 	linkLocal := netip.MustParsePrefix("169.254.0.0/16")
 	policyRule := cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
@@ -199,7 +218,7 @@ func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned [
 	for _, r := range []struct {
 		set *nftables.Set
 		v   expr.VerdictKind
-	}{{s.allow, expr.VerdictAccept}, {s.learned, expr.VerdictAccept}, {s.deny, expr.VerdictDrop}} {
+	}{{s.allow, expr.VerdictAccept}, {s.learned, expr.VerdictAccept}, {s.deny, expr.VerdictDrop}, {fw.private, expr.VerdictDrop}} {
 		cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: cat(ipv4(), []expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
 			&expr.Lookup{SourceRegister: 1, SetName: r.set.Name, SetID: r.set.ID},
@@ -377,8 +396,13 @@ func cat(parts ...[]expr.Any) []expr.Any {
 // intervalElems encodes prefixes for an interval set: each merged range is a
 // start element and an end element one past its last address.
 func intervalElems(pfxs []netip.Prefix) []nftables.SetElement {
+	return rangeElems(mergeRanges(pfxs))
+}
+
+// rangeElems encodes sorted, non-overlapping ranges for an interval set.
+func rangeElems(rs []ipRange) []nftables.SetElement {
 	var out []nftables.SetElement
-	for _, r := range mergeRanges(pfxs) {
+	for _, r := range rs {
 		out = append(out, nftables.SetElement{Key: u32Addr(r.lo).AsSlice()})
 		if r.hi != ^uint32(0) {
 			out = append(out, nftables.SetElement{Key: u32Addr(r.hi + 1).AsSlice(), IntervalEnd: true})

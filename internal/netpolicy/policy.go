@@ -25,9 +25,99 @@ const AllTraffic = "0.0.0.0/0"
 // entries are addresses or CIDRs. allowInternetAccess=false is DenyOut
 // [AllTraffic]. Whatever the policy, the host, other sandboxes and link-local
 // addresses (cloud metadata) are never reachable.
+//
+// Private ranges (PrivateRanges) are closed under every policy: a destination
+// there that AllowOut does not name by address or CIDR is dropped, unless the
+// operator opened its range for all sandboxes (Config.AllowPrivate). A domain
+// in AllowOut never opens a private address it resolves to (see onAnswer).
 type Policy struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
+}
+
+// PrivateRanges are the destinations a sandbox cannot reach unless its
+// allowOut names them by address or CIDR or the operator opens them for every
+// sandbox (serve --allow-private): RFC 1918, the shared address space of
+// carrier-grade NAT (RFC 6598, also used by VPN overlays), IPv4 link-local,
+// IPv6 unique-local and IPv6 link-local. For a server inside a company
+// network these are where its internal services live. IPv4 link-local
+// (cloud metadata) stays closed even then: the firewall drops it before any
+// policy. The IPv6 ranges are listed for completeness: sandboxes have no IPv6
+// address or route and the firewall drops every IPv6 packet they forward.
+var PrivateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("fc00::/7"),
+	netip.MustParsePrefix("fe80::/10"),
+}
+
+// ParseAllowPrivate checks the operator's list of private ranges to open for
+// every sandbox (serve --allow-private): IPv4 addresses or CIDRs, each inside
+// (or covering part of) an IPv4 private range other than link-local. Anything
+// else is refused rather than ignored, so that a typo does not leave a range
+// closed that the operator believes open, or the reverse.
+func ParseAllowPrivate(entries []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, e := range entries {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if strings.Contains(e, ":") {
+			return nil, fmt.Errorf("%q: sandboxes have no IPv6 egress, so there is no IPv6 range to open", e)
+		}
+		p, ok := parseNet(e)
+		if !ok {
+			return nil, fmt.Errorf("%q is not an IPv4 address or CIDR", e)
+		}
+		opens := false
+		for _, r := range PrivateRanges {
+			if r.Addr().Is4() && r.Overlaps(p) && r != linkLocal4 {
+				opens = true
+			}
+		}
+		if !opens {
+			if linkLocal4.Overlaps(p) {
+				return nil, fmt.Errorf("%q: link-local addresses (cloud metadata) are never reachable from a sandbox", e)
+			}
+			return nil, fmt.Errorf("%q is not in a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10); other addresses are open already", e)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+var linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
+
+// closedPrivate is the IPv4 part of PrivateRanges minus what the operator
+// opened: the ranges every sandbox's chain drops after its own rules.
+func closedPrivate(open []netip.Prefix) []ipRange {
+	var v4 []netip.Prefix
+	for _, p := range PrivateRanges {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		}
+	}
+	var open4 []netip.Prefix
+	for _, p := range open {
+		if p.Addr().Is4() { // there is no IPv6 egress to open
+			open4 = append(open4, p)
+		}
+	}
+	return subtractRanges(mergeRanges(v4), mergeRanges(open4))
+}
+
+// inRanges reports whether a (IPv4) lies in one of the sorted ranges.
+func inRanges(rs []ipRange, a netip.Addr) bool {
+	if !a.Is4() {
+		return false
+	}
+	v := addrU32(a)
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].hi >= v })
+	return i < len(rs) && rs[i].lo <= v
 }
 
 // ErrInvalidPolicy wraps every validation error of a Policy.
@@ -153,6 +243,32 @@ func mergeRanges(pfxs []netip.Prefix) []ipRange {
 			continue
 		}
 		out = append(out, r)
+	}
+	return out
+}
+
+// subtractRanges removes the sorted, merged ranges cut from the sorted,
+// merged ranges from.
+func subtractRanges(from, cut []ipRange) []ipRange {
+	var out []ipRange
+	for _, r := range from {
+		lo, hi, empty := r.lo, r.hi, false
+		for _, c := range cut {
+			if c.hi < lo || c.lo > hi {
+				continue
+			}
+			if c.lo > lo {
+				out = append(out, ipRange{lo, c.lo - 1})
+			}
+			if c.hi >= hi {
+				empty = true
+				break
+			}
+			lo = c.hi + 1
+		}
+		if !empty {
+			out = append(out, ipRange{lo, hi})
+		}
 	}
 	return out
 }

@@ -3,6 +3,13 @@
 // addresses from the documentation ranges (TEST-NET-2 198.51.100.0/24 and
 // TEST-NET-3 203.0.113.0/24, which no real network routes) with a web server
 // and a DNS server in it. Traffic never leaves the machine.
+//
+// It also holds private test hosts (Private*): addresses in the private
+// ranges a sandbox must not reach by default, routed to this namespace by
+// host routes of their own (/32, and a /64 for IPv6) so that no real private
+// network is ever touched. They avoid the ranges Airlock and its tests use
+// for sandboxes (10.77/16, 10.100-249.x), the host's resolver (10.255.255.53
+// on the project's machines) and the host's own IPv6 network (fd00::/64).
 package netpolicytest
 
 import (
@@ -14,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
@@ -23,6 +31,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 )
@@ -37,14 +46,27 @@ var (
 	Blocked  = netip.MustParseAddr("203.0.113.20")  // blocked.test
 	DNS      = netip.MustParseAddr("203.0.113.53")  // authoritative for *.test
 	Metadata = netip.MustParseAddr("169.254.77.77") // a cloud-metadata look-alike
+
+	Private192 = netip.MustParseAddr("192.168.250.2")    // private.test
+	Private10  = netip.MustParseAddr("10.251.0.2")       // outside every sandbox range
+	Private172 = netip.MustParseAddr("172.29.250.2")     // RFC 1918's middle range
+	Private100 = netip.MustParseAddr("100.66.250.2")     // shared address space (CGNAT)
+	Private6   = netip.MustParseAddr("fdaa:a1c0:250::2") // IPv6 unique-local
 )
+
+// PrivateHosts are the private IPv4 test hosts.
+var PrivateHosts = []netip.Addr{Private192, Private10, Private172, Private100}
 
 // Names the DNS server answers (TTL 60 s).
 var Names = map[string]netip.Addr{
 	"allowed.test.":     Allowed,
 	"www.allowed.test.": Allowed,
 	"blocked.test.":     Blocked,
+	"private.test.":     Private192, // an allowed-looking name with a private address
 }
+
+// lockPath is the lock one stand-in internet at a time holds.
+const lockPath = "/run/airlock-netpolicytest.lock"
 
 // Internet is a running stand-in internet.
 type Internet struct {
@@ -78,6 +100,20 @@ func Start(t *testing.T) *Internet {
 	_, _ = rand.Read(b)
 	in := &Internet{HostIf: "lkn" + hex.EncodeToString(b), nsPath: filepath.Join(t.TempDir(), "internet")}
 	t.Cleanup(in.close)
+	// One stand-in internet per machine at a time: its host routes (the
+	// TEST-NET-3 range, the private test hosts) exist once, and test
+	// binaries of several packages run in parallel under go test ./....
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.closers = append(in.closers, func() { lock.Close() }) // runs last
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Logf("waiting for another test's stand-in internet to go (%s)", lockPath)
+		if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ns, err := netpolicy.NewNetNS(in.nsPath)
 	if err != nil {
 		t.Fatal(err)
@@ -120,8 +156,16 @@ func (in *Internet) link(ns netns.NsHandle) error {
 	if err := netlink.LinkSetUp(host); err != nil {
 		return err
 	}
-	// The second range and the metadata address sit behind the first.
-	for _, dst := range []string{"203.0.113.0/24", "169.254.77.77/32"} {
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: prefixNet("fdaa:a1c0:250::1/64"), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("internet host IPv6 address: %w", err)
+	}
+	// The second range, the metadata address and the private hosts sit
+	// behind the first.
+	dsts := []string{"203.0.113.0/24", "169.254.77.77/32"}
+	for _, a := range PrivateHosts {
+		dsts = append(dsts, a.String()+"/32")
+	}
+	for _, dst := range dsts {
 		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: prefixNet(dst), Gw: net.IP(Web1.AsSlice())}
 		if err := netlink.RouteAdd(r); err != nil {
 			return fmt.Errorf("route %s: %w", dst, err)
@@ -137,10 +181,18 @@ func (in *Internet) link(ns netns.NsHandle) error {
 	if err != nil {
 		return err
 	}
-	for _, a := range []string{"198.51.100.10/24", "198.51.100.20/24", "203.0.113.10/24", "203.0.113.20/24", "203.0.113.53/24", "169.254.77.77/32"} {
+	addrs := []string{"198.51.100.10/24", "198.51.100.20/24", "203.0.113.10/24", "203.0.113.20/24", "203.0.113.53/24", "169.254.77.77/32"}
+	for _, a := range PrivateHosts {
+		addrs = append(addrs, a.String()+"/32")
+	}
+	for _, a := range addrs {
 		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(a)}); err != nil {
 			return fmt.Errorf("internet address %s: %w", a, err)
 		}
+	}
+	// No duplicate address detection: the address is usable at once.
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(Private6.String() + "/64"), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("internet address %s: %w", Private6, err)
 	}
 	if err := h.LinkSetUp(lo); err != nil {
 		return err
@@ -150,7 +202,7 @@ func (in *Internet) link(ns netns.NsHandle) error {
 
 func prefixNet(s string) *net.IPNet {
 	p := netip.MustParsePrefix(s)
-	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), 32)}
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // serve opens the servers' sockets inside the namespace (from a locked thread
@@ -160,6 +212,7 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 	type socks struct {
 		udp    net.PacketConn
 		web    net.Listener
+		web6   net.Listener
 		dnsUDP net.PacketConn
 		dnsTCP net.Listener
 		err    error
@@ -180,6 +233,9 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		}
 		var s socks
 		s.web, s.err = net.Listen("tcp4", "0.0.0.0:80")
+		if s.err == nil {
+			s.web6, s.err = net.Listen("tcp6", netip.AddrPortFrom(Private6, 80).String())
+		}
 		if s.err == nil {
 			s.udp, s.err = net.ListenPacket("udp4", UDPSink.String())
 		}
@@ -207,6 +263,7 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		fmt.Fprintf(w, "hello from %s\n", host)
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = web.Serve(s.web) }()
+	go func() { _ = web.Serve(s.web6) }()
 	in.udpSeen = map[string][]netip.Addr{}
 	go func() {
 		buf := make([]byte, 2048)

@@ -2,14 +2,18 @@
 // sandbox proxy by the host name getHost(port) gives, allowPublicTraffic and
 // the traffic access token, and the network options of create and
 // updateNetwork as getInfo reports them. Egress enforcement itself needs a
-// network to egress to; the Go test internal/sandbox/network_test.go covers
-// it against a stand-in internet.
+// network to egress to; the Go tests internal/sandbox/network_test.go and
+// network_private_test.go cover it against a stand-in internet. The last
+// block here checks the default policy's closed private ranges through the
+// SDK, with two test hosts in a network namespace of its own.
 
 import assert from 'node:assert/strict'
+import { execFileSync, spawn } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import http from 'node:http'
-import { describe, test } from 'node:test'
+import { after, before, describe, test } from 'node:test'
 import { ALL_TRAFFIC } from 'e2b'
-import { SANDBOX_URL, createSandbox, trackCleanup, waitFor } from './helpers.mjs'
+import { API_URL, SANDBOX_URL, createSandbox, trackCleanup, waitFor } from './helpers.mjs'
 
 trackCleanup()
 
@@ -95,5 +99,73 @@ describe('sandbox network', { concurrency: true }, () => {
     const r = await sbx.commands.run('cat /etc/resolv.conf /etc/hosts /proc/net/route')
     assert.match(r.stdout, /nameserver \d+\.\d+\.\d+\.\d+/)
     assert.match(r.stdout, /eth0\t00000000\t/) // default route via eth0
+  })
+})
+
+// Two test hosts in a network namespace this file creates (never a real
+// network): a private one (192.168.249.2, behind a /30 of its own on the
+// host) and a public-range one (198.18.249.2, the benchmarking range, routed
+// to the same namespace). Each runs an HTTP server answering its address.
+// Needs root and a server on this machine (run.sh starts one).
+const PRIVATE_HOST = '192.168.249.2'
+const PUBLIC_HOST = '198.18.249.2'
+const localServer = /^http:\/\/(127\.0\.0\.1|localhost)[:/]/.test(API_URL)
+const canNetns = process.getuid?.() === 0 && localServer
+
+describe('private networks are closed by default', { concurrency: true, skip: canNetns ? false : 'needs root and a local server' }, () => {
+  const tag = randomBytes(3).toString('hex')
+  const ns = `airlock-sdk-${tag}`
+  const hostIf = `lks${tag}` // not a server's veth prefix: its firewall ignores it
+  let server
+  const ip = (...args) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] })
+
+  before(async () => {
+    ip('netns', 'add', ns)
+    ip('link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns)
+    ip('addr', 'add', '192.168.249.1/30', 'dev', hostIf)
+    ip('link', 'set', hostIf, 'up')
+    ip('route', 'add', `${PUBLIC_HOST}/32`, 'via', PRIVATE_HOST, 'dev', hostIf)
+    ip('-n', ns, 'addr', 'add', `${PRIVATE_HOST}/30`, 'dev', 'eth0')
+    ip('-n', ns, 'addr', 'add', `${PUBLIC_HOST}/32`, 'dev', 'eth0')
+    ip('-n', ns, 'link', 'set', 'eth0', 'up')
+    ip('-n', ns, 'link', 'set', 'lo', 'up')
+    const js = `require('http').createServer((q, r) => r.end('hello from ' + q.socket.localAddress + '\\n')).listen(80, '0.0.0.0')`
+    server = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', js], { stdio: 'ignore' })
+    // The host reaches both: a sandbox failing to is the firewall's doing.
+    for (const h of [PRIVATE_HOST, PUBLIC_HOST]) {
+      await waitFor(async () => (await fetch(`http://${h}/`).then((r) => r.text()).catch(() => '')).includes(`hello from ${h}`), {
+        timeoutMs: 10_000, what: `test host ${h} from the host`,
+      })
+    }
+  })
+
+  after(() => {
+    if (server && server.exitCode === null) server.kill('SIGKILL')
+    try { ip('link', 'del', hostIf) } catch {}
+    try { ip('netns', 'del', ns) } catch {}
+  })
+
+  // reach returns which hosts the sandbox's curl got an answer from.
+  async function reach(sbx) {
+    const out = {}
+    await Promise.all([PRIVATE_HOST, PUBLIC_HOST].map(async (h) => {
+      const r = await sbx.commands.run(`curl -sS --max-time 3 http://${h}/`).catch((e) => e)
+      out[h] = (r.stdout ?? '').includes(`hello from ${h}`)
+    }))
+    return out
+  }
+
+  test('the default policy reaches a public host but not a private one; updateNetwork opens it', async () => {
+    const sbx = await createSandbox()
+    assert.deepEqual(await reach(sbx), { [PRIVATE_HOST]: false, [PUBLIC_HOST]: true })
+    await sbx.updateNetwork({ allowOut: [PRIVATE_HOST] })
+    assert.deepEqual(await reach(sbx), { [PRIVATE_HOST]: true, [PUBLIC_HOST]: true })
+  })
+
+  test('allowOut naming the private host opens it; denyOut ALL still closes the rest', async () => {
+    const sbx = await createSandbox({ network: { allowOut: [PRIVATE_HOST] } })
+    assert.deepEqual(await reach(sbx), { [PRIVATE_HOST]: true, [PUBLIC_HOST]: true })
+    const only = await createSandbox({ network: { denyOut: [ALL_TRAFFIC], allowOut: [`${PRIVATE_HOST}/32`] } })
+    assert.deepEqual(await reach(only), { [PRIVATE_HOST]: true, [PUBLIC_HOST]: false })
   })
 })
