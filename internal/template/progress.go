@@ -160,7 +160,7 @@ func (p *progress) snapshot() (string, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.moved()
-	st := strings.TrimPrefix(p.status(false), p.name+": ")
+	st := strings.TrimPrefix(p.status(true), p.name+": ")
 	if p.phase == phaseStart {
 		st = "starting"
 	}
