@@ -388,6 +388,13 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		mgr.Close()
 		// The nftables table stays: sandboxes that outlive the server keep
 		// their isolation and egress policy until a new server adopts them.
+		// With every sandbox killed nothing needs it, and a server on a
+		// throw-away data dir (the first-run test) must leave none behind.
+		if killAll && nw != nil {
+			if err := nw.RemoveTable(); err != nil {
+				log.Warn("remove the sandbox firewall table", "err", err)
+			}
+		}
 		closeNetwork()
 		if killAll && disk != nil {
 			// Nothing is left on the sandbox image: unmount it (the image

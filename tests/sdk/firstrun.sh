@@ -54,6 +54,17 @@ cleanup() {
     kill -0 "$server_pid" 2>/dev/null && { log "serve ignored SIGTERM for 60 s; SIGKILL"; kill -KILL "$server_pid"; }
     wait "$server_pid" 2>/dev/null
   fi
+  # --kill-on-exit leaves nothing in the host's network state: no nftables
+  # table, no veth of this server (names derived from the data dir).
+  left=$(nft list tables 2>/dev/null | grep -c " airlock_$net_tag\$")
+  if [ -n "$net_tag" ] && [ "$left" -ne 0 ]; then
+    log "serve left its nftables table airlock_$net_tag behind"
+    status=1
+  fi
+  if [ -n "$net_tag" ] && ip -br link | grep -q "^a$net_tag"; then
+    log "serve left veths a$net_tag* behind:"; ip -br link | grep "^a$net_tag" >&2
+    status=1
+  fi
   if grep -n 'panic' "$server_log" >&2; then
     log "the server log mentions a panic (above)"
     status=1
@@ -92,6 +103,9 @@ AIRLOCK_API_KEY="$key" "$bin" serve --data-dir "$data_dir" \
   --api-addr "127.0.0.1:$api_port" --sandbox-addr "127.0.0.1:$sandbox_port" --kill-on-exit >"$server_log" 2>&1 &
 server_pid=$!
 deadline=$((t0 + timeout_s))
+# The nftables table and veth prefix this server derives from its data dir, read
+# from its log once the network is up (for the leak check at the end).
+net_tag=""
 
 until curl -fsS -o /dev/null --max-time 2 "$api/health" 2>/dev/null; do
   kill -0 "$server_pid" 2>/dev/null || { server_pid=""; fail "serve exited before answering"; }
@@ -99,6 +113,8 @@ until curl -fsS -o /dev/null --max-time 2 "$api/health" 2>/dev/null; do
   sleep 1
 done
 t_serving=$(( $(date +%s) - t0 ))
+net_tag=$(grep -o 'nft_table="inet airlock_[0-9a-z]*"' "$server_log" | head -1 | sed 's/.*airlock_\([0-9a-z]*\)"/\1/')
+[ -n "$net_tag" ] || fail "serve logged no nftables table"
 log "serving after ${t_serving}s"
 grep -q "Airlock is serving" "$server_log" || fail "no 'Airlock is serving' banner"
 grep -q "Building in the background: python3, node, code-interpreter-v1" "$server_log" || fail "serve did not say what builds in the background"
