@@ -3,7 +3,7 @@ GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 DATA_DIR  ?= /var/lib/airlock
 TEST_DATA ?= /var/lib/airlock-test
 
-.PHONY: build setup run test test-go test-sdk bench proto clean
+.PHONY: build setup setup-test run test test-go test-sdk bench proto clean
 
 build: bin/airlock bin/envd
 
@@ -18,16 +18,21 @@ GO_TAGS ?= seccomp
 bin/airlock: FORCE
 	CGO_ENABLED=1 $(GO) build -tags $(GO_TAGS) -trimpath -o bin/airlock ./cmd/airlock
 
+# What serving needs (make run).
 setup:
 	scripts/setup.sh
 
-# One command: install what the machine needs, build, build the base template
-# (with progress), serve.
+# What the tests need besides: host Python packages, Node.js, protoc, gVisor's runsc.
+setup-test: setup
+	scripts/setup-test.sh
+
+# One command: install what serving needs, build, build the base template (with
+# progress), serve; the other built-ins build in the background while it serves.
 run: setup build
 	bin/airlock serve --data-dir $(DATA_DIR)
 
 # The whole suite; .ci/run calls exactly this.
-test: setup build
+test: setup-test build
 	scripts/test.sh
 
 bench: build

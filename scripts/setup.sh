@@ -3,27 +3,23 @@
 # toolchain check, Go modules, and kernel limits. Run as root. Safe to re-run: it only
 # installs what is missing, so a second run takes a second or two. It starts nothing
 # and builds no templates (`airlock serve` and `airlock template build` do that).
+# Only what serving needs is here (`make run`); what the tests need besides
+# (host Python packages, Node.js, gVisor's runsc) is scripts/setup-test.sh (`make test`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PID_MAX=4194304
-# gVisor: the go-branch pseudo-version runsc is built from, and where it goes.
-RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
-RUNSC=/usr/local/bin/runsc
 
 # debootstrap: template rootfs builds; runc, libseccomp-dev: the libcontainer runtime
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
-# namespaces; protobuf-compiler: scripts/gen-proto.sh; make, gcc: the build itself;
+# namespaces; make, gcc: the build itself;
 # debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
 # btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas).
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	protobuf-compiler ca-certificates make gcc debian-archive-keyring btrfs-progs
-	# The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
-	# matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
-	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
+	ca-certificates make gcc debian-archive-keyring btrfs-progs
 )
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -78,38 +74,6 @@ step "Go modules"
 "$GO" mod download
 echo "modules downloaded"
 
-step "gVisor runsc ${RUNSC_VERSION} (the optional \`--runtime gvisor\` backend)"
-# Built from the Go module proxy: gVisor publishes no Debian package, and the proxy
-# refuses the @go branch query, so the version is a pinned pseudo-version of the go
-# branch. The binary goes outside the clone so CI caches it across runs; the version
-# stamped in with -X is what `runsc --version` reports, which is how a re-run knows
-# the build can be skipped.
-have=$("$RUNSC" --version 2>/dev/null | awk 'NR == 1 { print $3 }' || true)
-if [ "$have" = "$RUNSC_VERSION" ]; then
-	echo "$RUNSC is $have"
-else
-	echo "building runsc into $RUNSC (3-6 minutes on a cold cache; ${have:-not installed} before)"
-	tmpbin=$(mktemp -d)
-	log="$tmpbin/build.log"
-	n=0
-	# go install -v names each package as it is compiled: count them as progress.
-	if ! CGO_ENABLED=0 GOBIN="$tmpbin" "$GO" install -v \
-		-ldflags "-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION" \
-		"gvisor.dev/gvisor/runsc@$RUNSC_VERSION" 2>&1 | tee "$log" | while read -r _; do
-		n=$((n + 1))
-		if [ $((n % 50)) -eq 0 ]; then
-			echo "  $n packages compiled (${SECONDS}s)"
-		fi
-	done; then
-		tail -n 30 "$log" >&2
-		rm -rf "$tmpbin"
-		die "runsc build failed (last lines above)"
-	fi
-	install -m 0755 "$tmpbin/runsc" "$RUNSC"
-	rm -rf "$tmpbin"
-	echo "installed $("$RUNSC" --version | head -n 1) in ${SECONDS}s"
-fi
-
 step "kernel.pid_max (>= ${PID_MAX})"
 # The default 32768 caps a host at a few thousand sandboxes (each agent runs several
 # threads). Not fatal: inside some containers the sysctl is read-only.
@@ -120,18 +84,6 @@ elif sysctl -q -w kernel.pid_max="$PID_MAX"; then
 	echo "kernel.pid_max raised from $current to $PID_MAX"
 else
 	echo "warning: could not raise kernel.pid_max from $current (sandbox density will be limited)" >&2
-fi
-
-step "Node.js and npm (for the SDK conformance tests)"
-# The SDK tests drive the official npm packages; Debian's nodejs (18) is enough
-# when the machine has none.
-if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-	echo "node $(node --version), npm $(npm --version)"
-else
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update
-	apt-get install -y --no-install-recommends nodejs npm
-	echo "node $(node --version), npm $(npm --version)"
 fi
 
 step "done"

@@ -32,6 +32,21 @@ step "Go tests"
 # Fuzz targets run over their seed corpus here; bounded fuzzing is below.
 go test -count=1 -timeout 20m ./...
 
+step "first-run test, started in the background"
+# serve with default flags on an EMPTY data dir (a new user's `make run`): a create
+# during the background build answers 503 + Retry-After, then the MCP scenario
+# through the official client and the inspector CLI (tests/sdk/firstrun.sh). It
+# builds every built-in from Debian's mirror (several minutes, mostly download and
+# dpkg), so it overlaps the fuzzing below, which is pure CPU in this process with
+# no sandboxes, network or timing to disturb; its own timeouts are generous.
+firstrun_log=$(mktemp "${TMPDIR:-/tmp}/airlock-firstrun.XXXXXX.log")
+tests/sdk/firstrun.sh bin/airlock >"$firstrun_log" 2>&1 &
+firstrun_pid=$!
+# A step below that fails ends this script: stop the first-run test with it (its
+# own trap stops its server and cleans up).
+trap 'kill -TERM "$firstrun_pid" 2>/dev/null && wait "$firstrun_pid"' EXIT
+echo "pid $firstrun_pid, log $firstrun_log"
+
 step "bounded fuzzing"
 # One target per `go test -fuzz` call; 10 s each keeps the whole step near a minute.
 fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-10s}" "$2"; }
@@ -44,6 +59,16 @@ fuzz FuzzUpstreamAnswer ./internal/netpolicy/dnsfilter
 fuzz FuzzTemplatePath ./internal/e2b
 fuzz FuzzParse ./internal/dockerfile
 fuzz FuzzExtract ./internal/buildcontext
+
+step "first-run test (waiting for it to finish)"
+trap - EXIT
+if wait "$firstrun_pid"; then
+	grep -E '^\[firstrun\]|^✔|^✖|waited with|All templates are ready' "$firstrun_log"
+else
+	cat "$firstrun_log"
+	echo "first-run test failed (log: $firstrun_log)"
+	exit 1
+fi
 
 step "SDK conformance (npm e2b against airlock serve)"
 AIRLOCK_DATA_DIR="$AIRLOCK_TEST_DATA_DIR" tests/sdk/run.sh bin/airlock

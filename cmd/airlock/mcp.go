@@ -26,8 +26,10 @@ func mcpCmd() *cobra.Command {
 		Use:   "mcp",
 		Short: "Serve the Airlock MCP tools over stdio (for Claude Desktop, Cursor and other MCP clients)",
 		Long: "Serve the Airlock MCP tools (create_sandbox, run_code, run_command, files, ...) over stdio.\n" +
-			"It talks to a running `airlock serve` at --url and --sandbox-url with --api-key\n" +
-			"(or AIRLOCK_URL, AIRLOCK_SANDBOX_URL, AIRLOCK_API_KEY; the key defaults to <data-dir>/api-key).",
+			"It talks to a running `airlock serve` at --url with --api-key. The environment `serve`\n" +
+			"prints works as is: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, or the AIRLOCK_URL,\n" +
+			"AIRLOCK_SANDBOX_URL and AIRLOCK_API_KEY names (which win when both are set). The key defaults\n" +
+			"to <data-dir>/api-key. Without a sandbox URL the server is asked for it (" + airlockmcp.InfoPath + ").",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -38,7 +40,11 @@ func mcpCmd() *cobra.Command {
 			b := airlockmcp.NewHTTPBackend(airlockmcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key})
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			log.Info("airlock mcp on stdio", "api", apiURL, "sandbox", sandboxURL)
+			sbx := sandboxURL
+			if sbx == "" {
+				sbx = "(asked of the server)"
+			}
+			log.Info("airlock mcp on stdio", "api", apiURL, "sandbox", sbx)
 			err = airlockmcp.NewServer(b, airlockmcp.Options{}).Run(ctx, &mcp.StdioTransport{})
 			if err != nil && !errors.Is(err, context.Canceled) {
 				return fmt.Errorf("mcp server: %w", err)
@@ -47,35 +53,41 @@ func mcpCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&apiURL, "url", envOr("AIRLOCK_URL", "http://127.0.0.1:3000"), "Airlock API URL (env AIRLOCK_URL)")
-	f.StringVar(&sandboxURL, "sandbox-url", envOr("AIRLOCK_SANDBOX_URL", "http://127.0.0.1:3001"), "Airlock sandbox proxy URL (env AIRLOCK_SANDBOX_URL)")
-	f.StringVar(&apiKey, "api-key", "", "API key (env AIRLOCK_API_KEY; default: the key in <data-dir>/api-key)")
+	f.StringVar(&apiURL, "url", envOr([]string{"AIRLOCK_URL", "E2B_API_URL"}, "http://127.0.0.1:3000"), "Airlock API URL (env AIRLOCK_URL or E2B_API_URL)")
+	f.StringVar(&sandboxURL, "sandbox-url", envOr([]string{"AIRLOCK_SANDBOX_URL", "E2B_SANDBOX_URL"}, ""), "Airlock sandbox proxy URL (env AIRLOCK_SANDBOX_URL or E2B_SANDBOX_URL; default: asked of the server)")
+	f.StringVar(&apiKey, "api-key", "", "API key (env AIRLOCK_API_KEY or E2B_API_KEY; default: the key in <data-dir>/api-key)")
 	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data directory of a local server, to read its api-key file")
 	return cmd
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
+// envOr returns the first of the named variables that is set, else def.
+func envOr(names []string, def string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
 	}
 	return def
 }
 
 // mcpAPIKey picks the key: the flag, else AIRLOCK_API_KEY (its first key, as
-// serve accepts a comma-separated list), else the local server's key file.
+// serve accepts a comma-separated list), else E2B_API_KEY, else the local
+// server's key file.
 func mcpAPIKey(flag, dataDir string) (string, error) {
 	if flag != "" {
 		return flag, nil
 	}
-	for _, k := range strings.Split(os.Getenv("AIRLOCK_API_KEY"), ",") {
-		if k = strings.TrimSpace(k); k != "" {
-			return k, nil
+	for _, env := range []string{"AIRLOCK_API_KEY", "E2B_API_KEY"} {
+		for _, k := range strings.Split(os.Getenv(env), ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				return k, nil
+			}
 		}
 	}
 	path := filepath.Join(dataDir, "api-key")
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("no API key: pass --api-key or set AIRLOCK_API_KEY (reading %s: %w)", path, err)
+		return "", fmt.Errorf("no API key: pass --api-key or set E2B_API_KEY or AIRLOCK_API_KEY (reading %s: %w)", path, err)
 	}
 	if k := strings.TrimSpace(string(b)); k != "" {
 		return k, nil

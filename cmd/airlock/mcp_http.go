@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -36,6 +38,27 @@ func mcpHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.
 		return mcp.NewServer(mcp.NewHTTPBackend(mcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), mcp.Options{})
 	}, &mcpsdk.StreamableHTTPOptions{SessionTimeout: 30 * time.Minute})
 	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(streamable)
+}
+
+// infoHandler answers mcp.InfoPath: where the sandbox proxy is, so `airlock mcp`
+// (and any client) need not guess it. A proxy listening on every address is
+// reported under the host name the client used for the API.
+func infoHandler(sandboxAddr net.Addr) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u := "http://" + sandboxAddr.String()
+		if tcp, ok := sandboxAddr.(*net.TCPAddr); ok && (tcp.IP == nil || tcp.IP.IsUnspecified()) {
+			host := r.Host
+			if h, _, err := net.SplitHostPort(r.Host); err == nil {
+				host = h
+			}
+			if host == "" {
+				host = "127.0.0.1"
+			}
+			u = "http://" + net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(tcp.Port))
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(mcp.ServerInfo{SandboxURL: u})
+	})
 }
 
 // loopbackURL is how serve reaches one of its own listeners: an unspecified

@@ -27,6 +27,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -70,8 +71,11 @@ func serveCmd() *cobra.Command {
 
 The API key comes from AIRLOCK_API_KEY (several keys: separate them with commas;
 rate limits and the sandbox cap apply to each key on its own); without it a key is
-generated once, kept in the data dir, and printed. Templates named by --templates are built first if
-needed (a few minutes the first time; progress is shown).`,
+generated once, kept in the data dir, and printed. Every built-in template is served
+by default (--templates narrows the set): the first is built before the API answers
+(a few minutes on a new machine; progress is shown), the others build one after
+another in the background while the server runs. Until a template is ready, a create
+for it answers 503 with Retry-After and says which build step it is on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -85,10 +89,10 @@ needed (a few minutes the first time; progress is shown).`,
 	f.StringVar(&c.dataDir, "data-dir", "/var/lib/airlock", "directory for templates, sandboxes and state")
 	f.StringVar(&c.domain, "domain", "", "domain sandboxes are reachable under as <port>-<id>.<domain> (optional)")
 	f.DurationVar(&c.maxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
-	f.StringSliceVar(&c.templates, "templates", []string{"base"}, "built-in templates to build (if needed) before serving: base, python3, node, code-interpreter-v1")
+	f.StringSliceVar(&c.templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
 	f.BoolVar(&c.killOnExit, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand (0: off)")
+	f.IntVar(&c.warmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand, from when the template is ready (0: off)")
 	f.Float64Var(&c.limits.Requests.Rate, "rate-limit", e2b.DefaultLimits.Requests.Rate, "API requests per second allowed per API key (0: no limit)")
 	f.IntVar(&c.limits.Requests.Burst, "rate-burst", e2b.DefaultLimits.Requests.Burst, "API requests per API key allowed in a burst above --rate-limit")
 	f.Float64Var(&c.limits.Creates.Rate, "create-rate-limit", e2b.DefaultLimits.Creates.Rate, "sandbox creations per second allowed per API key (0: no limit)")
@@ -112,18 +116,35 @@ func runServe(ctx context.Context, c serveConfig) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	t0 := time.Now()
 	inst, err := start(ctx, c, log)
 	if err != nil {
 		return err
 	}
 	fmt.Printf(`
-Airlock is serving. For the E2B SDKs:
+Airlock is serving (%s after start). For the E2B SDKs:
 
   export E2B_API_URL=%s
   export E2B_SANDBOX_URL=%s
   export E2B_API_KEY=%s
 
-`, inst.apiURL, inst.sandboxURL, inst.apiKey)
+`, formatElapsed(time.Since(t0)), inst.apiURL, inst.sandboxURL, inst.apiKey)
+	if len(inst.pending) > 0 {
+		fmt.Printf("Building in the background: %s. Creates for them answer 503 with Retry-After until they are ready.\n\n",
+			strings.Join(inst.pending, ", "))
+	}
+	go func() {
+		select {
+		case <-inst.built:
+		case <-ctx.Done():
+			return
+		}
+		if inst.buildErr != nil {
+			fmt.Printf("\nSome templates could not be built (%v); the others are ready (%s after start).\n\n", inst.buildErr, formatElapsed(time.Since(t0)))
+			return
+		}
+		fmt.Printf("\nAll templates are ready (%s): %s after start.\n\n", strings.Join(c.templates, ", "), formatElapsed(time.Since(t0)))
+	}()
 	select {
 	case <-ctx.Done():
 	case err = <-inst.errc:
@@ -145,6 +166,21 @@ type instance struct {
 	tpls                       *template.Store
 	errc                       chan error
 	close                      func(killAll bool)
+	// pending are the templates building in the background; built is closed
+	// when they are all done, and buildErr then says which failed.
+	pending  []string
+	built    chan struct{}
+	buildErr error
+}
+
+// builtinTemplates are served by default, in build order: each is FROM an
+// earlier one, so the background builds never wait for each other.
+var builtinTemplates = []string{"base", "python3", "node", "code-interpreter-v1"}
+
+// formatElapsed prints m:ss, as the build progress does.
+func formatElapsed(d time.Duration) string {
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%d:%02d", int(d/time.Minute), int(d%time.Minute/time.Second))
 }
 
 // start assembles and starts every subsystem, in dependency order: templates,
@@ -183,8 +219,25 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range c.templates {
+	// The first template is built before serving; the rest are queued, so a
+	// create meanwhile learns they are coming rather than "not built".
+	var first, rest []string
+	for i, name := range c.templates {
+		if !tpls.IsBuiltin(name) {
+			if _, err := tpls.Get(name); err != nil {
+				return nil, fmt.Errorf("--templates %s: %w (built-ins: %s)", name, err, strings.Join(tpls.Builtins(), ", "))
+			}
+		}
+		if i == 0 {
+			first = append(first, name)
+		} else {
+			rest = append(rest, name)
+		}
+	}
+	tpls.Queue(rest...)
+	for _, name := range first {
 		if _, err := tpls.Ensure(ctx, name, os.Stderr); err != nil {
+			tpls.Dequeue(rest...)
 			return nil, fmt.Errorf("template %s: %w", name, err)
 		}
 	}
@@ -237,7 +290,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
-	for _, name := range c.templates {
+	for _, name := range first {
 		if t, err := (template.Resolver{Store: tpls}).Resolve(ctx, name); err == nil {
 			mgr.SetWarmPool(t, c.warmPool)
 		}
@@ -277,6 +330,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 	// own API and proxy over loopback.
 	apiMux := http.NewServeMux()
 	apiMux.Handle("/mcp", mcpHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), authenticate))
+	apiMux.Handle("GET "+mcp.InfoPath, infoHandler(lns[1].Addr()))
 	apiMux.Handle("/", api)
 	servers := []*http.Server{
 		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second},
@@ -290,13 +344,42 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		net:        nw,
 		tpls:       tpls,
 		errc:       make(chan error, 2),
+		pending:    rest,
+		built:      make(chan struct{}),
 	}
 	for i, ln := range lns {
 		go func() { inst.errc <- servers[i].Serve(ln) }()
 	}
+	// The other templates build one after another while the server serves;
+	// each gets its warm pool as soon as it is ready.
+	buildCtx, stopBuilds := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(inst.built)
+		var errs []error
+		for i, name := range rest {
+			t, err := tpls.Ensure(buildCtx, name, os.Stderr)
+			if err != nil {
+				tpls.Dequeue(name)
+				if buildCtx.Err() != nil {
+					tpls.Dequeue(rest[i:]...)
+					inst.buildErr = buildCtx.Err()
+					return
+				}
+				log.Error("background template build failed; creates for it will fail until `airlock template build "+name+"` succeeds", "template", name, "err", err)
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				continue
+			}
+			mgr.SetWarmPool(t.ForSandbox(), c.warmPool)
+		}
+		inst.buildErr = errors.Join(errs...)
+	}()
 	// Teardown in reverse: stop taking requests, then (optionally) kill the
 	// sandboxes, stop the manager's background work, close the store.
 	inst.close = func(killAll bool) {
+		// A background build stops first (cancelled, it cleans up after
+		// itself), so no warm pool is set on a closing manager.
+		stopBuilds()
+		<-inst.built
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for _, s := range servers {
@@ -308,6 +391,13 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		mgr.Close()
 		// The nftables table stays: sandboxes that outlive the server keep
 		// their isolation and egress policy until a new server adopts them.
+		// With every sandbox killed nothing needs it, and a server on a
+		// throw-away data dir (the first-run test) must leave none behind.
+		if killAll && nw != nil {
+			if err := nw.RemoveTable(); err != nil {
+				log.Warn("remove the sandbox firewall table", "err", err)
+			}
+		}
 		closeNetwork()
 		if killAll && disk != nil {
 			// Nothing is left on the sandbox image: unmount it (the image

@@ -53,6 +53,10 @@ type Options struct {
 	// default: the host's resolv.conf.
 	DNSUpstreams []string
 	Logger       *slog.Logger
+	// Waiting, if set, is called when Open must wait for another build's box
+	// (with the lock file's path), and what it returns when the wait is over:
+	// the builder tells its user what it waits for instead of going silent.
+	Waiting func(lock string) (done func())
 }
 
 // Default resources of a step (Step.Resources zero).
@@ -194,6 +198,10 @@ func (b *Box) takeLock(ctx context.Context) error {
 		if !said {
 			b.log.Info("buildbox: another build holds this data dir's build sandbox; waiting", "lock", f.Name())
 			said = true
+			if b.opts.Waiting != nil {
+				done := b.opts.Waiting(f.Name())
+				defer done()
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
@@ -22,6 +23,15 @@ type apiError struct {
 	status  int
 	message string
 	err     error // cause, for logs and errors.Is; never shown to the client unless it is the message
+	// retryAfter, when set, goes out as the Retry-After header.
+	retryAfter time.Duration
+}
+
+// retryable is an error that passes when the client waits: a template that is
+// still being built (template.BuildingError) says how long to wait.
+type retryable interface {
+	error
+	RetryAfter() time.Duration
 }
 
 func (e *apiError) Error() string {
@@ -67,9 +77,14 @@ func writeError(w http.ResponseWriter, status int, message string) {
 // say which thing was missing rather than repeating the manager's generic text.
 func managerError(err error, sandboxID, template string) *apiError {
 	var ae *apiError
+	var ra retryable
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &ra):
+		// The message is the template's own (which step, for how long), not
+		// the wrapping: a person reads it while waiting.
+		return &apiError{status: http.StatusServiceUnavailable, message: ra.Error(), err: err, retryAfter: ra.RetryAfter()}
 	case errors.Is(err, sandbox.ErrTemplateNotFound):
 		// Upstream answers an unknown template with 404 "template '<x>' not found".
 		if template == "" {

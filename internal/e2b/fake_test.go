@@ -22,6 +22,7 @@ const (
 	idPanic    = "panicky"  // every call panics
 	idInvalid  = "invalid"  // every call fails with sandbox.ErrInvalid
 	idConflict = "conflict" // every call fails with sandbox.ErrConflict
+	idBuilding = "building" // every call fails as a template still being built does
 )
 
 // fakeEpoch is when the first fake sandbox started; later ones start one
@@ -102,6 +103,8 @@ func (f *fakeManager) special(id string) error {
 		return fmt.Errorf("sandbox %s cannot do that: %w", id, sandbox.ErrInvalid)
 	case idConflict:
 		return fmt.Errorf("sandbox %s is busy: %w", id, sandbox.ErrConflict)
+	case idBuilding:
+		return fmt.Errorf("create: %w", &buildingErr{})
 	}
 	return nil
 }
@@ -323,3 +326,12 @@ func (f *fakeManager) Logs(_ context.Context, id string, start time.Time) ([]san
 }
 
 var _ Manager = (*fakeManager)(nil)
+
+// buildingErr stands for template.BuildingError (the e2b package knows only the
+// RetryAfter method; the real one is tested end to end by tests/firstrun).
+type buildingErr struct{}
+
+func (*buildingErr) Error() string {
+	return "template python3 is still being built: step 1/1: RUN apt-get install (for 0:42)"
+}
+func (*buildingErr) RetryAfter() time.Duration { return 4500 * time.Millisecond }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -144,6 +145,13 @@ func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		ae = managerError(err, "", "")
 	}
 	switch {
+	case ae.retryAfter > 0:
+		// A template still building: expected for minutes after a first start,
+		// and the client is told when to come back; not a server fault.
+		w.Header().Set("Retry-After", strconv.Itoa(int((ae.retryAfter+time.Second-1)/time.Second)))
+		// Debug: an MCP tool retries every few seconds while it waits, and the
+		// build's own progress is already on the terminal.
+		h.log.Debug("e2b api: template not ready yet", "method", r.Method, "path", r.URL.Path, "status", ae.status, "reason", ae.message)
 	// 501 is a client asking for what Airlock does not offer (template
 	// builds through the API), not a server fault.
 	case ae.status >= 500 && ae.status != http.StatusNotImplemented:

@@ -763,6 +763,20 @@ func TestRecoverWritesJSON(t *testing.T) {
 	checkError(t, request(t, h, "POST", "/v2/sandboxes", `{"templateID":"panicky"}`), 500, "internal error: fake manager panicked on purpose")
 }
 
+// TestCreateWhileTemplateBuilds: a template still being built answers 503 in
+// E2B's error shape, with the template's own message and a Retry-After in whole
+// seconds (rounded up), on both create paths.
+func TestCreateWhileTemplateBuilds(t *testing.T) {
+	h, _ := newTestHandler(t)
+	for _, path := range []string{"/sandboxes", "/v2/sandboxes"} {
+		rec := request(t, h, "POST", path, `{"templateID":"`+idBuilding+`"}`)
+		checkError(t, rec, 503, "template python3 is still being built: step 1/1: RUN apt-get install (for 0:42)")
+		if got := rec.Header().Get("Retry-After"); got != "5" {
+			t.Errorf("%s: Retry-After = %q, want 5", path, got)
+		}
+	}
+}
+
 func TestManagerErrorMapping(t *testing.T) {
 	tests := []struct {
 		err         error

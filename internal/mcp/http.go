@@ -35,10 +35,30 @@ const (
 )
 
 // HTTPConfig says where Airlock's E2B API and sandbox proxy are and which key to use.
+// An empty SandboxURL is asked of the server (GET /airlock/v1/info) on first use:
+// guessing it from the API URL would reach whatever listens on the guessed port.
 type HTTPConfig struct {
 	APIURL, SandboxURL, APIKey string
 	HTTPClient                 *http.Client
 }
+
+// InfoPath is where an Airlock server says where its sandbox proxy is.
+const InfoPath = "/airlock/v1/info"
+
+// ServerInfo is the answer at InfoPath.
+type ServerInfo struct {
+	// SandboxURL is E2B_SANDBOX_URL for a client that reached the API as it did.
+	SandboxURL string `json:"sandboxUrl"`
+}
+
+// NotReadyError is a 503 with Retry-After from the API: the template is still
+// being built. Message says which step it is on and for how long.
+type NotReadyError struct {
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (e *NotReadyError) Error() string { return e.Message + " (HTTP 503)" }
 
 // HTTPBackend implements Backend over the E2B REST API (APIURL) and the sandbox proxy
 // (SandboxURL): envd's Connect process and filesystem services, /files, and the code
@@ -53,6 +73,10 @@ type HTTPBackend struct {
 
 	mu     sync.Mutex
 	tokens map[string]string // sandbox id → envd access token
+
+	// sbxMu guards the sandbox proxy's URL and clients, set on first use when
+	// the config named no URL.
+	sbxMu sync.Mutex
 }
 
 // NewHTTPBackend returns a Backend that talks to a running Airlock server.
@@ -61,16 +85,43 @@ func NewHTTPBackend(cfg HTTPConfig) Backend {
 	if c == nil {
 		c = http.DefaultClient
 	}
-	sbx := strings.TrimRight(cfg.SandboxURL, "/")
-	return &HTTPBackend{
+	h := &HTTPBackend{
 		api:    strings.TrimRight(cfg.APIURL, "/"),
-		sbx:    sbx,
 		key:    cfg.APIKey,
 		client: c,
-		proc:   processconnect.NewProcessClient(c, sbx, connect.WithProtoJSON()),
-		fs:     filesystemconnect.NewFilesystemClient(c, sbx, connect.WithProtoJSON()),
 		tokens: map[string]string{},
 	}
+	if cfg.SandboxURL != "" {
+		h.setSandboxURL(cfg.SandboxURL)
+	}
+	return h
+}
+
+func (h *HTTPBackend) setSandboxURL(u string) {
+	sbx := strings.TrimRight(u, "/")
+	h.sbx = sbx
+	h.proc = processconnect.NewProcessClient(h.client, sbx, connect.WithProtoJSON())
+	h.fs = filesystemconnect.NewFilesystemClient(h.client, sbx, connect.WithProtoJSON())
+}
+
+// sandboxClients returns the sandbox proxy's URL and envd clients, asking the
+// server where its proxy is the first time (the server may have started after
+// this process, so a failure is not remembered).
+func (h *HTTPBackend) sandboxClients(ctx context.Context) (string, processconnect.ProcessClient, filesystemconnect.FilesystemClient, error) {
+	h.sbxMu.Lock()
+	defer h.sbxMu.Unlock()
+	if h.sbx != "" {
+		return h.sbx, h.proc, h.fs, nil
+	}
+	var info ServerInfo
+	if _, err := h.apiDo(ctx, http.MethodGet, InfoPath, nil, &info); err != nil {
+		return "", nil, nil, fmt.Errorf("ask %s where its sandbox proxy is (or set E2B_SANDBOX_URL / --sandbox-url): %w", h.api, err)
+	}
+	if info.SandboxURL == "" {
+		return "", nil, nil, fmt.Errorf("%s%s names no sandboxUrl; set E2B_SANDBOX_URL or --sandbox-url", h.api, InfoPath)
+	}
+	h.setSandboxURL(info.SandboxURL)
+	return h.sbx, h.proc, h.fs, nil
 }
 
 // --- control plane -------------------------------------------------------------
@@ -106,6 +157,15 @@ func (h *HTTPBackend) apiDo(ctx context.Context, method, path string, body, out 
 	if resp.StatusCode/100 != 2 {
 		var e struct {
 			Message string `json:"message"`
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+			// A template still being built: the tools wait and retry.
+			wait, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+			msg := "the template is not ready yet"
+			if json.Unmarshal(data, &e) == nil && e.Message != "" {
+				msg = e.Message
+			}
+			return nil, &NotReadyError{Message: msg, RetryAfter: time.Duration(wait) * time.Second}
 		}
 		if json.Unmarshal(data, &e) == nil && e.Message != "" {
 			return nil, fmt.Errorf("%s (HTTP %d)", e.Message, resp.StatusCode)
@@ -316,7 +376,11 @@ func (h *HTTPBackend) sandboxReq(ctx context.Context, id, port, method, path str
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, h.sbx+path, body)
+	sbx, _, _, err := h.sandboxClients(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, sbx+path, body)
 	if err != nil {
 		return nil, fmt.Errorf("build request: %w", err)
 	}
@@ -447,7 +511,11 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := h.proc.Start(sctx, req)
+	_, proc, _, err := h.sandboxClients(ctx)
+	if err != nil {
+		return CommandResult{}, err
+	}
+	stream, err := proc.Start(sctx, req)
 	if err != nil {
 		return CommandResult{}, fmt.Errorf("start command: %w", err)
 	}
@@ -532,7 +600,9 @@ func (h *HTTPBackend) kill(ctx context.Context, id, tok string, pid uint32) {
 	routeHeaders(req.Header(), id, envdPort, tok)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, _ = h.proc.SendSignal(ctx, req)
+	if _, proc, _, err := h.sandboxClients(ctx); err == nil {
+		_, _ = proc.SendSignal(ctx, req)
+	}
 }
 
 // limitedBuffer keeps the first maxOutput bytes and notes that more was cut.
@@ -606,7 +676,11 @@ func (h *HTTPBackend) ListFiles(ctx context.Context, id, path string, depth int)
 	}
 	req := connect.NewRequest(&filesystem.ListDirRequest{Path: path, Depth: uint32(max(depth, 1))})
 	routeHeaders(req.Header(), id, envdPort, tok)
-	resp, err := h.fs.ListDir(ctx, req)
+	_, _, fsc, err := h.sandboxClients(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := fsc.ListDir(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("list directory: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -45,6 +46,7 @@ type sandboxOut struct {
 	Template  string            `json:"template"`
 	Status    string            `json:"status" jsonschema:"running or paused"`
 	Started   string            `json:"started" jsonschema:"RFC 3339 time the sandbox started"`
+	Uptime    string            `json:"uptime" jsonschema:"how long ago the sandbox started, e.g. 3m12s"`
 	Expires   string            `json:"expires" jsonschema:"RFC 3339 time the sandbox will be killed unless its timeout is extended"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	CPUCount  int               `json:"cpu_count,omitempty"`
@@ -230,7 +232,8 @@ func registerTools(s *mcp.Server, b Backend) {
 		Description: "Create an isolated Linux sandbox (a small machine of its own) and return its sandbox_id. " +
 			"Use the id with run_command, run_code, read_file, write_file and list_files. " +
 			"For running Python/JS snippets with state kept between calls, prefer run_code, which can create a code-interpreter-v1 sandbox itself. " +
-			"The sandbox is killed automatically after timeout seconds; call kill_sandbox as soon as you are done with it.",
+			"The sandbox is killed automatically after timeout seconds; call kill_sandbox as soon as you are done with it. " +
+			"Right after a server's first start a template may still be building: the call then waits for it (up to 10 minutes, with progress notifications).",
 		InputSchema: schemaFor[createSandboxIn](func(p map[string]*jsonschema.Schema) {
 			setDefault(p["template"], defaultTemplate)
 			p["template"].Examples = []any{"base", "python3", "node", interpreterTemplate}
@@ -244,7 +247,7 @@ func registerTools(s *mcp.Server, b Backend) {
 	}, t.killSandbox)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "list_sandboxes",
-		Description: "List the sandboxes on this server with their template, state, start and expiry times, and current CPU and memory use. " +
+		Description: "List the sandboxes on this server with their template, state, how long ago they started, expiry time, and current CPU and memory use. " +
 			"Use it to find a sandbox you created earlier (filter by metadata) or to clean up forgotten ones with kill_sandbox.",
 		InputSchema: schemaFor[listSandboxesIn](func(p map[string]*jsonschema.Schema) {
 			p["state"].Enum = []any{"running", "paused"}
@@ -327,6 +330,7 @@ func toSandboxOut(i SandboxInfo) sandboxOut {
 		Template:  i.Template,
 		Status:    i.State,
 		Started:   rfc3339(i.StartedAt),
+		Uptime:    uptime(i.StartedAt),
 		Expires:   rfc3339(i.EndAt),
 		Metadata:  i.Metadata,
 		CPUCount:  i.CPUCount,
@@ -340,12 +344,63 @@ func toSandboxOut(i SandboxInfo) sandboxOut {
 	return o
 }
 
+// uptime is how long ago t was, to the second, as a person reads it (3m12s).
+func uptime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return max(time.Since(t), 0).Round(time.Second).String()
+}
+
 func textResult(format string, args ...any) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(format, args...)}}}
 }
 
-func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in createSandboxIn) (*mcp.CallToolResult, sandboxOut, error) {
-	info, err := t.b.CreateSandbox(ctx, CreateSandboxRequest{
+// maxTemplateWait is how long a tool waits for a template that is still being
+// built (the first start of a server builds the built-ins in the background).
+var maxTemplateWait = 10 * time.Minute
+
+// create creates a sandbox, waiting while its template is still being built:
+// unlike an SDK call, a tool call can wait, and the agent would only retry. Each
+// retry is reported as an MCP progress notification when the client asked for
+// progress, so the user sees which build step the wait is on.
+func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, r CreateSandboxRequest) (SandboxInfo, error) {
+	start := time.Now()
+	var token any
+	if req != nil && req.Params != nil {
+		token = req.Params.GetProgressToken()
+	}
+	for {
+		info, err := t.b.CreateSandbox(ctx, r)
+		var nr *NotReadyError
+		if !errors.As(err, &nr) {
+			return info, err
+		}
+		waited := time.Since(start)
+		if waited >= maxTemplateWait {
+			return SandboxInfo{}, fmt.Errorf("gave up after waiting %s: %w", waited.Round(time.Second), err)
+		}
+		if token != nil && req.Session != nil {
+			// Progress is the seconds waited out of the most we wait; the message
+			// is the server's (which step, for how long).
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: token,
+				Progress:      waited.Seconds(),
+				Total:         maxTemplateWait.Seconds(),
+				Message:       nr.Message,
+			})
+		}
+		pause := min(max(nr.RetryAfter, time.Second), 30*time.Second, maxTemplateWait-waited)
+		select {
+		case <-ctx.Done():
+			return SandboxInfo{}, fmt.Errorf("%w (while waiting: %s)", ctx.Err(), nr.Message)
+		case <-time.After(pause):
+		}
+	}
+}
+
+func (t *tools) createSandbox(ctx context.Context, req *mcp.CallToolRequest, in createSandboxIn) (*mcp.CallToolResult, sandboxOut, error) {
+	info, err := t.create(ctx, req, CreateSandboxRequest{
 		Template:      in.Template,
 		Timeout:       seconds(in.Timeout),
 		Metadata:      in.Metadata,
@@ -396,16 +451,16 @@ func sandboxTable(sbs []sandboxOut) string {
 		if s.MemoryUsedMB != nil {
 			mem = fmt.Sprintf("%.0f/%.0f MiB", *s.MemoryUsedMB, *s.MemoryTotalMB)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.SandboxID, s.Template, s.Status, s.Started, s.Expires, cpu, mem)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s ago\t%s\t%s\t%s\n", s.SandboxID, s.Template, s.Status, s.Uptime, s.Expires, cpu, mem)
 	}
 	_ = w.Flush()
 	return strings.TrimRight(b.String(), "\n")
 }
 
-func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, runCodeOut, error) {
+func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, runCodeOut, error) {
 	out := runCodeOut{SandboxID: in.SandboxID, Results: []resultOut{}}
 	if out.SandboxID == "" {
-		info, err := t.b.CreateSandbox(ctx, CreateSandboxRequest{Template: interpreterTemplate, Timeout: seconds(defaultTimeout)})
+		info, err := t.create(ctx, req, CreateSandboxRequest{Template: interpreterTemplate, Timeout: seconds(defaultTimeout)})
 		if err != nil {
 			return nil, runCodeOut{}, fmt.Errorf("create a %s sandbox for run_code: %w", interpreterTemplate, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -435,5 +436,86 @@ func TestFiles(t *testing.T) {
 	structured(t, res, &l)
 	if res.IsError || len(l.Entries) != 2 || l.Entries[0].Path != "/home/user/a.txt" || !strings.Contains(text(res), "/home/user/d/") {
 		t.Errorf("list: %+v %q", l, text(res))
+	}
+}
+
+// notReadyBackend answers creates as a server whose template is still building,
+// `left` times, then as the fake.
+type notReadyBackend struct {
+	*fakeBackend
+	left int
+}
+
+func (b *notReadyBackend) CreateSandbox(ctx context.Context, r CreateSandboxRequest) (SandboxInfo, error) {
+	b.mu.Lock()
+	if b.left > 0 {
+		b.left--
+		n := b.left
+		b.mu.Unlock()
+		return SandboxInfo{}, &NotReadyError{Message: fmt.Sprintf("template %s is still being built: step 1/1 (%d left)", r.Template, n), RetryAfter: time.Millisecond}
+	}
+	b.mu.Unlock()
+	return b.fakeBackend.CreateSandbox(ctx, r)
+}
+
+// TestToolsWaitForTemplateBuild: create_sandbox and run_code wait while the template
+// builds, sending a progress notification with the server's message before each
+// retry when the call has a progress token, and give up after maxTemplateWait.
+func TestToolsWaitForTemplateBuild(t *testing.T) {
+	b := &notReadyBackend{fakeBackend: &fakeBackend{exec: Execution{Stdout: []string{"ok\n"}}}, left: 2}
+	var mu sync.Mutex
+	var progress []*mcp.ProgressNotificationParams
+	ctx := context.Background()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := NewServer(b, Options{}).Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "0"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			progress = append(progress, req.Params)
+			mu.Unlock()
+		},
+	}).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+
+	params := &mcp.CallToolParams{Name: "create_sandbox", Arguments: map[string]any{"template": "python3"}}
+	params.SetProgressToken("tok-1")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || res.IsError {
+		t.Fatalf("create: %v %s", err, text(res))
+	}
+	mu.Lock()
+	got := append([]*mcp.ProgressNotificationParams(nil), progress...)
+	mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("%d progress notifications, want 2: %+v", len(got), got)
+	}
+	for i, p := range got {
+		want := fmt.Sprintf("template python3 is still being built: step 1/1 (%d left)", 1-i)
+		if p.ProgressToken != "tok-1" || p.Message != want || p.Total != 600 || p.Progress < 0 {
+			t.Errorf("progress %d: %+v, want message %q", i, p, want)
+		}
+	}
+
+	// Without a progress token it waits all the same, silently; run_code too.
+	b.left = 1
+	res = call(t, cs, "run_code", map[string]any{"code": "1"})
+	if res.IsError || !strings.Contains(text(res), "ok") {
+		t.Fatalf("run_code: %s", text(res))
+	}
+
+	// A build that outlasts the wait is an isError result naming the wait.
+	defer func(d time.Duration) { maxTemplateWait = d }(maxTemplateWait)
+	maxTemplateWait = 1500 * time.Millisecond
+	b.left = 1000
+	res = call(t, cs, "create_sandbox", map[string]any{"template": "node"})
+	if !res.IsError || !strings.Contains(text(res), "gave up after waiting 2s") || !strings.Contains(text(res), "template node is still being built") {
+		t.Fatalf("give up: %s", text(res))
 	}
 }

@@ -107,19 +107,29 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 	if err := s.checkName(req, origin); err != nil {
 		return Template{}, err
 	}
-	s.buildMu.Lock()
-	defer s.buildMu.Unlock()
-
+	st, end := s.beginBuild(req.Name)
+	defer end()
 	p := newProgress(out, req.Name)
 	p.run()
 	defer p.close()
+	s.setProgress(st, p)
+	// A built-in parent (FROM python3) is built first, outside the build slot:
+	// building it from inside would wait for the slot this build holds.
+	if err := s.ensureParent(ctx, req, st, p); err != nil {
+		return Template{}, &BuildError{Name: req.Name, Err: err}
+	}
+	release, err := s.acquireBuild(ctx, st, req.Name, p)
+	if err != nil {
+		return Template{}, &BuildError{Name: req.Name, Err: err}
+	}
+	defer release()
 	logf, err := s.openBuildLog(req.Name)
 	if err != nil {
 		return Template{}, err
 	}
 	p.setLog(logf)
 	start := time.Now()
-	t, err := s.buildSteps(ctx, req, origin, p)
+	t, err := s.buildSteps(ctx, req, origin, st, p)
 	p.setLog(nil)
 	logf.Close()
 	if err != nil {
@@ -151,6 +161,33 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 		s.log.Debug("template store: removed unused layers", "count", n)
 	}
 	return t, nil
+}
+
+// ensureParent builds the built-in template a Dockerfile's FROM names when it is
+// not ready, before the build takes the build slot. Errors in the Dockerfile are
+// left for the build proper to report.
+func (s *Store) ensureParent(ctx context.Context, req BuildRequest, st *buildState, p *progress) error {
+	file, err := dockerfile.Parse(bytes.NewReader(req.Dockerfile))
+	if err != nil {
+		return nil
+	}
+	ref, _, err := file.FromRef(req.Settings.BuildArgs)
+	if err != nil || ref == req.Name || ValidName(ref) != nil || !s.IsBuiltin(ref) {
+		return nil
+	}
+	name, err := s.resolveName(ref)
+	if err != nil {
+		return nil
+	}
+	if r, err := s.readRecord(name); err == nil && r.Builtin && r.Source.Digest == s.builtins[name].digest {
+		return nil
+	}
+	done := s.waitFor(st, p, "its FROM template "+name+" to build")
+	defer done()
+	if _, err := s.Ensure(ctx, name, p.out); err != nil {
+		return fmt.Errorf("FROM %s: %w", ref, err)
+	}
+	return nil
 }
 
 // checkName refuses invalid names and names that belong to another template.
@@ -204,7 +241,7 @@ func (s *Store) openBuildLog(name string) (*os.File, error) {
 }
 
 // buildSteps does the build proper; build wraps it with logging and error reporting.
-func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOrigin, p *progress) (Template, error) {
+func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOrigin, st *buildState, p *progress) (Template, error) {
 	src := "Dockerfile"
 	if req.DockerfilePath != "" {
 		src = req.DockerfilePath
@@ -244,7 +281,13 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 
 	// Builds share the layer lock, so garbage collection never takes a layer made
 	// here before the template that needs it is recorded.
-	unlock, _, err := s.layers.lock(ctx, false)
+	unlock, _, err := s.layers.lock(ctx, false, func(holders string) func() {
+		what := "the layer lock " + filepath.Join(s.layers.dir, ".lock")
+		if holders != "" {
+			what += " held by " + holders
+		}
+		return s.waitFor(st, p, what)
+	})
 	if err != nil {
 		return Template{}, err
 	}
@@ -270,6 +313,13 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 		b, err := buildbox.Open(ctx, buildbox.Options{
 			DataDir: s.opts.DataDir, EnvdPath: s.opts.EnvdPath, Egress: !s.opts.NoEgress,
 			DNSUpstreams: s.opts.DNSUpstreams, Logger: s.log,
+			Waiting: func(lock string) func() {
+				what := "the build sandbox lock " + lock
+				if h := lockHolders(lock); h != "" {
+					what += " held by " + h
+				}
+				return s.waitFor(st, p, what)
+			},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("build sandbox: %w", err)

@@ -146,19 +146,28 @@ var errLayerExists = errors.New("layer made by another build meanwhile")
 // lock takes the layer store's flock: shared for a build (many may run), exclusive
 // for garbage collection, which must not delete a layer a running build has just
 // made and not yet recorded in a template. Exclusive never waits: collection is
-// skipped while anything builds.
-func (l *layerStore) lock(ctx context.Context, exclusive bool) (unlock func(), ok bool, err error) {
+// skipped while anything builds. A shared lock that is busy (a collection running
+// in another process) is polled, so the wait can be cancelled and reported: wait,
+// if not nil, is called once with the holders and its result when the lock is taken.
+func (l *layerStore) lock(ctx context.Context, exclusive bool, wait func(holders string) (done func())) (unlock func(), ok bool, err error) {
 	if err := os.MkdirAll(l.dir, 0o755); err != nil {
 		return nil, false, err
 	}
-	f, err := os.OpenFile(filepath.Join(l.dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	path := filepath.Join(l.dir, ".lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, false, fmt.Errorf("open layer lock: %w", err)
 	}
-	how := unix.LOCK_SH
+	how := unix.LOCK_SH | unix.LOCK_NB
 	if exclusive {
 		how = unix.LOCK_EX | unix.LOCK_NB
 	}
+	var done func()
+	defer func() {
+		if done != nil {
+			done()
+		}
+	}()
 	for {
 		err = unix.Flock(int(f.Fd()), how)
 		if err == nil {
@@ -168,13 +177,20 @@ func (l *layerStore) lock(ctx context.Context, exclusive bool) (unlock func(), o
 			f.Close()
 			return nil, false, nil
 		}
-		if !errors.Is(err, unix.EINTR) {
+		if !errors.Is(err, unix.EINTR) && !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
 			return nil, false, fmt.Errorf("lock layers: %w", err)
 		}
-		if ctx.Err() != nil {
-			f.Close()
-			return nil, false, ctx.Err()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			if done == nil && wait != nil {
+				done = wait(lockHolders(path))
+			}
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, false, fmt.Errorf("waiting for the layer lock %s: %w", path, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	}
 }
@@ -182,7 +198,7 @@ func (l *layerStore) lock(ctx context.Context, exclusive bool) (unlock func(), o
 // collect deletes layers no template needs (keep) and no mount uses, and leftovers
 // of builds that died. It needs the exclusive lock and skips quietly without it.
 func (l *layerStore) collect(keep map[string]bool) (removed int, err error) {
-	unlock, ok, err := l.lock(context.Background(), true)
+	unlock, ok, err := l.lock(context.Background(), true, nil)
 	if err != nil || !ok {
 		return 0, err
 	}

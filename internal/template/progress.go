@@ -111,6 +111,10 @@ type progress struct {
 	step       int
 	steps      int
 	stepName   string
+	// phaseAt is when the build entered its current phase (or step), for "on step 2
+	// for 1:10" in answers to clients.
+	phaseAt  time.Time
+	phaseKey string
 
 	printedAt    time.Time
 	printedPhase string // phase (and step number) of the last line printed
@@ -136,7 +140,31 @@ func newProgress(out io.Writer, name string) *progress {
 		}
 	}
 	p.start = p.now()
+	p.phaseAt = p.start
 	return p
+}
+
+// moved notes the time of a phase or step change; callers hold p.mu.
+func (p *progress) moved() {
+	key := p.phase
+	if p.phase == phaseStep {
+		key = fmt.Sprintf("%s %d", p.phase, p.step)
+	}
+	if key != p.phaseKey {
+		p.phaseKey, p.phaseAt = key, p.now()
+	}
+}
+
+// snapshot is where the build is (without the template's name) and since when.
+func (p *progress) snapshot() (string, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.moved()
+	st := strings.TrimPrefix(p.status(true), p.name+": ")
+	if p.phase == phaseStart {
+		st = "starting"
+	}
+	return st, p.phaseAt
 }
 
 // run redraws the status once a second, so the elapsed time moves and slow steps that
@@ -243,6 +271,7 @@ func (p *progress) line(l string) {
 		return
 	}
 	p.phase = ev.Phase
+	p.moved()
 	if ev.Pkg != "" {
 		p.pkg = ev.Pkg
 	}
@@ -277,6 +306,7 @@ func (p *progress) setStep(i, n int, name string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.phase, p.step, p.steps, p.stepName, p.pkg = phaseStep, i, n, name, ""
+	p.moved()
 	p.render()
 }
 
@@ -284,6 +314,7 @@ func (p *progress) setPhase(phase string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.phase, p.pkg = phase, ""
+	p.moved()
 	p.render()
 }
 

@@ -18,6 +18,11 @@ func (r Resolver) Resolve(_ context.Context, name string) (sandbox.Template, err
 	if errors.Is(err, ErrNotFound) {
 		return sandbox.Template{}, fmt.Errorf("%w: %q", sandbox.ErrTemplateNotFound, name)
 	}
+	if errors.Is(err, ErrBuilding) {
+		// Not the request's fault: it will work once the build is done, and the
+		// error says when to retry (the API answers 503 with Retry-After).
+		return sandbox.Template{}, err
+	}
 	if err != nil {
 		return sandbox.Template{}, fmt.Errorf("%w: %w", sandbox.ErrInvalid, err)
 	}

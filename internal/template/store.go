@@ -149,11 +149,16 @@ type Store struct {
 	builtins map[string]*builtin
 	log      *slog.Logger
 
-	// buildMu serialises builds in this process: they share the build sandbox's
-	// network and two cores gain nothing from running apt twice at once.
-	buildMu sync.Mutex
-	mu      sync.Mutex
-	ensures map[string]*ensureCall
+	// buildSlot serialises builds in this process (see acquireBuild); a channel
+	// rather than a mutex so a waiting build can be cancelled and can say whose
+	// build it waits for.
+	buildSlot chan struct{}
+	mu        sync.Mutex
+	ensures   map[string]*ensureCall
+	// states are the templates this process builds or has queued, for lookups
+	// meanwhile; current is the one holding buildSlot.
+	states  map[string]*buildState
+	current string
 }
 
 // Open reads the built-in definitions. It writes nothing: a process that only looks
@@ -188,6 +193,9 @@ func Open(opts Options) (*Store, error) {
 		builtins: builtins,
 		log:      opts.Logger,
 		ensures:  map[string]*ensureCall{},
+
+		buildSlot: make(chan struct{}, 1),
+		states:    map[string]*buildState{},
 	}, nil
 }
 
@@ -328,11 +336,14 @@ func (s *Store) Get(idOrAlias string) (Template, error) {
 	}
 	r, err := s.readRecord(name)
 	if errors.Is(err, fs.ErrNotExist) {
+		if be := s.buildingError(name); be != nil {
+			return Template{}, be
+		}
 		s.mu.Lock()
 		_, building := s.ensures[name]
 		s.mu.Unlock()
 		if building {
-			return Template{}, fmt.Errorf("template %s is still being built: %w", name, ErrNotBuilt)
+			return Template{}, &BuildingError{Name: name, Status: "starting", Since: time.Now()}
 		}
 		return Template{}, fmt.Errorf("template %s is not built yet (run `airlock template build %s`): %w", name, name, ErrNotBuilt)
 	}
@@ -540,7 +551,7 @@ func (s *Store) Ensure(ctx context.Context, name string, progress io.Writer) (Te
 			close(c.done)
 		}()
 	} else if progress != nil {
-		fmt.Fprintf(progress, "%s: waiting for the build already running in this process\n", n)
+		fmt.Fprintf(progress, "%s: waiting for the build of %s already running in this process (since %s)\n", n, n, time.Now().Format("15:04:05"))
 	}
 	c.waiters++
 	s.mu.Unlock()

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# What the test suite needs beyond serving (scripts/setup.sh, which `make test` runs
+# first): the host Python packages the code interpreter's backend tests use, Node.js
+# and npm for the SDK and MCP client suites, protoc for scripts/gen-proto.sh, and the
+# optional gVisor backend (runsc, built from the Go module proxy), which the runtime
+# conformance tests cover. `make run` does not run this: a server needs none of it.
+# Run as root; safe to re-run (it installs only what is missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# gVisor: the go-branch pseudo-version runsc is built from, and where it goes.
+RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
+RUNSC=/usr/local/bin/runsc
+
+# The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
+# matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
+# protobuf-compiler: scripts/gen-proto.sh.
+PACKAGES=(
+	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
+	protobuf-compiler
+)
+
+step() { printf '\n==> %s\n' "$*"; }
+die() {
+	printf 'setup-test: %s\n' "$*" >&2
+	exit 1
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+	die "run as root (it installs packages)"
+fi
+GO=/usr/local/go/bin/go
+[ -x "$GO" ] || GO=$(command -v go) || die "Go not found (run scripts/setup.sh first)"
+
+step "test packages"
+missing=()
+for p in "${PACKAGES[@]}"; do
+	status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+	if [ "$status" != "installed" ]; then
+		missing+=("$p")
+	fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	echo "all ${#PACKAGES[@]} packages already installed"
+else
+	echo "installing: ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update
+	apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+step "Node.js and npm (for the SDK conformance tests)"
+# The SDK tests drive the official npm packages; Debian's nodejs (18) is enough
+# when the machine has none.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+	echo "node $(node --version), npm $(npm --version)"
+else
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update
+	apt-get install -y --no-install-recommends nodejs npm
+	echo "node $(node --version), npm $(npm --version)"
+fi
+
+step "gVisor runsc ${RUNSC_VERSION} (the optional \`--runtime gvisor\` backend)"
+# Built from the Go module proxy: gVisor publishes no Debian package, and the proxy
+# refuses the @go branch query, so the version is a pinned pseudo-version of the go
+# branch. The binary goes outside the clone so CI caches it across runs; the version
+# stamped in with -X is what `runsc --version` reports, which is how a re-run knows
+# the build can be skipped.
+have=$("$RUNSC" --version 2>/dev/null | awk 'NR == 1 { print $3 }' || true)
+if [ "$have" = "$RUNSC_VERSION" ]; then
+	echo "$RUNSC is $have"
+else
+	echo "building runsc into $RUNSC (3-6 minutes on a cold cache; ${have:-not installed} before)"
+	tmpbin=$(mktemp -d)
+	log="$tmpbin/build.log"
+	n=0
+	# go install -v names each package as it is compiled: count them as progress.
+	if ! CGO_ENABLED=0 GOBIN="$tmpbin" "$GO" install -v \
+		-ldflags "-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION" \
+		"gvisor.dev/gvisor/runsc@$RUNSC_VERSION" 2>&1 | tee "$log" | while read -r _; do
+		n=$((n + 1))
+		if [ $((n % 50)) -eq 0 ]; then
+			echo "  $n packages compiled (${SECONDS}s)"
+		fi
+	done; then
+		tail -n 30 "$log" >&2
+		rm -rf "$tmpbin"
+		die "runsc build failed (last lines above)"
+	fi
+	install -m 0755 "$tmpbin/runsc" "$RUNSC"
+	rm -rf "$tmpbin"
+	echo "installed $("$RUNSC" --version | head -n 1) in ${SECONDS}s"
+fi
+
+step "done"
