@@ -17,10 +17,12 @@ RUNSC=/usr/local/bin/runsc
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
 # namespaces; protobuf-compiler: scripts/gen-proto.sh; make, gcc: the build itself;
 # debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
-# btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas).
+# btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas);
+# lxcfs: /proc/meminfo, cpuinfo, stat... inside a sandbox show its own limits (the
+# linux runtime starts it when no lxcfs serves /var/lib/lxcfs; internal/lxcfs).
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	protobuf-compiler ca-certificates make gcc debian-archive-keyring btrfs-progs
+	protobuf-compiler ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs
 	# The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
 	# matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
