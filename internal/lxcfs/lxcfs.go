@@ -18,12 +18,16 @@
 package lxcfs
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -52,7 +56,11 @@ type Service struct {
 	Dir string
 	// Bin is the lxcfs executable; empty means "lxcfs" on PATH.
 	Bin string
-	Log *slog.Logger
+	// PidFile is where a started lxcfs writes its pid (lxcfs locks it, so
+	// each mount point needs its own); empty means /run/airlock-lxcfs.pid for
+	// DefaultDir, else /run/airlock-lxcfs-<hash of Dir>.pid.
+	PidFile string
+	Log     *slog.Logger
 
 	mu sync.Mutex
 }
@@ -124,39 +132,68 @@ func (s *Service) start() error {
 	}
 	// --enable-cfs: the CPU count (cpuinfo, stat, cpu/online) follows the CFS
 	// quota as well as the cpuset, and /proc/stat shows the cgroup's own CPU
-	// time. lxcfs daemonises after mounting, so when this command returns the
-	// mount is there; Setsid keeps the daemon out of our session, so a ^C to
-	// `airlock serve` does not reach it.
-	// Its output goes to a file, not a pipe: the daemon could hold a pipe's
-	// write end open for its whole life.
-	logf, err := os.CreateTemp("", "airlock-lxcfs-*.log")
+	// time. lxcfs always runs in the foreground (it passes -f to FUSE), so it
+	// is started, not run; Setsid keeps it out of our session (a ^C to
+	// `airlock serve` does not reach it) and nothing ties its life to ours.
+	// Its output goes to a file beside the pid file, not a pipe that would
+	// break when we exit.
+	logf, err := os.OpenFile(strings.TrimSuffix(s.pidFile(), ".pid")+".log", os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("lxcfs: %w", err)
 	}
-	defer os.Remove(logf.Name())
 	defer logf.Close()
-	cmd := exec.Command(path, "--enable-cfs", "--pidfile", "/run/airlock-lxcfs.pid", s.Dir)
+	cmd := exec.Command(path, "--enable-cfs", "--pidfile", s.pidFile(), s.Dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Run()
-	out, _ := os.ReadFile(logf.Name())
-	if err != nil {
-		return fmt.Errorf("lxcfs: %s: %w: %s", cmd, err, tail(out))
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("lxcfs: %s: %w", cmd, err)
 	}
+	exited := make(chan error, 1)
+	// Reaped by us while we live, by the host's init after.
+	go func() { exited <- cmd.Wait() }()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		err := s.live()
 		if err == nil {
 			if s.Log != nil {
-				s.Log.Info("lxcfs: started", "dir", s.Dir)
+				s.Log.Info("lxcfs: started", "dir", s.Dir, "pid", cmd.Process.Pid)
 			}
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w (after starting %s: %s)", err, cmd, tail(out))
+		select {
+		case werr := <-exited:
+			out, _ := os.ReadFile(logf.Name())
+			return fmt.Errorf("lxcfs: %s exited: %v: %s", cmd, werr, tail(out))
+		case <-time.After(10 * time.Millisecond):
 		}
-		time.Sleep(10 * time.Millisecond)
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			out, _ := os.ReadFile(logf.Name())
+			return fmt.Errorf("%w (5 s after starting %s: %s)", err, cmd, tail(out))
+		}
 	}
+}
+
+func (s *Service) pidFile() string {
+	if s.PidFile != "" {
+		return s.PidFile
+	}
+	if filepath.Clean(s.Dir) == DefaultDir {
+		return "/run/airlock-lxcfs.pid"
+	}
+	h := sha256.Sum256([]byte(filepath.Clean(s.Dir)))
+	return "/run/airlock-lxcfs-" + hex.EncodeToString(h[:6]) + ".pid"
+}
+
+// Pid returns the pid of the lxcfs this service started (or an earlier one
+// with the same pid file), or 0.
+func (s *Service) Pid() int {
+	b, err := os.ReadFile(s.pidFile())
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
 }
 
 func tail(b []byte) string {
