@@ -36,6 +36,12 @@ describe('limits', { concurrency: true }, () => {
     assert.deepEqual([cpuCount, affinity, cpuinfo], [nproc, nproc, nproc], `os.cpu_count, sched_getaffinity, /proc/cpuinfo vs nproc: ${r.stdout}`)
   })
 
+  // Not yet: statfs on btrfs ignores qgroup limits, so `df /` shows the sandbox disk pool; the
+  // quota itself holds (writes past diskSizeMB fail with EDQUOT). On the linux runtime,
+  // os.sysconf('SC_PHYS_PAGES') (sysinfo(2)) still reports the host's memory.
+  test.todo("df / shows the sandbox's diskSizeMB")
+  test.todo("os.sysconf('SC_PHYS_PAGES') shows the sandbox memory limit on the linux runtime")
+
   test('python is Python 3', async () => {
     const r = await sbx.commands.run('python --version; python -c "import sys; print(sys.version_info[0])"')
     assert.match(r.stdout, /^Python 3\.\d+\.\d+\n3\n$/)
