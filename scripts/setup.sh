@@ -16,10 +16,12 @@ PID_MAX=4194304
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
 # namespaces; make, gcc: the build itself;
 # debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
-# btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas).
+# btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas);
+# lxcfs: /proc/meminfo, cpuinfo, stat... inside a sandbox show its own limits (the
+# linux runtime starts it when no lxcfs serves /var/lib/lxcfs; internal/lxcfs).
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	ca-certificates make gcc debian-archive-keyring btrfs-progs
+	ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs
 )
 
 step() { printf '\n==> %s\n' "$*"; }

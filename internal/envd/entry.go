@@ -40,7 +40,7 @@ func (s *Server) entryFromInfo(realPath, shownPath string, fi os.FileInfo) *fspb
 	e := &fspb.EntryInfo{
 		Name:         filepath.Base(shownPath),
 		Path:         shownPath,
-		Size:         fi.Size(),
+		Size:         entrySize(fi),
 		Mode:         uint32(fi.Mode().Perm()),
 		Permissions:  fi.Mode().String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
@@ -59,7 +59,7 @@ func (s *Server) entryFromInfo(realPath, shownPath string, fi os.FileInfo) *fspb
 			if tfi, err := os.Stat(realPath); err == nil {
 				e.Type = fileType(tfi.Mode())
 				e.Mode = uint32(tfi.Mode().Perm())
-				e.Size = tfi.Size()
+				e.Size = entrySize(tfi)
 			}
 		} else if raw, err := os.Readlink(realPath); err == nil {
 			// Dangling link: report where it points, keep the symlink type.
@@ -72,6 +72,22 @@ func (s *Server) entryFromInfo(realPath, shownPath string, fi os.FileInfo) *fspb
 		e.Metadata = readMetadata(realPath)
 	}
 	return e
+}
+
+// dirBlock is ext4's block size (the default, and what E2B's sandboxes use).
+const dirBlock = 4096
+
+// entrySize is the size reported for an entry. A directory reports what ext4
+// would: its bytes in whole 4 KiB blocks, at least one. E2B's sandboxes run on
+// ext4, where even an empty directory has a 4096-byte block, and its SDK tests
+// check that a directory's size is above 0; the filesystems under a sandbox's
+// root here (overlayfs on btrfs, tmpfs) report the bytes of the names instead,
+// 0 for an empty directory.
+func entrySize(fi os.FileInfo) int64 {
+	if !fi.IsDir() {
+		return fi.Size()
+	}
+	return max(1, (fi.Size()+dirBlock-1)/dirBlock) * dirBlock
 }
 
 func fileType(m fs.FileMode) fspb.FileType {

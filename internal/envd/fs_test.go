@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,6 +51,24 @@ func TestStat(t *testing.T) {
 	must(t, err)
 	if en := resp.Msg.GetEntry(); en.GetPath() != e.rhome || en.GetType() != fspb.FileType_FILE_TYPE_DIRECTORY || en.GetPermissions() != "drwx------" || en.GetOwner() != "root" {
 		t.Fatalf("root home %v", en)
+	}
+
+	// A directory's size is what ext4 reports: whole 4 KiB blocks, one for an
+	// empty directory (btrfs and tmpfs report 0 or a few bytes of names).
+	empty := filepath.Join(e.home, "empty")
+	must(t, os.Mkdir(empty, 0o755))
+	resp, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: empty}))
+	must(t, err)
+	if sz := resp.Msg.GetEntry().GetSize(); sz != 4096 {
+		t.Fatalf("empty directory size %d, want 4096 as on ext4", sz)
+	}
+	for i := range 200 {
+		writeFile(t, filepath.Join(empty, strings.Repeat("n", 100)+strconv.Itoa(i)), "")
+	}
+	resp, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: empty}))
+	must(t, err)
+	if sz := resp.Msg.GetEntry().GetSize(); sz < 4096 || sz%4096 != 0 {
+		t.Fatalf("directory of 200 entries: size %d, want whole 4 KiB blocks", sz)
 	}
 
 	// A symlink reports its target, the target's type, and its own permissions.

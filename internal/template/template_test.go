@@ -539,8 +539,8 @@ func TestBuiltins(t *testing.T) {
 	s := storeFor(t)
 	m := sandboxes(t, s)
 	checks := map[string][]string{
-		"base":                {`test "$(whoami):$(pwd)" = user:/home/user`, "sudo -n true", "python3 -c 'print(1+1)'", "node -e 'console.log(1+1)'", "git --version", "curl --version"},
-		"python":              {"python --version", "pip --version", "python3 -c 'import numpy, pandas; print(pandas.DataFrame({\"x\": [1, 2]}).x.sum())'", "python3 -m venv /tmp/venv && /tmp/venv/bin/python -c 'import sys; print(sys.prefix)'", "! pip install --no-index nothing-here 2>&1 | grep -q externally-managed"},
+		"base":                {`test "$(whoami):$(pwd)" = user:/home/user`, "sudo -n true", "python3 -c 'print(1+1)'", `python --version 2>&1 | grep -q '^Python 3\.' && test "$(python -c 'import sys; print(sys.version_info[0])')" = 3`, "node -e 'console.log(1+1)'", "git --version", "curl --version"},
+		"python":              {`python --version 2>&1 | grep -q '^Python 3\.'`, "pip --version", "python3 -c 'import numpy, pandas; print(pandas.DataFrame({\"x\": [1, 2]}).x.sum())'", "python3 -m venv /tmp/venv && /tmp/venv/bin/python -c 'import sys; print(sys.prefix)'", "! pip install --no-index nothing-here 2>&1 | grep -q externally-managed"},
 		"node":                {"npm --version", "node -e 'console.log(process.version)'"},
 		"code-interpreter-v1": {"python3 -c 'import numpy, pandas, matplotlib, scipy, ipykernel; print(numpy.__version__)'", "python3 -c 'import matplotlib.pyplot as plt; plt.plot([1,2]); plt.savefig(\"/tmp/p.png\")' && test -s /tmp/p.png", "node -e \"console.log(require('/usr/share/nodejs/typescript').transpileModule('let x: number = 1', {}).outputText)\"", "tsc --version"},
 	}

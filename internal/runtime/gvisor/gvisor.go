@@ -99,6 +99,7 @@ type Runtime struct {
 	bin  string
 	root string // runsc --root
 	log  *slog.Logger
+	cpus *runtime.CPUPicker
 }
 
 // New returns a backend keeping runsc's state under stateRoot, using the runsc
@@ -118,7 +119,7 @@ func New(stateRoot string, log *slog.Logger) (*Runtime, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor runtime: state dir: %w", err)
 	}
-	return &Runtime{bin: bin, root: root, log: log}, nil
+	return &Runtime{bin: bin, root: root, log: log, cpus: &runtime.CPUPicker{Parent: CgroupParent}}, nil
 }
 
 func (r *Runtime) Name() string { return "gvisor" }
@@ -136,6 +137,11 @@ func (r *Runtime) flags(network string) []string {
 		// its bind mounts, and nothing more: it cannot connect to host sockets.
 		"--host-uds=create",
 		"--overlay2=none",
+		// The sentry's CPU count (sysconf, /proc/cpuinfo, sysfs, affinity)
+		// follows the cgroup's cpuset, which Create sizes to the sandbox's
+		// CPUs. runsc's default derives it from the CFS quota instead, but
+		// never below 2, so a 1-CPU sandbox would see 2.
+		"--cpu-num-from-quota=false",
 	}
 }
 
@@ -194,7 +200,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor runtime: %w", err)
 	}
-	cfg, err := json.Marshal(ociSpec(spec, rootfs))
+	cfg, err := json.Marshal(ociSpec(spec, rootfs, r.cpus.Pick(spec.ID, spec.Resources.CPUs)))
 	if err != nil {
 		return nil, fmt.Errorf("gvisor runtime: config: %w", err)
 	}
@@ -307,8 +313,9 @@ var Capabilities = []string{
 	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
 }
 
-// ociSpec is the runtime-spec document runsc creates the sandbox from.
-func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
+// ociSpec is the runtime-spec document runsc creates the sandbox from; cpuset,
+// when set, the host CPUs its cgroup may use (runtime.CPUPicker).
+func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 	cwd := spec.Init.Cwd
 	if cwd == "" {
 		cwd = "/"
@@ -364,6 +371,12 @@ func ociSpec(spec runtime.Spec, rootfs string) *specs.Spec {
 		},
 	}
 	runtime.ApplyToOCI(s, spec)
+	if cpuset != "" {
+		if s.Linux.Resources.CPU == nil {
+			s.Linux.Resources.CPU = &specs.LinuxCPU{}
+		}
+		s.Linux.Resources.CPU.Cpus = cpuset
+	}
 	if spec.Upper != "" {
 		s.Annotations = map[string]string{upperAnnotation: spec.Upper}
 	}
@@ -581,6 +594,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	s.rt.releaseNullNetNS()
+	s.rt.cpus.Release(s.id)
 	if len(errs) > 0 {
 		return fmt.Errorf("gvisor runtime: destroy %s: %w", s.id, errors.Join(errs...))
 	}

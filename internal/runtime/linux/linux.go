@@ -36,6 +36,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync"
 	"time"
 
 	devices "github.com/opencontainers/cgroups/devices/config"
@@ -50,6 +51,7 @@ import (
 	_ "github.com/opencontainers/cgroups/devices"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
+	"github.com/airlock-sandbox/airlock/internal/lxcfs"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
@@ -86,6 +88,11 @@ type Runtime struct {
 	// rootfsKey tells apart the roots of backends with different state dirs
 	// (a daemon and test processes) in one RootfsDir.
 	rootfsKey string
+	// views serves the sandboxes' /proc views of their limits (nil: none);
+	// viewsWarned keeps a missing lxcfs to one warning.
+	views       *lxcfs.Service
+	viewsWarned sync.Once
+	cpus        *runtime.CPUPicker
 }
 
 // Options configure a backend beyond its state directory.
@@ -102,6 +109,11 @@ type Options struct {
 	// roots live apart, in a directory made 0711 (search without listing),
 	// as <hash of the state dir>-<id>. Empty means /run/airlock-rootfs.
 	RootfsDir string
+	// LXCFSDir is where lxcfs serves the sandboxes' views of their own
+	// limits (limitsview.go); empty means lxcfs.DefaultDir. NoLXCFS turns
+	// the views off: sandboxes then see the host's /proc/meminfo and CPUs.
+	LXCFSDir string
+	NoLXCFS  bool
 }
 
 // New returns a backend keeping libcontainer state under stateRoot, with
@@ -144,11 +156,39 @@ func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime,
 	if err := idmaps.prune(stateRoot); err != nil {
 		log.Warn("linux runtime: pruning idmapped template views", "err", err)
 	}
-	return &Runtime{
+	r := &Runtime{
 		stateRoot: stateRoot, log: log, ids: ids, rootfsDir: rootfsDir,
 		rootfsKey: hex.EncodeToString(h[:6]),
 		idmaps:    idmaps,
-	}, nil
+		cpus:      &runtime.CPUPicker{Parent: CgroupParent},
+	}
+	if !opts.NoLXCFS {
+		dir := opts.LXCFSDir
+		if dir == "" {
+			dir = lxcfs.DefaultDir
+		}
+		r.views = &lxcfs.Service{Dir: dir, Log: log}
+		// Started now so the first create does not wait for it; Create
+		// checks again (and restarts a dead one) every time.
+		r.viewDir()
+	}
+	return r, nil
+}
+
+// viewDir returns the live lxcfs mount point sandboxes bind their /proc
+// views from, or "" when there is none: a sandbox then still starts, seeing
+// the host's memory and CPUs (warned about once).
+func (r *Runtime) viewDir() string {
+	if r.views == nil {
+		return ""
+	}
+	if err := r.views.Ensure(); err != nil {
+		r.viewsWarned.Do(func() {
+			r.log.Warn("linux runtime: sandboxes will see the host's memory and CPUs in /proc", "err", err)
+		})
+		return ""
+	}
+	return r.views.Dir
 }
 
 func (r *Runtime) Name() string { return "linux" }
@@ -163,7 +203,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	}
 	s := &sandbox{
 		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, r.rootfsKey+"-"+spec.ID),
-		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps, upper: spec.Upper,
+		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps, upper: spec.Upper, cpus: r.cpus,
 	}
 	defer func() {
 		if retErr != nil {
@@ -186,7 +226,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 			return nil, fmt.Errorf("linux runtime: %w", err)
 		}
 	}
-	cfg, err := containerConfig(spec, s.rootfs, r.ids)
+	cfg, err := containerConfig(spec, s.rootfs, r.ids, r.viewDir(), r.cpus.Pick(spec.ID, spec.Resources.CPUs))
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +271,7 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 	// Sandboxes made before the root moved out of Spec.Dir have no dir label.
 	s := &sandbox{
 		id: id, dir: filepath.Dir(cfg.Rootfs), rootfs: cfg.Rootfs,
-		stateRoot: r.stateRoot, c: c, log: r.log, idmaps: r.idmaps,
+		stateRoot: r.stateRoot, c: c, log: r.log, idmaps: r.idmaps, cpus: r.cpus,
 	}
 	for _, l := range cfg.Labels {
 		if v, ok := strings.CutPrefix(l, lowerLabel); ok {
@@ -349,7 +389,10 @@ var allowedDevices = []struct{ major, minor int64 }{
 	{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 2}, {136, devices.Wildcard},
 }
 
-func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Config, error) {
+// containerConfig is the libcontainer config of a sandbox. viewDir, when set,
+// is the lxcfs mount its /proc and cpu/online views are bound from; cpuset,
+// when set, the host CPUs it runs on (limitsview.go).
+func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuset string) (*configs.Config, error) {
 	s := specconv.Example()
 	s.Root = &specs.Root{Path: rootfs}
 	s.Hostname = spec.Hostname
@@ -379,6 +422,16 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap) (*configs.Conf
 		joinNetNS(s, spec.NetNS, spec.Dir)
 	}
 	runtime.ApplyToOCI(s, spec)
+	if viewDir != "" {
+		// After /proc and /sys (and a netns's sysfs) are mounted.
+		s.Mounts = append(s.Mounts, viewMounts(viewDir)...)
+	}
+	if cpuset != "" {
+		if s.Linux.Resources.CPU == nil {
+			s.Linux.Resources.CPU = &specs.LinuxCPU{}
+		}
+		s.Linux.Resources.CPU.Cpus = cpuset
+	}
 	s.Linux.CgroupsPath = CgroupParent + "/" + spec.ID
 	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName:   spec.ID,
@@ -523,6 +576,9 @@ type sandbox struct {
 	// reaped is closed once we have reaped the init process; nil when the
 	// sandbox was loaded and its init is not our child.
 	reaped chan struct{}
+	// cpus is the runtime's cpuset picker; Destroy gives this sandbox's
+	// CPUs back.
+	cpus *runtime.CPUPicker
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -631,6 +687,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	}
 	if err := mountutil.RemoveAll(s.dir); err != nil {
 		errs = append(errs, err)
+	}
+	if s.cpus != nil {
+		s.cpus.Release(s.id)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("linux runtime: destroy %s: %w", s.id, errors.Join(errs...))

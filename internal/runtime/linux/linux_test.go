@@ -29,9 +29,11 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower:  lower,
-		Caps:   linux.Capabilities,
-		UIDMap: "0 100000 65536",
+		Lower:       lower,
+		Caps:        linux.Capabilities,
+		UIDMap:      "0 100000 65536",
+		HostSysinfo: true,
+		Rehome:      rehome,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
@@ -298,5 +300,44 @@ func TestDevicesCgroup(t *testing.T) {
 	}
 	for l := range want {
 		t.Errorf("devices cgroup lacks %q", l)
+	}
+}
+
+// rehome moves every process of a sandbox into a child cgroup "leaf" of its
+// cgroup in each controller, with no limits of its own (a cpuset child gets
+// its parent's CPUs and memory nodes, as it must before it can hold a
+// process), as a runtime does that splits envd from the user's processes.
+func rehome(t *testing.T, sb runtime.Sandbox) {
+	t.Helper()
+	for _, ctrl := range []string{"memory", "cpu", "cpuacct", "cpuset", "pids"} {
+		parent := filepath.Join("/sys/fs/cgroup", ctrl, linux.CgroupParent, sb.ID())
+		if _, err := os.Stat(parent); err != nil {
+			t.Fatalf("cgroup %s: %v", parent, err)
+		}
+		leaf := filepath.Join(parent, "leaf")
+		if err := os.Mkdir(leaf, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(leaf) })
+		if ctrl == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(parent, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(leaf, f), b, 0); err != nil {
+					t.Fatalf("%s/%s: %v", leaf, f, err)
+				}
+			}
+		}
+		procs, err := os.ReadFile(filepath.Join(parent, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pid := range strings.Fields(string(procs)) {
+			if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(pid), 0); err != nil {
+				t.Fatalf("move %s to %s: %v", pid, leaf, err)
+			}
+		}
 	}
 }

@@ -40,6 +40,14 @@ type Harness struct {
 	// (seccomp status, ENOSYS for clone3) only for backends without one, and
 	// accept what the guest kernel contains (see guestContained).
 	GuestKernel bool
+	// HostSysinfo says sysinfo(2) inside reports the host's memory (the
+	// linux backend: no filesystem can virtualise a system call), so the
+	// limits test expects glibc's SC_PHYS_PAGES to show the host's.
+	HostSysinfo bool
+	// Rehome, if set, moves every process of the sandbox into child cgroups
+	// of its own cgroup (as a backend that splits envd from user processes
+	// does); the limits test then checks the views again.
+	Rehome func(t *testing.T, sb runtime.Sandbox)
 }
 
 // probe is run as the sandbox's first process. It records facts about its
@@ -72,6 +80,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("LoadListAndDestroyIdempotent", func(t *testing.T) { testLoadList(t, h) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
+	t.Run("OwnLimitsVisible", func(t *testing.T) { testOwnLimits(t, h) })
 	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
 	t.Run("UpperKeptAfterDestroy", func(t *testing.T) { testUpperKept(t, h) })
 	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })

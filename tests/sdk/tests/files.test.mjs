@@ -196,6 +196,10 @@ describe('files', { concurrency: true }, () => {
     assert.equal(d.owner, 'user')
     assert.ok(d.permissions.startsWith('d'), `dir permissions start with d: ${d.permissions}`)
     assert.equal(d.mode & 0o700, 0o700, 'owner rwx on a new dir')
+    // As on ext4 (E2B's own SDK tests check size > 0): an empty directory is one 4 KiB block.
+    assert.equal(d.size, 4096, `empty dir size (got ${d.size})`)
+    const home = await sbx.files.getInfo(HOME)
+    assert.ok(home.size > 0 && home.size % 4096 === 0, `home dir size in whole 4 KiB blocks (got ${home.size})`)
 
     const root = await sbx.files.getInfo('/etc/passwd', { user: 'root' })
     assert.equal(root.owner, 'root')
