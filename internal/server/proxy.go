@@ -8,6 +8,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envd"
@@ -101,11 +104,23 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			r.Out.Header.Del("Forwarded")
 		},
 		Transport: routedTransport{},
+		// "read error during body copy" (a sandbox that died mid-response)
+		// is what a kill looks like from here, not a server fault.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ModifyResponse: func(res *http.Response) error {
+			// The response headers go out next: the last moment to tell an
+			// HTTP/1.1 client its connection ends with this response.
+			if res.StatusCode != http.StatusSwitchingProtocols {
+				closeIfBodyUnread(res.Request.Context(), res.Header)
+			}
+			return nil
+		},
 		// Streams (process output, watch events) must reach the client as they
 		// are produced.
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			rt := r.Context().Value(routeKey{}).(route)
+			closeIfBodyUnread(r.Context(), w.Header())
 			if errors.Is(err, context.Canceled) {
 				return
 			}
@@ -138,6 +153,7 @@ type route struct {
 	addr      netip.Addr // set for user ports
 	interp    bool       // the code interpreter (port 49999)
 	transport http.RoundTripper
+	body      *proxyBody // nil when the request has no body
 }
 
 // routedTransport sends a request over the transport the router chose for it.
@@ -207,9 +223,120 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
 	// closes the request body, the transport's write to envd fails, and it
 	// closes the connection under the response still streaming back.
-	_ = http.NewResponseController(w).EnableFullDuplex()
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1}
+		r.Body = rt.body
+		// Deferred, so it also runs when ReverseProxy aborts a response whose
+		// upstream died mid-copy (panic(http.ErrAbortHandler)).
+		defer rt.body.finish(rc)
+	}
 	ctx := context.WithValue(r.Context(), routeKey{}, rt)
 	p.rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// proxyBody is the inbound request body as the transport to the sandbox sees
+// it. The transport reads it from its own goroutine, which can outlive the
+// handler: RoundTrip returns as soon as a response (or an error: the sandbox
+// died, its socket refuses) is in, whether or not the body was sent. Two things
+// then go wrong with net/http's HTTP/1.1 server in full-duplex mode:
+//
+//   - the server, after the handler returns, drains the unread body, and
+//     reaching its end starts the connection's background read; the keep-alive
+//     loop then reads the next request beside it and panics with "invalid
+//     concurrent Body.Read call" (golang.org/issue/68560). A request to a
+//     sandbox that was killed, or whose envd died, took this path every time.
+//   - a Read still in flight in the transport's goroutine races with the
+//     server's own drain and its reuse of the connection.
+//
+// So the handler keeps the body to itself: finish stops the transport's reads
+// (interrupting one in flight) before the handler returns, and an HTTP/1.1
+// response sent before the body was read to its end says Connection: close
+// (closeIfBodyUnread), so the server never reads another request from a
+// connection whose request it did not fully consume.
+type proxyBody struct {
+	rc    io.ReadCloser
+	http1 bool
+	mu    sync.Mutex // held across each Read, so finish can wait one out
+	done  bool       // under mu: Reads fail from now on
+	eof   atomic.Bool
+}
+
+// errProxyDone is what the transport reads once the handler is finishing.
+var errProxyDone = errors.New("sandbox proxy: request finished")
+
+// drainGrace bounds how long the server may wait, after the response, for the
+// rest of a request body it drains so that closing the connection does not
+// reset it under a response the client has not read yet.
+const drainGrace = 2 * time.Second
+
+func (b *proxyBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return 0, errProxyDone
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close does nothing: the transport closes the body when it is done with it,
+// possibly after the handler returned, and the server owns the body's end.
+func (b *proxyBody) Close() error { return nil }
+
+// unread reports whether the body may still hold bytes the client sends.
+func (b *proxyBody) unread() bool { return b != nil && !b.eof.Load() }
+
+// finish returns once no transport Read of the body is in flight and none can
+// start. Over HTTP/1.1 a Read blocked on a client that sends nothing more is
+// interrupted with a read deadline in the past; the connection is not reused
+// then (closeIfBodyUnread), and the server gets drainGrace to drain the rest.
+// Over HTTP/2 the body is a stream of its own: the server fails a blocked Read
+// when the stream closes, and a Read racing the handler's end is safe there, so
+// finish does not wait (a past read deadline would reset the stream under the
+// response).
+func (b *proxyBody) finish(rc *http.ResponseController) {
+	if !b.mu.TryLock() {
+		switch {
+		case b.eof.Load():
+			// A Read past the end returns at once. Leave the deadline
+			// alone: the connection's background read is running, and a
+			// timeout there would cancel the next request's context.
+			b.mu.Lock()
+		case !b.http1:
+			go func() {
+				b.mu.Lock()
+				b.done = true
+				b.mu.Unlock()
+			}()
+			return
+		default:
+			// The response went out saying Connection: close (the body was
+			// unread then too), so cutting this connection's read is safe.
+			_ = rc.SetReadDeadline(time.Now())
+			b.mu.Lock()
+		}
+	}
+	b.done = true
+	b.mu.Unlock()
+	if b.http1 && !b.eof.Load() {
+		_ = rc.SetReadDeadline(time.Now().Add(drainGrace))
+	}
+}
+
+// closeIfBodyUnread marks an HTTP/1.1 response Connection: close when the
+// request body has not been read to its end: the transport may stop reading it
+// (the sandbox died, or answered early), and a connection is only safe to reuse
+// once its request was consumed (see proxyBody).
+func closeIfBodyUnread(ctx context.Context, h http.Header) {
+	rt, _ := ctx.Value(routeKey{}).(route)
+	if rt.body != nil && rt.body.http1 && rt.body.unread() {
+		h.Set("Connection", "close")
+	}
 }
 
 // target finds the sandbox id and port a request is for.
