@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -112,6 +113,11 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			// HTTP/1.1 client its connection ends with this response.
 			if res.StatusCode != http.StatusSwitchingProtocols {
 				closeIfBodyUnread(res.Request.Context(), res.Header)
+			}
+			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
+				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
+				rt := res.Request.Context().Value(routeKey{}).(route)
+				res.Body = &connectTail{body: res.Body, id: rt.id}
 			}
 			return nil
 		},
@@ -438,3 +444,74 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// connectTail ends a Connect streaming response (commands.run, watchDir, …)
+// whose upstream died — the sandbox was killed, or its envd — with the error
+// message the protocol has for it, so the client sees "unavailable: the
+// sandbox stopped answering" rather than a truncated response. That is only
+// possible between two messages; a response cut inside one still aborts.
+type connectTail struct {
+	body  io.ReadCloser
+	id    string
+	hdr   [5]byte // the current envelope's header, hdrN bytes of it seen
+	hdrN  int
+	left  uint32 // payload bytes of the current envelope still to come
+	ended bool   // the upstream's own end-of-stream message went through
+	tail  []byte // the end-of-stream message being sent in its place
+	eof   bool   // tail is all that is left
+}
+
+// connectEndStream is the Connect envelope flag of the end-of-stream message.
+const connectEndStream = 0x02
+
+func (c *connectTail) Read(p []byte) (int, error) {
+	if c.eof {
+		n := copy(p, c.tail)
+		c.tail = c.tail[n:]
+		if len(c.tail) == 0 {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	n, err := c.body.Read(p)
+	c.track(p[:n])
+	if err != nil && err != io.EOF && !c.ended && c.hdrN == 0 && c.left == 0 {
+		msg, _ := json.Marshal(map[string]any{"error": map[string]string{
+			"code":    "unavailable",
+			"message": "The sandbox " + c.id + " stopped answering: it was killed or reached its end of life",
+		}})
+		c.tail = binary.BigEndian.AppendUint32([]byte{connectEndStream}, uint32(len(msg)))
+		c.tail = append(c.tail, msg...)
+		c.eof = true
+		if n > 0 {
+			return n, nil
+		}
+		return c.Read(p)
+	}
+	return n, err
+}
+
+// track follows the envelope framing (1 flag byte, 4 length bytes, payload)
+// of the bytes passed to the client.
+func (c *connectTail) track(b []byte) {
+	for len(b) > 0 {
+		if c.left > 0 {
+			k := min(uint32(len(b)), c.left)
+			c.left -= k
+			b = b[k:]
+			continue
+		}
+		c.hdr[c.hdrN] = b[0]
+		c.hdrN++
+		b = b[1:]
+		if c.hdrN == len(c.hdr) {
+			c.hdrN = 0
+			c.left = binary.BigEndian.Uint32(c.hdr[1:])
+			if c.hdr[0]&connectEndStream != 0 {
+				c.ended = true
+			}
+		}
+	}
+}
+
+func (c *connectTail) Close() error { return c.body.Close() }
