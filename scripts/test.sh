@@ -32,6 +32,11 @@ step "Go tests"
 # Fuzz targets run over their seed corpus here; bounded fuzzing is below.
 go test -count=1 -timeout 20m ./...
 
+step "sandbox proxy tear-down tests under the race detector"
+# Real sandboxes killed mid-stream, mid-upload, mid-download and under
+# concurrent requests; each test fails on a panic in the proxy's server log.
+go test -race -count=1 -timeout 5m -run '^(TestProxy|TestConnectTail)' ./internal/server
+
 step "bounded fuzzing"
 # One target per `go test -fuzz` call; 10 s each keeps the whole step near a minute.
 fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-10s}" "$2"; }

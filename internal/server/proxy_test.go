@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
-	"log/slog"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -89,51 +87,23 @@ func (r *rig) create(t *testing.T) sandbox.Info {
 	return info
 }
 
-// logRecorder keeps everything the proxy's server logs: the http.Server's
-// ErrorLog (where net/http and x/net/http2 report a recovered handler panic)
-// and the proxy's slog logger.
-type logRecorder struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logRecorder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logRecorder) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // startProxy serves the sandbox-traffic proxy on loopback exactly as `airlock
-// serve` does (HTTP/1.1 and h2c on one listener), and fails the test if the
-// server logged a panic by the time the test ends.
+// serve` does (HTTP/1.1 and h2c on one listener); the test fails if the server
+// logged a panic by the time it ends.
 func startProxy(t *testing.T, m *sandbox.Manager) string {
 	t.Helper()
-	logs := &logRecorder{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logs := testenv.NewServerLog(t)
 	srv := &http.Server{
-		Handler:           h2c.NewHandler(server.NewProxy(m, logger), &http2.Server{}),
+		Handler:           h2c.NewHandler(server.NewProxy(m, logs.Slog()), &http2.Server{}),
 		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          log.New(logs, "", 0),
+		ErrorLog:          logs.ErrorLog(),
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		_ = srv.Close()
-		if s := logs.String(); strings.Contains(strings.ToLower(s), "panic") {
-			t.Errorf("the proxy's server logged a panic:\n%s", s)
-		} else if testing.Verbose() {
-			t.Logf("proxy log:\n%s", s)
-		}
-	})
+	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String()
 }
 
