@@ -233,13 +233,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = rc.EnableFullDuplex()
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1}
-		r.Body = rt.body
 		// Deferred, so it also runs when ReverseProxy aborts a response whose
 		// upstream died mid-copy (panic(http.ErrAbortHandler)).
 		defer rt.body.finish(rc)
 	}
-	ctx := context.WithValue(r.Context(), routeKey{}, rt)
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	// A copy of the request, since the server looks at the original's Body
+	// after the handler: whether it gave up draining a large body decides
+	// how it closes the connection.
+	out := r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+	if rt.body != nil {
+		out.Body = rt.body
+	}
+	p.rp.ServeHTTP(w, out)
 }
 
 // proxyBody is the inbound request body as the transport to the sandbox sees
