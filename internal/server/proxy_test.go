@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,6 +29,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/server"
@@ -38,8 +42,11 @@ func init() { linux.MaybeInit() }
 // rig is a real sandbox manager (libcontainer runtime, SQLite store, the built
 // base template with a bash kernel for the code interpreter, the real envd).
 type rig struct {
-	m   *sandbox.Manager
-	tpl sandbox.Template
+	m       *sandbox.Manager
+	tpl     sandbox.Template
+	rt      *linux.Runtime
+	db      *store.SQLite
+	dataDir string
 }
 
 func (r *rig) Resolve(_ context.Context, name string) (sandbox.Template, error) {
@@ -63,17 +70,18 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{tpl: sandbox.Template{
+	r := &rig{rt: rt, db: db, dataDir: dataDir, tpl: sandbox.Template{
 		ID: "base", Alias: "base", Rootfs: rootfs, CPUCount: 2, MemoryMB: 512,
 		DiskSizeMB: 1024, DefaultUser: "user", Kernels: []string{"bash"},
 	}}
-	r.m = sandbox.New(sandbox.Options{
+	m := sandbox.New(sandbox.Options{
 		Runtime: rt, Store: db, Templates: r, DataDir: dataDir,
 		EnvdPath: testenv.EnvdBinary(t), MaxTimeout: time.Hour,
 	})
+	r.m = m
 	t.Cleanup(func() {
-		r.m.KillAll(context.Background())
-		r.m.Close()
+		m.KillAll(context.Background())
+		m.Close()
 	})
 	return r
 }
@@ -572,5 +580,106 @@ func TestProxyConcurrentWhileDying(t *testing.T) {
 		if counts["200"] == 0 || counts["502"] == 0 {
 			t.Errorf("round %d: want answers from before and after the kill, got %v", round, counts)
 		}
+	}
+}
+
+// netManager is a manager whose sandboxes have a network (a /24 of their own
+// per run, this test's own nftables table and veth prefix, no egress), so the
+// proxy reaches their user ports.
+func netManager(t *testing.T) *rig {
+	t.Helper()
+	r := newRig(t)
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	n, err := netpolicy.New(netpolicy.Config{
+		CIDR:     netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+int(b[0])%50, b[1])),
+		StateDir: filepath.Join(t.TempDir(), "network"),
+		Table:    "airlock_test_proxy" + hex.EncodeToString(b),
+		IfPrefix: "alx",
+		NoEgress: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		_ = n.RemoveTable()
+	})
+	// Replace the rig's manager by one over the network (cleanups run in
+	// reverse: this manager's sandboxes go before the network).
+	m := sandbox.New(sandbox.Options{
+		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir,
+		EnvdPath: testenv.EnvdBinary(t), MaxTimeout: time.Hour, Network: n,
+	})
+	r.m = m
+	t.Cleanup(func() {
+		m.KillAll(context.Background())
+		m.Close()
+	})
+	return r
+}
+
+// TestProxyUserPortDies: requests with a body to a user port nothing listens
+// on get the E2B-style 502 on one keep-alive connection after another (the
+// same unread-body path as a dead envd), and a large download from a server in
+// the sandbox fails mid-way when the sandbox is killed.
+func TestProxyUserPortDies(t *testing.T) {
+	r := netManager(t)
+	proxy := startProxy(t, r.m)
+	for _, proto := range protocols {
+		t.Run(proto, func(t *testing.T) {
+			info := r.create(t)
+			if !info.Addr.IsValid() {
+				t.Fatal("the sandbox has no address")
+			}
+			closed := client(t, proto, info, 8001)
+			for i := range 6 {
+				req, _ := http.NewRequest(http.MethodPost, proxy+"/submit", strings.NewReader(`{"n":1}`))
+				res, err := closed.Do(req)
+				if err != nil {
+					t.Fatalf("closed port, request %d: %v", i, err)
+				}
+				gone(t, fmt.Sprintf("closed port, request %d", i), res, info.ID)
+			}
+			tr, err := r.m.EnvdTransport(info.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out, code := testenv.RunCommand(t, tr, info.AccessToken,
+				"head -c 256M /dev/zero > /tmp/big && cd /tmp && (setsid nohup python3 -m http.server 8000 >/dev/null 2>&1 </dev/null &) && "+
+					"for i in $(seq 1 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && exit 0; sleep 0.1; done; exit 1"); code != 0 {
+				t.Fatalf("http.server in the sandbox: %q", out)
+			}
+			res, err := client(t, proto, info, 8000).Get(proxy + "/big")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("download: %s", res.Status)
+			}
+			if _, err := io.CopyN(io.Discard, res.Body, 1<<20); err != nil {
+				t.Fatalf("first MiB: %v", err)
+			}
+			if err := r.m.Kill(context.Background(), info.ID); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				n, err := io.Copy(io.Discard, res.Body)
+				if err == nil {
+					err = fmt.Errorf("the body ended cleanly after %d more bytes", n)
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !strings.Contains(err.Error(), "unexpected EOF") && !strings.Contains(err.Error(), "stream error") {
+					t.Errorf("download from a killed sandbox: %v, want a truncated body", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the download did not end within 10 s of the sandbox's kill")
+			}
+		})
 	}
 }
