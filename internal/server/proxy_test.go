@@ -123,7 +123,7 @@ var protocols = []string{"http1", "h2c"}
 // and access token of one sandbox port to every request, as the SDKs do.
 func client(t *testing.T, proto string, info sandbox.Info, port int) *http.Client {
 	t.Helper()
-	tr := &http.Transport{MaxConnsPerHost: 4, DisableCompression: true}
+	tr := &http.Transport{MaxConnsPerHost: 4, DisableCompression: true, ExpectContinueTimeout: time.Second}
 	if proto == "h2c" {
 		tr.Protocols = new(http.Protocols)
 		tr.Protocols.SetUnencryptedHTTP2(true)
@@ -246,6 +246,18 @@ func TestProxyEnvdDiedKeepAlive(t *testing.T) {
 			t.Fatalf("%s 1 MiB upload: %v", proto, err)
 		}
 		gone(t, proto+" 1 MiB upload", res, info.ID)
+		// The same, waiting for "100 Continue" first (as curl does).
+		for i := range 3 {
+			body, ctype = multipartBody(strings.Repeat("x", 1<<20))
+			req, _ = http.NewRequest(http.MethodPost, proxy+"/files?path=/tmp/big", body)
+			req.Header.Set("Content-Type", ctype)
+			req.Header.Set("Expect", "100-continue")
+			res, err = c.Do(req)
+			if err != nil {
+				t.Fatalf("%s 1 MiB upload with Expect: 100-continue, %d: %v", proto, i, err)
+			}
+			gone(t, fmt.Sprintf("%s 1 MiB upload with Expect: 100-continue, %d", proto, i), res, info.ID)
+		}
 		// The code interpreter (port 49999) goes through the same path.
 		ci := client(t, proto, info, 49999)
 		for i := range 3 {
