@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
 	"regexp"
@@ -231,16 +232,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// closes the connection under the response still streaming back.
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
+	ctx := r.Context()
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
 		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1}
 		// Deferred, so it also runs when ReverseProxy aborts a response whose
 		// upstream died mid-copy (panic(http.ErrAbortHandler)).
 		defer rt.body.finish(rc)
+		stop := make(chan struct{})
+		defer close(stop) // runs before finish
+		go rt.body.watch(rc, stop)
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GotConn: func(ci httptrace.GotConnInfo) { rt.body.upstream.Store(&ci.Conn) },
+		})
 	}
 	// A copy of the request, since the server looks at the original's Body
 	// after the handler: whether it gave up draining a large body decides
 	// how it closes the connection.
-	out := r.WithContext(context.WithValue(r.Context(), routeKey{}, rt))
+	out := r.WithContext(context.WithValue(ctx, routeKey{}, rt))
 	if rt.body != nil {
 		out.Body = rt.body
 	}
@@ -266,21 +274,38 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // response sent before the body was read to its end says Connection: close
 // (closeIfBodyUnread), so the server never reads another request from a
 // connection whose request it did not fully consume.
+//
+// The other way round, a transport whose upstream connection died while it
+// waited for the client's next bytes does not return from RoundTrip until
+// that Read does (it waits for its writer), so a client that paused mid-upload
+// would never hear that its sandbox is gone: watch cuts such a Read.
 type proxyBody struct {
-	rc    io.ReadCloser
-	http1 bool
-	mu    sync.Mutex // held across each Read, so finish can wait one out
-	done  bool       // under mu: Reads fail from now on
-	eof   atomic.Bool
+	rc       io.ReadCloser
+	http1    bool
+	mu       sync.Mutex // held across each Read, so finish can wait one out
+	done     bool       // under mu: Reads fail from now on
+	eof      atomic.Bool
+	inRead   atomic.Bool
+	upstream atomic.Pointer[net.Conn] // the connection the transport writes the body to
+	gone     atomic.Bool              // watch found it closed and cut the Read
 }
 
-// errProxyDone is what the transport reads once the handler is finishing.
-var errProxyDone = errors.New("sandbox proxy: request finished")
+var (
+	// errProxyDone is what the transport reads once the handler is finishing.
+	errProxyDone = errors.New("sandbox proxy: request finished")
+	// errUpstreamClosed is what it reads once its connection to the sandbox
+	// closed under a Read that waited on the client.
+	errUpstreamClosed = errors.New("sandbox proxy: the connection to the sandbox closed")
+)
 
 // drainGrace bounds how long the server may wait, after the response, for the
 // rest of a request body it drains so that closing the connection does not
 // reset it under a response the client has not read yet.
 const drainGrace = 2 * time.Second
+
+// watchEvery is how often watch looks at the upstream connection while a Read
+// waits on the client.
+const watchEvery = 200 * time.Millisecond
 
 func (b *proxyBody) Read(p []byte) (int, error) {
 	b.mu.Lock()
@@ -288,7 +313,12 @@ func (b *proxyBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, errProxyDone
 	}
+	b.inRead.Store(true)
 	n, err := b.rc.Read(p)
+	b.inRead.Store(false)
+	if err != nil && b.gone.Load() {
+		return n, errUpstreamClosed
+	}
 	if err == io.EOF {
 		b.eof.Store(true)
 	}
@@ -299,38 +329,51 @@ func (b *proxyBody) Read(p []byte) (int, error) {
 // possibly after the handler returned, and the server owns the body's end.
 func (b *proxyBody) Close() error { return nil }
 
-// unread reports whether the body may still hold bytes the client sends.
-func (b *proxyBody) unread() bool { return b != nil && !b.eof.Load() }
+// unread reports whether the body may still hold bytes the client sends, or
+// watch cut a Read of it (the cut may race with the Read reaching the end).
+func (b *proxyBody) unread() bool { return b != nil && (!b.eof.Load() || b.gone.Load()) }
+
+// watch cuts a Read blocked on the client once the transport's connection to
+// the sandbox is closed (the transport closes it when the sandbox's side
+// failed), until stop. Setting a zero write deadline is a no-op on a live
+// connection the transport never gives a write deadline, and fails on a
+// closed one: a way to ask without reading.
+func (b *proxyBody) watch(rc *http.ResponseController, stop <-chan struct{}) {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		c := b.upstream.Load()
+		if c == nil || !b.inRead.Load() || b.eof.Load() || (*c).SetWriteDeadline(time.Time{}) == nil {
+			continue
+		}
+		b.gone.Store(true)
+		// HTTP/1.1: the connection is not reused (the body is unread, so the
+		// answer says Connection: close). HTTP/2: only the stream's body is
+		// failed; the answer still goes out.
+		_ = rc.SetReadDeadline(time.Now())
+		return
+	}
+}
 
 // finish returns once no transport Read of the body is in flight and none can
-// start. Over HTTP/1.1 a Read blocked on a client that sends nothing more is
-// interrupted with a read deadline in the past; the connection is not reused
-// then (closeIfBodyUnread), and the server gets drainGrace to drain the rest.
-// Over HTTP/2 the body is a stream of its own: the server fails a blocked Read
-// when the stream closes, and a Read racing the handler's end is safe there, so
-// finish does not wait (a past read deadline would reset the stream under the
-// response).
+// start. A Read blocked on a client that sends nothing more is cut with a read
+// deadline in the past: over HTTP/1.1 the connection is not reused then
+// (closeIfBodyUnread) and the server gets drainGrace to drain the rest; over
+// HTTP/2 it fails only the stream's body, not the response.
 func (b *proxyBody) finish(rc *http.ResponseController) {
 	if !b.mu.TryLock() {
-		switch {
-		case b.eof.Load():
-			// A Read past the end returns at once. Leave the deadline
-			// alone: the connection's background read is running, and a
-			// timeout there would cancel the next request's context.
-			b.mu.Lock()
-		case !b.http1:
-			go func() {
-				b.mu.Lock()
-				b.done = true
-				b.mu.Unlock()
-			}()
-			return
-		default:
-			// The response went out saying Connection: close (the body was
-			// unread then too), so cutting this connection's read is safe.
+		if !b.eof.Load() {
 			_ = rc.SetReadDeadline(time.Now())
-			b.mu.Lock()
 		}
+		// Past the end a Read returns at once. The deadline is left alone
+		// then: over HTTP/1.1 the connection's background read is running,
+		// and a timeout there would cancel the next request's context.
+		b.mu.Lock()
 	}
 	b.done = true
 	b.mu.Unlock()

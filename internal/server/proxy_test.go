@@ -414,11 +414,13 @@ func TestProxyKillMidExecute(t *testing.T) {
 }
 
 // slowBody is an endless upload: it produces data until stopped, and signals
-// once a given amount went out.
+// once a given amount went out. A stalling one then sends nothing more until
+// released, as a client waiting on something else would.
 type slowBody struct {
 	sent, after int64
 	reached     chan struct{}
 	once        sync.Once
+	stall       chan struct{} // nil: keep sending
 }
 
 func (b *slowBody) Read(p []byte) (int, error) {
@@ -428,32 +430,59 @@ func (b *slowBody) Read(p []byte) (int, error) {
 	for i := range p {
 		p[i] = 'a'
 	}
-	b.sent += int64(len(p))
 	if b.sent >= b.after {
 		b.once.Do(func() { close(b.reached) })
+		if b.stall != nil {
+			<-b.stall
+			return 0, io.ErrUnexpectedEOF
+		}
 		time.Sleep(time.Millisecond) // ~64 MB/s: the kill lands mid-upload
 	}
+	b.sent += int64(len(p))
 	return len(p), nil
 }
 
 // TestProxyKillMidUpload kills sandboxes under a large multipart POST /files:
-// the client, still sending, gets the E2B-style 502 (the response had not
-// started) and the server does not panic.
+// the client, still sending or stalled mid-body, gets the E2B-style 502 (the
+// response had not started) and the server does not panic. The stalled case
+// is the proxy cutting the transport's read of the body that blocks on the
+// client before its handler returns.
 func TestProxyKillMidUpload(t *testing.T) {
 	r := newRig(t)
 	proxy := startProxy(t, r.m)
-	for _, proto := range protocols {
-		t.Run(proto, func(t *testing.T) {
+	for _, tc := range []struct {
+		proto string
+		stall bool
+	}{{"http1", false}, {"h2c", false}, {"http1", true}, {"h2c", true}} {
+		name := tc.proto
+		if tc.stall {
+			name += "/stalled"
+		}
+		t.Run(name, func(t *testing.T) {
+			proto := tc.proto
 			info := r.create(t)
 			c := client(t, proto, info, 49983)
 			mw := multipart.NewWriter(io.Discard)
 			body := &slowBody{after: 8 << 20, reached: make(chan struct{})}
+			release := func() {}
+			if tc.stall {
+				body.stall = make(chan struct{})
+				// Go's h2 client waits for the request body's writer when
+				// the response body is closed: let it end then.
+				release = sync.OnceFunc(func() { close(body.stall) })
+				defer release()
+			}
 			head := fmt.Sprintf("--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big\"\r\nContent-Type: application/octet-stream\r\n\r\n", mw.Boundary())
 			req, _ := http.NewRequest(http.MethodPost, proxy+"/files?path=/tmp/big", io.MultiReader(strings.NewReader(head), body))
 			req.Header.Set("Content-Type", mw.FormDataContentType())
 			go func() {
 				select {
 				case <-body.reached:
+					if tc.stall {
+						// Let the proxy forward all it has and wait on
+						// the client for more.
+						time.Sleep(500 * time.Millisecond)
+					}
 					_ = r.m.Kill(context.Background(), info.ID)
 				case <-time.After(30 * time.Second):
 				}
@@ -469,6 +498,7 @@ func TestProxyKillMidUpload(t *testing.T) {
 			}()
 			select {
 			case got := <-done:
+				release()
 				if got.err != nil {
 					t.Fatalf("upload: %v (want the E2B-style 502)", got.err)
 				}
