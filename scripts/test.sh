@@ -32,6 +32,11 @@ step "Go tests"
 # Fuzz targets run over their seed corpus here; bounded fuzzing is below.
 go test -count=1 -timeout 20m ./...
 
+step "sandbox proxy tear-down tests under the race detector"
+# Real sandboxes killed mid-stream, mid-upload, mid-download and under
+# concurrent requests; each test fails on a panic in the proxy's server log.
+go test -race -count=1 -timeout 5m -run '^(TestProxy|TestConnectTail)' ./internal/server
+
 step "first-run test, started in the background"
 # serve with default flags on an EMPTY data dir (a new user's `make run`): a create
 # during the background build answers 503 + Retry-After, then the MCP scenario

@@ -6,16 +6,21 @@ package server
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envd"
@@ -101,11 +106,28 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			r.Out.Header.Del("Forwarded")
 		},
 		Transport: routedTransport{},
+		// "read error during body copy" (a sandbox that died mid-response)
+		// is what a kill looks like from here, not a server fault.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ModifyResponse: func(res *http.Response) error {
+			// The response headers go out next: the last moment to tell an
+			// HTTP/1.1 client its connection ends with this response.
+			if res.StatusCode != http.StatusSwitchingProtocols {
+				closeIfBodyUnread(res.Request.Context(), res.Header)
+			}
+			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
+				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
+				rt := res.Request.Context().Value(routeKey{}).(route)
+				res.Body = &connectTail{body: res.Body, id: rt.id}
+			}
+			return nil
+		},
 		// Streams (process output, watch events) must reach the client as they
 		// are produced.
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			rt := r.Context().Value(routeKey{}).(route)
+			closeIfBodyUnread(r.Context(), w.Header())
 			if errors.Is(err, context.Canceled) {
 				return
 			}
@@ -138,6 +160,7 @@ type route struct {
 	addr      netip.Addr // set for user ports
 	interp    bool       // the code interpreter (port 49999)
 	transport http.RoundTripper
+	body      *proxyBody // nil when the request has no body
 }
 
 // routedTransport sends a request over the transport the router chose for it.
@@ -207,9 +230,167 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
 	// closes the request body, the transport's write to envd fails, and it
 	// closes the connection under the response still streaming back.
-	_ = http.NewResponseController(w).EnableFullDuplex()
-	ctx := context.WithValue(r.Context(), routeKey{}, rt)
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	ctx := r.Context()
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1}
+		// Deferred, so it also runs when ReverseProxy aborts a response whose
+		// upstream died mid-copy (panic(http.ErrAbortHandler)).
+		defer rt.body.finish(rc)
+		stop := make(chan struct{})
+		defer close(stop) // runs before finish
+		go rt.body.watch(rc, stop)
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+			GotConn: func(ci httptrace.GotConnInfo) { rt.body.upstream.Store(&ci.Conn) },
+		})
+	}
+	// A copy of the request, since the server looks at the original's Body
+	// after the handler: whether it gave up draining a large body decides
+	// how it closes the connection.
+	out := r.WithContext(context.WithValue(ctx, routeKey{}, rt))
+	if rt.body != nil {
+		out.Body = rt.body
+	}
+	p.rp.ServeHTTP(w, out)
+}
+
+// proxyBody is the inbound request body as the transport to the sandbox sees
+// it. The transport reads it from its own goroutine, which can outlive the
+// handler: RoundTrip returns as soon as a response (or an error: the sandbox
+// died, its socket refuses) is in, whether or not the body was sent. Two things
+// then go wrong with net/http's HTTP/1.1 server in full-duplex mode:
+//
+//   - the server, after the handler returns, drains the unread body, and
+//     reaching its end starts the connection's background read; the keep-alive
+//     loop then reads the next request beside it and panics with "invalid
+//     concurrent Body.Read call" (golang.org/issue/68560). A request to a
+//     sandbox that was killed, or whose envd died, took this path every time.
+//   - a Read still in flight in the transport's goroutine races with the
+//     server's own drain and its reuse of the connection.
+//
+// So the handler keeps the body to itself: finish stops the transport's reads
+// (interrupting one in flight) before the handler returns, and an HTTP/1.1
+// response sent before the body was read to its end says Connection: close
+// (closeIfBodyUnread), so the server never reads another request from a
+// connection whose request it did not fully consume.
+//
+// The other way round, a transport whose upstream connection died while it
+// waited for the client's next bytes does not return from RoundTrip until
+// that Read does (it waits for its writer), so a client that paused mid-upload
+// would never hear that its sandbox is gone: watch cuts such a Read.
+type proxyBody struct {
+	rc       io.ReadCloser
+	http1    bool
+	mu       sync.Mutex // held across each Read, so finish can wait one out
+	done     bool       // under mu: Reads fail from now on
+	eof      atomic.Bool
+	inRead   atomic.Bool
+	upstream atomic.Pointer[net.Conn] // the connection the transport writes the body to
+	gone     atomic.Bool              // watch found it closed and cut the Read
+}
+
+var (
+	// errProxyDone is what the transport reads once the handler is finishing.
+	errProxyDone = errors.New("sandbox proxy: request finished")
+	// errUpstreamClosed is what it reads once its connection to the sandbox
+	// closed under a Read that waited on the client.
+	errUpstreamClosed = errors.New("sandbox proxy: the connection to the sandbox closed")
+)
+
+// drainGrace bounds how long the server may wait, after the response, for the
+// rest of a request body it drains so that closing the connection does not
+// reset it under a response the client has not read yet.
+const drainGrace = 2 * time.Second
+
+// watchEvery is how often watch looks at the upstream connection while a Read
+// waits on the client.
+const watchEvery = 200 * time.Millisecond
+
+func (b *proxyBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return 0, errProxyDone
+	}
+	b.inRead.Store(true)
+	n, err := b.rc.Read(p)
+	b.inRead.Store(false)
+	if err != nil && b.gone.Load() {
+		return n, errUpstreamClosed
+	}
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+// Close does nothing: the transport closes the body when it is done with it,
+// possibly after the handler returned, and the server owns the body's end.
+func (b *proxyBody) Close() error { return nil }
+
+// unread reports whether the body may still hold bytes the client sends, or
+// watch cut a Read of it (the cut may race with the Read reaching the end).
+func (b *proxyBody) unread() bool { return b != nil && (!b.eof.Load() || b.gone.Load()) }
+
+// watch cuts a Read blocked on the client once the transport's connection to
+// the sandbox is closed (the transport closes it when the sandbox's side
+// failed), until stop. Setting a zero write deadline is a no-op on a live
+// connection the transport never gives a write deadline, and fails on a
+// closed one: a way to ask without reading.
+func (b *proxyBody) watch(rc *http.ResponseController, stop <-chan struct{}) {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		c := b.upstream.Load()
+		if c == nil || !b.inRead.Load() || b.eof.Load() || (*c).SetWriteDeadline(time.Time{}) == nil {
+			continue
+		}
+		b.gone.Store(true)
+		// HTTP/1.1: the connection is not reused (the body is unread, so the
+		// answer says Connection: close). HTTP/2: only the stream's body is
+		// failed; the answer still goes out.
+		_ = rc.SetReadDeadline(time.Now())
+		return
+	}
+}
+
+// finish returns once no transport Read of the body is in flight and none can
+// start. A Read blocked on a client that sends nothing more is cut with a read
+// deadline in the past: over HTTP/1.1 the connection is not reused then
+// (closeIfBodyUnread) and the server gets drainGrace to drain the rest; over
+// HTTP/2 it fails only the stream's body, not the response.
+func (b *proxyBody) finish(rc *http.ResponseController) {
+	if !b.mu.TryLock() {
+		if !b.eof.Load() {
+			_ = rc.SetReadDeadline(time.Now())
+		}
+		// Past the end a Read returns at once. The deadline is left alone
+		// then: over HTTP/1.1 the connection's background read is running,
+		// and a timeout there would cancel the next request's context.
+		b.mu.Lock()
+	}
+	b.done = true
+	b.mu.Unlock()
+	if b.http1 && !b.eof.Load() {
+		_ = rc.SetReadDeadline(time.Now().Add(drainGrace))
+	}
+}
+
+// closeIfBodyUnread marks an HTTP/1.1 response Connection: close when the
+// request body has not been read to its end: the transport may stop reading it
+// (the sandbox died, or answered early), and a connection is only safe to reuse
+// once its request was consumed (see proxyBody).
+func closeIfBodyUnread(ctx context.Context, h http.Header) {
+	rt, _ := ctx.Value(routeKey{}).(route)
+	if rt.body != nil && rt.body.http1 && rt.body.unread() {
+		h.Set("Connection", "close")
+	}
 }
 
 // target finds the sandbox id and port a request is for.
@@ -311,3 +492,74 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// connectTail ends a Connect streaming response (commands.run, watchDir, …)
+// whose upstream died — the sandbox was killed, or its envd — with the error
+// message the protocol has for it, so the client sees "unavailable: the
+// sandbox stopped answering" rather than a truncated response. That is only
+// possible between two messages; a response cut inside one still aborts.
+type connectTail struct {
+	body  io.ReadCloser
+	id    string
+	hdr   [5]byte // the current envelope's header, hdrN bytes of it seen
+	hdrN  int
+	left  uint32 // payload bytes of the current envelope still to come
+	ended bool   // the upstream's own end-of-stream message went through
+	tail  []byte // the end-of-stream message being sent in its place
+	eof   bool   // tail is all that is left
+}
+
+// connectEndStream is the Connect envelope flag of the end-of-stream message.
+const connectEndStream = 0x02
+
+func (c *connectTail) Read(p []byte) (int, error) {
+	if c.eof {
+		n := copy(p, c.tail)
+		c.tail = c.tail[n:]
+		if len(c.tail) == 0 {
+			return n, io.EOF
+		}
+		return n, nil
+	}
+	n, err := c.body.Read(p)
+	c.track(p[:n])
+	if err != nil && err != io.EOF && !c.ended && c.hdrN == 0 && c.left == 0 {
+		msg, _ := json.Marshal(map[string]any{"error": map[string]string{
+			"code":    "unavailable",
+			"message": "The sandbox " + c.id + " stopped answering: it was killed or reached its end of life",
+		}})
+		c.tail = binary.BigEndian.AppendUint32([]byte{connectEndStream}, uint32(len(msg)))
+		c.tail = append(c.tail, msg...)
+		c.eof = true
+		if n > 0 {
+			return n, nil
+		}
+		return c.Read(p)
+	}
+	return n, err
+}
+
+// track follows the envelope framing (1 flag byte, 4 length bytes, payload)
+// of the bytes passed to the client.
+func (c *connectTail) track(b []byte) {
+	for len(b) > 0 {
+		if c.left > 0 {
+			k := min(uint32(len(b)), c.left)
+			c.left -= k
+			b = b[k:]
+			continue
+		}
+		c.hdr[c.hdrN] = b[0]
+		c.hdrN++
+		b = b[1:]
+		if c.hdrN == len(c.hdr) {
+			c.hdrN = 0
+			c.left = binary.BigEndian.Uint32(c.hdr[1:])
+			if c.hdr[0]&connectEndStream != 0 {
+				c.ended = true
+			}
+		}
+	}
+}
+
+func (c *connectTail) Close() error { return c.body.Close() }

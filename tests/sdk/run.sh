@@ -15,6 +15,9 @@
 #                              (otherwise it is shown until the server is healthy,
 #                              then kept in a log file and tailed on failure)
 #   AIRLOCK_SDK_CONCURRENCY    test files run in parallel (default 2)
+#
+# The run fails (status 3) when the server log contains "panic", even if every
+# test passed: the server recovers handler panics, so only its log tells.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -90,6 +93,13 @@ cleanup() {
       kill -KILL "$server_pid" 2>/dev/null
     fi
     wait "$server_pid" 2>/dev/null
+  fi
+  # A panic the server recovered from (net/http logs "http: panic serving",
+  # x/net/http2 "http2: panic serving") is a bug even when every test passed.
+  if [ -n "$server_log" ] && grep -qi 'panic' "$server_log"; then
+    log "the server log contains a panic:"
+    grep -i -A 12 'panic' "$server_log" | head -n 60 >&2
+    [ "$status" -eq 0 ] && status=3
   fi
   if [ "$status" -ne 0 ]; then
     log "last 80 lines of the server log ($server_log):"
