@@ -23,6 +23,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 const testToken = "secrettoken"
@@ -85,7 +86,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv.Handler())
+	ts := testenv.NewHTTPServer(t, srv.Handler())
 	t.Cleanup(func() {
 		srv.procs.killAll()
 		srv.watchers.closeAll()

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // fakeKernel interprets a tiny command language so the protocol can be tested
@@ -129,7 +131,7 @@ func newTestServer(t *testing.T, keepalive time.Duration) (*Server, *httptest.Se
 		Authorize: func(r *http.Request) bool { return r.Header.Get("X-Access-Token") != "bad" },
 		Keepalive: keepalive,
 	})
-	hs := httptest.NewServer(s.Handler())
+	hs := testenv.NewHTTPServer(t, s.Handler())
 	t.Cleanup(func() { hs.Close(); s.Close() })
 	return s, hs
 }

@@ -3,7 +3,6 @@ package mcp
 import (
 	"bytes"
 	"context"
-	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,9 +55,9 @@ func realServer(t *testing.T) *mcp.ClientSession {
 		mgr.KillAll(context.Background())
 		mgr.Close()
 	})
-	api := httptest.NewServer(e2b.NewHandler(mgr, e2b.Options{Authenticate: func(k string) bool { return k == testKey }}))
+	api := testenv.NewHTTPServer(t, e2b.NewHandler(mgr, e2b.Options{Authenticate: func(k string) bool { return k == testKey }}))
 	t.Cleanup(api.Close)
-	proxy := httptest.NewServer(server.NewProxy(mgr, nil))
+	proxy := testenv.NewHTTPServer(t, server.NewProxy(mgr, nil))
 	t.Cleanup(proxy.Close)
 	return connectClient(t, NewHTTPBackend(HTTPConfig{APIURL: api.URL, SandboxURL: proxy.URL, APIKey: testKey}))
 }

@@ -4,12 +4,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // interpDo sends one request to a sandbox's code interpreter through the proxy.
@@ -47,7 +47,7 @@ func TestCodeInterpreterWarmPoolEnv(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	info := create(t, m, time.Minute)
-	proxy := httptest.NewServer(server.NewProxy(m, nil))
+	proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
 	defer proxy.Close()
 	st, body := interpDo(t, proxy.URL, info.ID, "POST", "/execute", `{"code":"echo \"foo=$FOO\"","language":"bash"}`, info.AccessToken)
 	// stdout may arrive in several chunks: join them.
@@ -71,7 +71,7 @@ func TestCodeInterpreterThroughProxy(t *testing.T) {
 	r.tpl.Kernels = []string{"bash"}
 	m := r.manager(t, 0)
 	info := create(t, m, time.Minute)
-	proxy := httptest.NewServer(server.NewProxy(m, nil))
+	proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
 	defer proxy.Close()
 
 	do := func(method, path, body, token string) (int, string) {

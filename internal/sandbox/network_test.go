@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // testIfPrefix names this test's sandbox veths; it differs from a server's
@@ -303,7 +303,7 @@ func TestNetworkEgressPolicy(t *testing.T) {
 		mustNotReach(t, m, onlyIP, url)
 		mustNotReach(t, m, closed, url)
 
-		proxy := httptest.NewServer(server.NewProxy(m, nil))
+		proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
 		defer proxy.Close()
 		get := func(host string, hdr map[string]string) (int, string) {
 			req, _ := http.NewRequest("GET", proxy.URL+"/", nil)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"log"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -54,4 +56,17 @@ func (l *ServerLog) ErrorLog() *log.Logger { return log.New(l, "", 0) }
 // Slog is a debug-level structured logger into the same record.
 func (l *ServerLog) Slog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// NewHTTPServer starts an httptest server for h whose error log is a
+// ServerLog, so a handler panic that net/http recovers fails t; the server is
+// closed when t ends, before the log is checked.
+func NewHTTPServer(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
+	l := NewServerLog(t)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = l.ErrorLog()
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
 }
