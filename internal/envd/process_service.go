@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // defaultKeepalive applies when a streaming request has no Keepalive-Ping-Interval.

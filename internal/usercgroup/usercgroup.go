@@ -29,8 +29,8 @@
 // group leader. Go starts new runtime threads from its template thread, never
 // from a locked one, so no runtime thread of envd lands in a leaf either.
 //
-// Where there is no "user" cgroup (gVisor, whose cgroupfs is the sentry's own,
-// or envd run outside a sandbox), Start just calls start.
+// Where there is no writable "user" cgroup (gVisor, where the sandbox has no
+// cgroupfs; envd run outside a sandbox), Start just calls start.
 package usercgroup
 
 import (
@@ -196,10 +196,41 @@ func (p *placer) sweep() {
 		if err != nil {
 			continue
 		}
+		kept := 0
 		for _, e := range entries {
-			if e.IsDir() {
-				_ = unix.Rmdir(filepath.Join(d, e.Name()))
+			if !e.IsDir() {
+				continue
 			}
+			leaf := filepath.Join(d, e.Name())
+			// A memory leaf whose processes the OOM killer hit keeps its
+			// count (v1 counts a kill only in the cgroup whose limit was hit,
+			// and the host sums the sandbox's subtree for its OOM events):
+			// removing it would make the host's total go back. Only so many
+			// are kept, empty cgroups are not free.
+			if filepath.Base(filepath.Dir(d)) == "memory" && kept < maxKeptOOMLeaves && oomKilled(leaf) {
+				kept++
+				continue
+			}
+			_ = unix.Rmdir(leaf)
 		}
 	}
+}
+
+// maxKeptOOMLeaves bounds the emptied memory leaves kept for their OOM kill
+// counts; past it, kills of removed leaves drop out of the host's count.
+const maxKeptOOMLeaves = 64
+
+// oomKilled reports whether the kernel killed a process of a v1 memory cgroup
+// because it hit its limit.
+func oomKilled(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			return strings.TrimSpace(v) != "0"
+		}
+	}
+	return false
 }
