@@ -26,6 +26,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // The sandbox's limits in these tests: the defaults a user gets (512 MiB of
@@ -249,3 +250,29 @@ func survive(t *testing.T, m *sandbox.Manager, template, user, script string) {
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestUserCgroupsConfined: a command runs in a leaf of the users' cgroup,
+// apart from envd, and root in the sandbox can neither raise the users' share
+// or the sandbox's total nor move a process into envd's cgroup.
+func TestUserCgroupsConfined(t *testing.T) {
+	m := workloadManager(t, false)
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	res := shAs(m, info, "root", `grep -E '^[0-9]+:(pids|memory|cpu):' /proc/self/cgroup | cut -d: -f3 | sort -u; grep -E '^[0-9]+:pids:' /proc/1/cgroup | cut -d: -f3
+for f in pids/pids.max pids/user/pids.max memory/user/memory.limit_in_bytes cpu/user/cpu.shares pids/cgroup.procs pids/tasks memory/cgroup.procs; do
+  if { echo $$ > /sys/fs/cgroup/$f; } 2>/dev/null; then echo "wrote $f"; fi
+done`, 30*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res.err)
+	}
+	lines := strings.Split(strings.TrimSpace(res.out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "/user/t") || lines[1] != "/" {
+		t.Fatalf("want the command in one /user/t<n> leaf in every controller and envd in /, got:\n%s", res.out)
+	}
+	if user := readCgroupInt(t, "pids", info.ID, "user/pids.max"); user != workloadPidsMax-usercgroup.UserReserve(workloadPidsMax) {
+		t.Fatalf("user pids.max %d", user)
+	}
+}
