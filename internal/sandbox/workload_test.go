@@ -170,7 +170,8 @@ func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gviso
 // itself was killed once (its own stub is a candidate like any other; it is
 // the largest of them). The host sees the sentry, the gofer and anonymous
 // stubs, so it cannot place the sandbox's processes apart as the linux
-// runtime does. Inside, gVisor's own cgroupfs (tried: a /sys/fs/cgroup mount
+// runtime does. A host pids limit sized to the memory (794 host tasks for
+// 512 MiB, tried) kills the sandbox at once instead. Inside, gVisor's own cgroupfs (tried: a /sys/fs/cgroup mount
 // and envd placing user processes in leaves as on linux) does not hold a
 // pids limit: Task.chargeLocked (pkg/sentry/kernel/task_cgroup.go) charges
 // the first cgroup of the task's map of cgroups, of whatever hierarchy, so
