@@ -147,9 +147,22 @@ func (c *client) attack(ctx context.Context, a Attack, cfg AttacksConfig, measur
 	row.Idle = idle.Samples
 	stop()
 	wg.Wait()
+	var notes []string
 	if a.Stream != "" {
-		row.Note = fmt.Sprintf("%d MiB of stream read", streamed>>20)
+		notes = append(notes, fmt.Sprintf("%d MiB of stream read", streamed>>20))
 	}
+	// The attacker's own sandbox must survive its attack (issue 11): it still
+	// runs a command, within 2 s, while the attack goes on.
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	t0 := time.Now()
+	code, aerr := c.run(actx, attacker, "echo ok")
+	cancel()
+	if aerr != nil || code != 0 {
+		notes = append(notes, fmt.Sprintf("attacker's sandbox unusable: exit %d, %v", code, aerr))
+	} else {
+		notes = append(notes, fmt.Sprintf("attacker answers in %s ms", ms(time.Since(t0))))
+	}
+	row.Note = strings.Join(notes, "; ")
 	return row, err
 }
 

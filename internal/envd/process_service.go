@@ -19,6 +19,7 @@ import (
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // defaultKeepalive applies when a streaming request has no Keepalive-Ping-Interval.
@@ -118,6 +119,18 @@ func lookPath(file string, env []string, dir string) (string, error) {
 	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
 }
 
+// startUserProcess runs start, which forks a user's process, so that the
+// process lives in a cgroup of its own under the sandbox's "user" cgroup, apart
+// from envd's reserve (internal/usercgroup). A failed placement is logged and
+// the process starts anyway: a sandbox without the cgroups is still usable.
+func (s *Server) startUserProcess(start func() error) error {
+	err, placeErr := usercgroup.Start(start)
+	if placeErr != nil {
+		s.log.Warn("placing a user process in its own cgroup", "err", placeErr)
+	}
+	return err
+}
+
 func credential(u *User) *syscall.Credential {
 	// Only root can switch identity. envd always runs as root in a sandbox; the
 	// fallback keeps it usable (as its own user) when run unprivileged.
@@ -176,7 +189,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		// A new session gives the shell its own controlling terminal and makes it a
 		// process group leader, so group signals reach its children.
 		attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: credential(u)}
-		tty, err := pty.StartWithAttrs(cmd, ws, attrs)
+		var tty *os.File
+		err := s.startUserProcess(func() (err error) {
+			tty, err = pty.StartWithAttrs(cmd, ws, attrs)
+			return err
+		})
 		if err != nil {
 			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting process: %w", err))
 		}
@@ -208,7 +225,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 			childEnds = append(childEnds, inR)
 		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(u)}
-		err = cmd.Start()
+		err = s.startUserProcess(cmd.Start)
 		for _, f := range childEnds {
 			f.Close()
 		}

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // sudoPlan is a validated sudo request: who runs what, where, with which
@@ -250,7 +252,16 @@ func (pl *sudoPlan) start(fds []int, ctty int) (*sudoChild, error) {
 		Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
 		Sys:   sys,
 	}
-	pid, err := syscall.ForkExec(pl.path, pl.argv, attr)
+	var pid int
+	forkExec := func() (err error) {
+		// In a cgroup of its own, as every user process (internal/usercgroup).
+		err, _ = usercgroup.Start(func() (err error) {
+			pid, err = syscall.ForkExec(pl.path, pl.argv, attr)
+			return err
+		})
+		return err
+	}
+	err := forkExec()
 	if err != nil && pl.dirOptional && pl.dir != "/" && (errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOENT)) {
 		// The child changes directory after switching user; the caller's cwd
 		// (or the target's home) may be out of its reach. sudo warns and goes on.
@@ -258,7 +269,7 @@ func (pl *sudoPlan) start(fds []int, ctty int) (*sudoChild, error) {
 			msg := fmt.Sprintf("sudo: unable to change directory to %s: %v\n", pl.dir, err)
 			_, _ = syscall.Write(fds[2], []byte(msg))
 			attr.Dir = "/"
-			pid, err = syscall.ForkExec(pl.path, pl.argv, attr)
+			err = forkExec()
 		}
 	}
 	if err != nil {

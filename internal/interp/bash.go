@@ -129,7 +129,7 @@ func startBash(ctx context.Context, opts Options) (Kernel, error) {
 		return nil, fmt.Errorf("bash stderr: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	if err := cmd.Start(); err != nil {
+	if err := startKernel(cmd); err != nil {
 		outR.Close()
 		outW.Close()
 		errR.Close()

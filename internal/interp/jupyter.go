@@ -188,7 +188,7 @@ func startJupyter(ctx context.Context, opts Options, name string, argv, env []st
 	}
 	k.cmd = kernelCmd(opts, args, env...)
 	k.cmd.Stdout, k.cmd.Stderr = k.output, k.output
-	if err := k.cmd.Start(); err != nil {
+	if err := startKernel(k.cmd); err != nil {
 		os.Remove(k.connFile)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("start %s kernel: %w: %w", name, ErrUnavailable, err)

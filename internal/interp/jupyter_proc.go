@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // kernelCmd builds the command of a kernel process: run as the context's user, in its own
@@ -99,4 +101,13 @@ func writeKernelFile(opts Options, name string, data []byte, mode os.FileMode) (
 		return "", fmt.Errorf("install %s: %w", name, err)
 	}
 	return path, nil
+}
+
+// startKernel starts a kernel (or a probe of the interpreter) in a cgroup of
+// its own, as envd does for every user process (internal/usercgroup): code
+// run in a kernel is the user's, and must not take envd's reserve of pids
+// and memory.
+func startKernel(cmd *exec.Cmd) error {
+	err, _ := usercgroup.Start(cmd.Start)
+	return err
 }

@@ -206,7 +206,7 @@ func startNode(ctx context.Context, opts Options, cfg nodeConfig) (Kernel, error
 		evW.Close()
 		return nil, fmt.Errorf("node kernel: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startKernel(cmd); err != nil {
 		evR.Close()
 		evW.Close()
 		return nil, fmt.Errorf("node kernel: start %s: %w", node, err)

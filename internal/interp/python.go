@@ -39,7 +39,7 @@ func hasIPykernel(ctx context.Context, python string, opts Options) bool {
 		"import importlib.util as u, sys; sys.exit(0 if u.find_spec('ipykernel') and u.find_spec('zmq') else 1)"})
 	cmd.Dir = "/"
 	done := make(chan error, 1)
-	if err := cmd.Start(); err != nil {
+	if err := startKernel(cmd); err != nil {
 		return false
 	}
 	go func() { done <- cmd.Wait() }()

@@ -108,7 +108,7 @@ func StartPythonDriver(ctx context.Context, opts Options) (_ Kernel, err error) 
 		events: make(chan driverEvent, 256), raw: make(chan rawChunk, 256),
 		output: &tailBuffer{max: 8 << 10}, dead: make(chan struct{}),
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startKernel(cmd); err != nil {
 		outR.Close()
 		errR.Close()
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {

@@ -239,6 +239,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 		return nil, fmt.Errorf("linux runtime: create container: %w", err)
 	}
 	s.c = c
+	// Before the init runs, so envd finds it from its first command on;
+	// libcontainer creates the parent with the same path and removes both.
+	if err := makeUserCgroups(spec.ID, spec.Resources, int(r.ids.HostID)); err != nil {
+		return nil, err
+	}
 	proc, closeStdio, err := initProcess(spec)
 	if err != nil {
 		return nil, err
@@ -410,6 +415,7 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 		Bounding: Capabilities, Permitted: Capabilities, Effective: Capabilities,
 	}
 	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, extraMaskedPaths...)
+	writableCgroupMount(s)
 	s.Linux.Seccomp = seccompProfile()
 	s.Linux.Namespaces = append(s.Linux.Namespaces,
 		specs.LinuxNamespace{Type: specs.CgroupNamespace},
@@ -447,6 +453,26 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 	// the init process from the host with prlimit(2).
 	cfg.Rlimits = rlimits()
 	return cfg, nil
+}
+
+// writableCgroupMount drops "ro" from the sandbox's /sys/fs/cgroup mount. The
+// mount shows only the sandbox's own cgroup (it is the root of the sandbox's
+// cgroup namespace), and its files belong to the host's root, which the
+// sandbox's root is not: the only files it can write are those of the "user"
+// child given to it (makeUserCgroups), where envd places user processes.
+func writableCgroupMount(s *specs.Spec) {
+	for i, m := range s.Mounts {
+		if m.Type != "cgroup" {
+			continue
+		}
+		var opts []string
+		for _, o := range m.Options {
+			if o != "ro" {
+				opts = append(opts, o)
+			}
+		}
+		s.Mounts[i].Options = opts
+	}
 }
 
 // rlimits of a sandbox's processes (they are inherited from init).

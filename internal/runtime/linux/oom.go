@@ -3,6 +3,7 @@ package linux
 import (
 	"bufio"
 	"bytes"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,7 +26,17 @@ func oomKills(c *libcontainer.Container) int64 {
 	if !ok {
 		return 0
 	}
-	return readOOMKill(filepath.Join(dir, "memory.oom_control"))
+	// v1 counts a kill only in the cgroup whose limit was hit: the users'
+	// processes live in descendants with limits of their own
+	// (makeUserCgroups), so the whole subtree is summed.
+	var n int64
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			n += readOOMKill(filepath.Join(path, "memory.oom_control"))
+		}
+		return nil
+	})
+	return n
 }
 
 func readOOMKill(path string) int64 {

@@ -1,0 +1,288 @@
+package sandbox_test
+
+// A sandbox survives its own workload: every attack of issue 11 item 3 runs
+// inside a real sandbox, as `user` and as `root`, on the linux and the gVisor
+// runtimes, and afterwards the sandbox must be usable: a command answers within
+// 2 s, a file written before is intact, and the attackers are dead or held at
+// the sandbox's limits. Dying cleanly is a failure here.
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
+)
+
+// The sandbox's limits in these tests: the defaults a user gets (512 MiB of
+// the base template in the rig, the manager's 4096 pids), one CPU, and a
+// 1 GiB disk.
+const (
+	workloadMemoryMB = 512
+	workloadDiskMB   = 1024
+	workloadPidsMax  = 4096
+)
+
+// workloadAttacks are the attacks of issue 11 item 3, each a bash script that
+// runs detached from the command that starts it.
+var workloadAttacks = []struct{ name, script string }{
+	{"fork-bomb", `:(){ :|:& };:`},
+	{"5000-processes", `for i in $(seq 1 5000); do sleep 30 & done; wait`},
+	{"python-fork-loop", `python3 -c 'import os
+while True:
+    os.fork()'`},
+	{"10000-threads", `python3 -c 'import threading, time
+ts = []
+for i in range(10000):
+    t = threading.Thread(target=time.sleep, args=(60,))
+    t.start()
+    ts.append(t)
+'`},
+	// Touches every byte it allocates, so the pages count.
+	{"3GiB-memory", `python3 -c '
+a = []
+for i in range(3 * 64):
+    a.append(b"\x01" * (16 << 20))
+'`},
+	{"3GiB-disk", `dd if=/dev/zero of=$HOME/fill bs=1M count=3072`},
+}
+
+// allAtOnce runs every attack concurrently.
+func allAtOnce() string {
+	var b strings.Builder
+	for _, a := range workloadAttacks {
+		fmt.Fprintf(&b, "( %s ) &\n", a.script)
+	}
+	b.WriteString("wait\n")
+	return b.String()
+}
+
+// workloadManager is a manager with the linux runtime as default and gVisor
+// for the template "base-gvisor", a disk-quota pool, and the default limits.
+func workloadManager(t *testing.T, withGVisor bool) *sandbox.Manager {
+	t.Helper()
+	r := newRig(t)
+	r.tpl.CPUCount = 1
+	r.tpl.MemoryMB = workloadMemoryMB
+	r.tpl.DiskSizeMB = workloadDiskMB
+	var others []runtime.Runtime
+	if withGVisor {
+		testenv.NeedRunsc(t)
+		gv, err := gvisor.New(filepath.Join(r.dataDir, "runtime-gvisor"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, gv)
+	}
+	pool, err := diskquota.Open(filepath.Join(r.dataDir, "sandboxes.img"), filepath.Join(r.dataDir, "sandboxes"), 8<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pool.Close(true); err != nil {
+			t.Errorf("disk pool: %v", err)
+		}
+	})
+	m := sandbox.New(sandbox.Options{
+		Runtime: r.rt, Runtimes: others, Store: r.db, Templates: twoRuntimes{r.tpl},
+		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
+		MetricsInterval: time.Second, PidsMax: workloadPidsMax, Disk: pool,
+	})
+	t.Cleanup(func() {
+		m.KillAll(context.Background())
+		m.Close()
+	})
+	return m
+}
+
+// shAs runs a bash command in the sandbox as the named user, bounded by limit.
+func shAs(m *sandbox.Manager, info sandbox.Info, user, cmd string, limit time.Duration) result {
+	tr, err := m.EnvdTransport(info.ID)
+	if err != nil {
+		return result{err: err}
+	}
+	c := processconnect.NewProcessClient(&http.Client{Transport: tr}, "http://envd", connect.WithProtoJSON())
+	req := connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", cmd}},
+	})
+	req.Header().Set("X-Access-Token", info.AccessToken)
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	stream, err := c.Start(ctx, req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer stream.Close()
+	var out strings.Builder
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil && out.Len() < 64<<10 {
+			out.Write(d.GetStdout())
+			out.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			return result{out: out.String(), code: end.GetExitCode()}
+		}
+	}
+	res := result{out: out.String(), err: stream.Err()}
+	if res.err == nil {
+		res.err = fmt.Errorf("stream ended without an end event")
+	}
+	return res
+}
+
+func TestWorkloadAttacksLinux(t *testing.T)  { runWorkloadAttacks(t, "base") }
+func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gvisor") }
+
+// gvisorUnheld are the attacks gVisor does not survive yet, and why (issue 11
+// item 3 is not done for them). They run when AIRLOCK_TEST_GVISOR_BOMBS=1, to
+// work on them; otherwise they are skipped with this reason, so the suite
+// says what is missing instead of passing in silence.
+//
+// Measured on runsc 20260905 (systrap), 512 MiB / 4096 pids / 1 CPU sandbox.
+// Every task of the sandbox costs the host memory beside the sandbox's own
+// pages (systrap stub threads, and a stub process with its page tables per
+// address space), charged to the sandbox's host memory cgroup: 325 host tasks
+// 114 MB, 1,616 host tasks 531 MB (about 330 KB each). A fork bomb fills the
+// 512 MiB within 5 s, long before the pids limit. Before the stubs got a
+// host oom_score_adj of 1000 (runtime/gvisor, stubOOMScoreAdj) the host OOM
+// killer then killed the sentry (the largest process, as it maps all of the
+// sandbox's memory), which is the whole sandbox. With it, the OOM killer
+// takes stubs and the sentry runs on, but envd does not answer `echo ok`
+// within 2 s while the bomb runs (three tries of 2 s each; the sentry and
+// every stub share the host CPU quota), and with everything at once envd
+// itself was killed once (its own stub is a candidate like any other; it is
+// the largest of them). The host sees the sentry, the gofer and anonymous
+// stubs, so it cannot place the sandbox's processes apart as the linux
+// runtime does. A host pids limit sized to the memory (794 host tasks for
+// 512 MiB, tried) kills the sandbox at once instead. Inside, gVisor's own cgroupfs (tried: a /sys/fs/cgroup mount
+// and envd placing user processes in leaves as on linux) does not hold a
+// pids limit: Task.chargeLocked (pkg/sentry/kernel/task_cgroup.go) charges
+// the first cgroup of the task's map of cgroups, of whatever hierarchy, so
+// only about one fork in seven is counted against pids.max (a leaf with
+// pids.max 240 reached 600); its memory limits are stubs, and runsc has no
+// OOM killer of its own. What would hold: that gVisor fix (charge the
+// cgroup of the pids hierarchy), then the linux runtime's leaves inside the
+// sentry with limits sized by the host cost per task.
+var gvisorUnheld = map[string]string{
+	"fork-bomb":        "the sentry survives (stubs are the OOM victims), but envd does not answer within 2 s while the bomb runs, and gVisor's pids controller does not hold a limit",
+	"python-fork-loop": "as the fork bomb",
+	"all-at-once":      "includes the fork bomb; envd's own stub can be the OOM victim",
+}
+
+func runWorkloadAttacks(t *testing.T, template string) {
+	m := workloadManager(t, template == "base-gvisor")
+	attacks := append(workloadAttacks[:len(workloadAttacks):len(workloadAttacks)], struct{ name, script string }{"all-at-once", allAtOnce()})
+	for _, user := range []string{"user", "root"} {
+		for _, a := range attacks {
+			t.Run(user+"/"+a.name, func(t *testing.T) {
+				if why, ok := gvisorUnheld[a.name]; ok && template == "base-gvisor" && os.Getenv("AIRLOCK_TEST_GVISOR_BOMBS") != "1" {
+					t.Skipf("not held on gVisor yet (see gvisorUnheld): %s", why)
+				}
+				survive(t, m, template, user, a.script)
+			})
+		}
+	}
+}
+
+// survive runs one attack in a fresh sandbox and asserts the sandbox is
+// usable afterwards.
+func survive(t *testing.T, m *sandbox.Manager, template, user, script string) {
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: template, Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	defer func() { _ = m.Kill(ctx, info.ID) }()
+	// A file written before the attack, to compare afterwards.
+	const before = `head -c 1048576 /dev/urandom > $HOME/before.bin && sha256sum < $HOME/before.bin`
+	res := shAs(m, info, user, before, 30*time.Second)
+	if res.err != nil || res.code != 0 {
+		t.Fatalf("write the file: %+v", res)
+	}
+	sum := res.out
+	// setsid: the attack leaves the command's process group and session; the
+	// starting command returns at once.
+	start := fmt.Sprintf("setsid bash -c %s >/dev/null 2>&1 </dev/null & echo started", shellQuote(script))
+	if res = shAs(m, info, user, start, 30*time.Second); res.err != nil || res.out != "started\n" {
+		t.Fatalf("start the attack: %+v", res)
+	}
+	// Long enough for every attack to reach a limit (the 3 GiB ones stop at
+	// the memory limit and the disk quota within seconds).
+	time.Sleep(8 * time.Second)
+	var lat []time.Duration
+	ok := false
+	for range 3 {
+		t0 := time.Now()
+		res = shAs(m, info, user, "echo ok", 2*time.Second)
+		lat = append(lat, time.Since(t0))
+		if res.err == nil && res.out == "ok\n" {
+			ok = true
+			break
+		}
+		t.Logf("echo ok after %v: %q exit %d: %v", lat[len(lat)-1], res.out, res.code, res.err)
+	}
+	if !ok {
+		st, _ := m.Get(ctx, info.ID)
+		t.Fatalf("the sandbox does not answer `echo ok` within 2 s after the attack (sandbox state %s): %v", st.State, res.err)
+	}
+	t.Logf("echo ok answered in %v", lat)
+	res = shAs(m, info, user, `sha256sum < $HOME/before.bin`, 10*time.Second)
+	if res.err != nil || res.out != sum {
+		t.Fatalf("the file written before the attack changed: %q, want %q (%+v)", res.out, sum, res)
+	}
+	// The attackers are dead or held at the sandbox's limits.
+	if pids := readCgroupInt(t, "pids", info.ID, "pids.current"); pids > workloadPidsMax {
+		t.Fatalf("pids.current %d past the limit %d", pids, workloadPidsMax)
+	}
+	if mem := readCgroupInt(t, "memory", info.ID, "memory.usage_in_bytes"); mem > workloadMemoryMB<<20 {
+		t.Fatalf("memory usage %d past the limit %d MiB", mem, workloadMemoryMB)
+	}
+	if got, err := m.Get(ctx, info.ID); err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("sandbox after the attack: %+v, %v", got.State, err)
+	}
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestUserCgroupsConfined: a command runs in a leaf of the users' cgroup,
+// apart from envd, and root in the sandbox can neither raise the users' share
+// or the sandbox's total nor move a process into envd's cgroup.
+func TestUserCgroupsConfined(t *testing.T) {
+	m := workloadManager(t, false)
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	res := shAs(m, info, "root", `grep -E '^[0-9]+:(pids|memory|cpu):' /proc/self/cgroup | cut -d: -f3 | sort -u; grep -E '^[0-9]+:pids:' /proc/1/cgroup | cut -d: -f3
+for f in pids/pids.max pids/user/pids.max memory/user/memory.limit_in_bytes cpu/user/cpu.shares pids/cgroup.procs pids/tasks memory/cgroup.procs; do
+  if { echo $$ > /sys/fs/cgroup/$f; } 2>/dev/null; then echo "wrote $f"; fi
+done`, 30*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res.err)
+	}
+	lines := strings.Split(strings.TrimSpace(res.out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "/user/t") || lines[1] != "/" {
+		t.Fatalf("want the command in one /user/t<n> leaf in every controller and envd in /, got:\n%s", res.out)
+	}
+	if user := readCgroupInt(t, "pids", info.ID, "user/pids.max"); user != workloadPidsMax-usercgroup.UserReserve(workloadPidsMax) {
+		t.Fatalf("user pids.max %d", user)
+	}
+}
