@@ -20,34 +20,15 @@ PACKAGES=(
 	protobuf-compiler
 )
 
-step() { printf '\n==> %s\n' "$*"; }
-die() {
-	printf 'setup-test: %s\n' "$*" >&2
-	exit 1
-}
+SETUP_NAME=setup-test
+. scripts/lib.sh
 
-if [ "$(id -u)" -ne 0 ]; then
-	die "run as root (it installs packages)"
-fi
+need_root "it installs packages"
 GO=/usr/local/go/bin/go
 [ -x "$GO" ] || GO=$(command -v go) || die "Go not found (run scripts/setup.sh first)"
 
 step "test packages"
-missing=()
-for p in "${PACKAGES[@]}"; do
-	status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
-	if [ "$status" != "installed" ]; then
-		missing+=("$p")
-	fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
-	echo "all ${#PACKAGES[@]} packages already installed"
-else
-	echo "installing: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update
-	apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+install_missing "${PACKAGES[@]}"
 
 step "Node.js and npm (for the SDK conformance tests)"
 # The SDK tests drive the official npm packages; Debian's nodejs (18) is enough

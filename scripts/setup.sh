@@ -24,32 +24,13 @@ PACKAGES=(
 	ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs
 )
 
-step() { printf '\n==> %s\n' "$*"; }
-die() {
-	printf 'setup: %s\n' "$*" >&2
-	exit 1
-}
+SETUP_NAME=setup
+. scripts/lib.sh
 
-if [ "$(id -u)" -ne 0 ]; then
-	die "run as root (it installs packages and sets sysctls)"
-fi
+need_root "it installs packages and sets sysctls"
 
 step "system packages"
-missing=()
-for p in "${PACKAGES[@]}"; do
-	status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
-	if [ "$status" != "installed" ]; then
-		missing+=("$p")
-	fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
-	echo "all ${#PACKAGES[@]} packages already installed"
-else
-	echo "installing: ${missing[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update
-	apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+install_missing "${PACKAGES[@]}"
 
 step "Go toolchain (>= ${GO_MIN_MAJOR}.${GO_MIN_MINOR})"
 GO=""
