@@ -1,8 +1,10 @@
 // Package netpolicytest builds a stand-in "internet" for network tests: a
 // network namespace the test owns, joined to the host by a veth, holding
 // addresses from the documentation ranges (TEST-NET-2 198.51.100.0/24 and
-// TEST-NET-3 203.0.113.0/24, which no real network routes) with a web server
-// and a DNS server in it. Traffic never leaves the machine.
+// TEST-NET-3 203.0.113.0/24, which public networks do not route; only the
+// stand-in's own hosts get host routes, since a machine's real gateway or
+// proxy may sit in these ranges) with a web server and a DNS server in it.
+// Traffic never leaves the machine.
 //
 // It also holds private test hosts (Private*): addresses in the private
 // ranges a sandbox must not reach by default, routed to this namespace by
@@ -159,9 +161,13 @@ func (in *Internet) link(ns netns.NsHandle) error {
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: prefixNet("fdaa:a1c0:250::1/64"), Flags: unix.IFA_F_NODAD}); err != nil {
 		return fmt.Errorf("internet host IPv6 address: %w", err)
 	}
-	// The second range, the metadata address and the private hosts sit
-	// behind the first.
-	dsts := []string{"203.0.113.0/24", "169.254.77.77/32"}
+	// The second range's hosts, the metadata address and the private hosts
+	// sit behind the first. Host routes, never the whole 203.0.113.0/24: on
+	// some machines the real outside world is reached through an address in
+	// it (this project's machine kind resolves deb.debian.org, the npm
+	// registry and the Go proxy to 203.0.113.80), and a /24 route would cut
+	// every build and download on the machine off while a test runs.
+	dsts := []string{Allowed.String() + "/32", Blocked.String() + "/32", DNS.String() + "/32", "169.254.77.77/32"}
 	for _, a := range PrivateHosts {
 		dsts = append(dsts, a.String()+"/32")
 	}
