@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 func main() {
@@ -97,6 +98,10 @@ func run() int {
 		close(sudoDone)
 	}
 	defer func() { stop(); <-sudoDone }()
+	// Places the first spare thread in a user leaf now, off the path of the
+	// first command (a warm-pool sandbox's first command comes right after
+	// its claim).
+	go usercgroup.Enabled()
 	if err := srv.Serve(ctx); err != nil {
 		logger.Error("serve", "err", err)
 		return 1

@@ -77,9 +77,10 @@ const UserCPUShares = 128
 var root = "/sys/fs/cgroup"
 
 type placer struct {
-	dirs []string // <root>/<ctrl>/user, one per controller
-	next atomic.Uint64
-	mu   sync.Mutex // serializes leaf creation and the sweep of empty leaves
+	dirs  []string // <root>/<ctrl>/user, one per controller
+	next  atomic.Uint64
+	ready chan *spare // a thread placed in a fresh leaf (keepSpare)
+	mu    sync.Mutex  // serializes leaf creation and the sweep of empty leaves
 }
 
 var (
@@ -97,7 +98,8 @@ func get() *placer {
 			}
 			dirs = append(dirs, d)
 		}
-		global = &placer{dirs: dirs}
+		global = &placer{dirs: dirs, ready: make(chan *spare)}
+		go global.keepSpare()
 	})
 	return global
 }
@@ -110,22 +112,45 @@ func Enabled() bool { return get() != nil }
 // leaf cgroup, so the child and everything it forks live there. When the leaf
 // cannot be made, the child starts where envd is and the error is returned
 // beside start's result for the caller to log.
+//
+// Moving a thread between v1 cgroups waits for an RCU grace period per
+// hierarchy (milliseconds), so a thread already placed in a fresh leaf is kept
+// ready (spare) and the next one is placed in the background after each use.
+// A start that finds none ready waits for the one being placed: placements
+// are serialized (p.mu) anyway, so placing its own would not be sooner.
 func Start(start func() error) (err, placeErr error) {
 	p := get()
 	if p == nil {
 		return start(), nil
 	}
-	type res struct{ err, placeErr error }
-	ch := make(chan res, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, and with it the
-		// thread's membership of the leaf.
-		goruntime.LockOSThread()
-		placeErr := p.enter()
-		ch <- res{start(), placeErr}
-	}()
-	r := <-ch
-	return r.err, r.placeErr
+	s := <-p.ready
+	s.run <- start
+	return <-s.done, s.placeErr
+}
+
+// spare is an OS thread already moved into a fresh leaf, parked until a Start
+// hands it the function that forks a child.
+type spare struct {
+	placeErr error
+	run      chan func() error
+	done     chan error
+}
+
+// keepSpare places one thread after another in a fresh leaf and offers it on
+// p.ready; it blocks while the offered one is unused, so at most one idle
+// thread (one task in a leaf's pids count) exists per sandbox.
+func (p *placer) keepSpare() {
+	for {
+		s := &spare{run: make(chan func() error), done: make(chan error, 1)}
+		placed := make(chan error, 1)
+		go func() {
+			goruntime.LockOSThread() // never unlocked: see Start
+			placed <- p.enter()
+			s.done <- (<-s.run)()
+		}()
+		s.placeErr = <-placed
+		p.ready <- s
+	}
 }
 
 // enter creates a leaf in every controller and moves the calling thread
