@@ -286,3 +286,55 @@ done`, 30*time.Second)
 		t.Fatalf("user pids.max %d", user)
 	}
 }
+
+// TestGVisorTaskLimit: in a gVisor sandbox envd builds the task limit in the
+// sentry's cgroup v2 hierarchy (usercgroup.SetupV2): envd in /envd, a command
+// in a leaf of /user, the users' pids.max the task limit minus envd's
+// reserve; a `user` can neither raise it nor leave its leaf; and 1,000
+// background processes are held at the leaf's limit while `echo ok` still
+// answers.
+func TestGVisorTaskLimit(t *testing.T) {
+	m := workloadManager(t, true)
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base-gvisor", Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	defer func() { _ = m.Kill(ctx, info.ID) }()
+	tasks := gvisor.TasksMax(runtime.Resources{MemoryMB: workloadMemoryMB, PidsMax: workloadPidsMax})
+	userMax := tasks - usercgroup.UserReserve(tasks)
+	leafMax := userMax - usercgroup.UserReserve(userMax)
+	res := shAs(m, info, "root", `cut -d: -f3 /proc/self/cgroup; cut -d: -f3 /proc/1/cgroup; cat /sys/fs/cgroup/user/pids.max; cat /sys/fs/cgroup/$(cut -d: -f3 /proc/self/cgroup)/pids.max`, 30*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res.err)
+	}
+	lines := strings.Split(strings.TrimSpace(res.out), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "/user/t") || lines[1] != "/envd" ||
+		lines[2] != fmt.Sprint(userMax) || lines[3] != fmt.Sprint(leafMax) {
+		t.Fatalf("want the command in /user/t<n> (pids.max %d), envd in /envd, /user pids.max %d; got:\n%s", leafMax, userMax, res.out)
+	}
+	res = shAs(m, info, "user", `for f in user/pids.max envd/cgroup.procs user/cgroup.procs; do
+  if { echo $$ > /sys/fs/cgroup/$f; } 2>/dev/null; then echo "wrote $f"; fi
+done; echo max > /sys/fs/cgroup/user/pids.max 2>/dev/null && echo "raised user"; cut -d: -f3 /proc/self/cgroup`, 30*time.Second)
+	if res.err != nil || strings.Contains(res.out, "wrote") || strings.Contains(res.out, "raised") || !strings.HasPrefix(res.out, "/user/t") {
+		t.Fatalf("user escaped its leaf or raised the limit: %+v", res)
+	}
+	start := `setsid bash -c 'for i in $(seq 1 1000); do sleep 60 & done 2>/dev/null; wait' >/dev/null 2>&1 </dev/null & echo started`
+	if res = shAs(m, info, "user", start, 30*time.Second); res.err != nil || res.out != "started\n" {
+		t.Fatalf("start: %+v", res)
+	}
+	time.Sleep(10 * time.Second)
+	res = shAs(m, info, "user", "echo ok", 5*time.Second)
+	if res.err != nil || res.out != "ok\n" {
+		t.Fatalf("echo ok while the processes are held: %+v", res)
+	}
+	res = shAs(m, info, "root", `ps -e --no-headers | grep -c sleep; cat /sys/fs/cgroup/user/pids.peak`, 10*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res)
+	}
+	var sleeps, peak int64
+	if _, err := fmt.Sscan(res.out, &sleeps, &peak); err != nil || sleeps < leafMax/2 || peak > userMax {
+		t.Fatalf("want the sleeps held at the leaf's limit %d (the users' %d), got %q (%v)", leafMax, userMax, res.out, err)
+	}
+	t.Logf("task limit %d, users %d, leaf %d: %d sleeps running, users' peak %d", tasks, userMax, leafMax, sleeps, peak)
+}

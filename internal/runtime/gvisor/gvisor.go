@@ -57,6 +57,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // CgroupParent is the cgroup under which every sandbox cgroup is created, the
@@ -142,6 +143,11 @@ func (r *Runtime) flags(network string) []string {
 		// CPUs. runsc's default derives it from the CFS quota instead, but
 		// never below 2, so a 1-CPU sandbox would see 2.
 		"--cpu-num-from-quota=false",
+		// The sentry's cgroup v2 hierarchy inside the sandbox, where envd
+		// holds the user's processes to the task limit (TasksMax). Its v1
+		// hierarchies would not: v1 pids.max holds only by chance there
+		// (internal/usercgroup).
+		"--in-sandbox-cgroup=v2",
 	}
 }
 
@@ -360,12 +366,15 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			// No /sys/fs/cgroup: with a cgroupfs mount the sentry moves the init
-			// into a cgroup named after the runsc container id, and the sandbox
-			// would see "/<id>-gv" as its cgroup path. Without one it sees "/",
-			// and tools that size themselves from memory (node) read the limit
-			// from /proc/meminfo, which the sentry sizes to the memory limit.
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			// The sentry's cgroup v2 hierarchy (--in-sandbox-cgroup=v2 makes a
+			// "cgroup" mount one). The init starts in a cgroup named after the
+			// runsc container id, which the cgroup namespace shows as "/";
+			// envd builds its task limit in it (usercgroup.SetupV2). Its
+			// memory.max is not enforced; tools that size themselves from
+			// memory (node) read the limit from /proc/meminfo, which the sentry
+			// sizes to the memory limit.
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
@@ -381,6 +390,9 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 		},
 	}
 	runtime.ApplyToOCI(s, spec)
+	if n := TasksMax(spec.Resources); n > 0 {
+		s.Process.Env = append(s.Process.Env[:len(s.Process.Env):len(s.Process.Env)], usercgroup.TasksMaxEnv+"="+strconv.FormatInt(n, 10))
+	}
 	if cpuset != "" {
 		if s.Linux.Resources.CPU == nil {
 			s.Linux.Resources.CPU = &specs.LinuxCPU{}
@@ -392,6 +404,33 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 	}
 	return s
 }
+
+// TasksMax is the number of tasks (processes and threads) a sandbox may hold,
+// enforced inside by envd in the sentry's cgroup v2 hierarchy
+// (usercgroup.SetupV2): the host pids limit's count at most, and never more
+// than the sandbox's memory can pay for. Every task of a gVisor sandbox costs
+// the host memory beside the sandbox's own pages (systrap stub processes and
+// threads, measured about 330 KB a task), charged to the sandbox's host memory
+// cgroup; unbounded, a fork bomb fills that cgroup within seconds (issue 11).
+// At one task per tasksMiB of memory, the tasks' host cost stays a sixth of
+// the memory limit. 0 means no limit.
+func TasksMax(res runtime.Resources) int64 {
+	n := res.PidsMax
+	if res.MemoryMB > 0 {
+		byMem := max(res.MemoryMB/tasksMiB, minTasks)
+		if n <= 0 || byMem < n {
+			n = byMem
+		}
+	}
+	return max(n, 0)
+}
+
+const (
+	tasksMiB = 2
+	// minTasks is the task limit of the smallest sandboxes: room for envd
+	// (a few dozen threads) and a shell with its pipeline.
+	minTasks = 128
+)
 
 // stubOOMScoreAdj is the host oom_score_adj of the sandbox's systrap stub
 // processes (one per address space of the sandbox, holding its pages mapped),
