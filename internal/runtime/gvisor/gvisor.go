@@ -426,7 +426,7 @@ func TasksMax(res runtime.Resources) int64 {
 }
 
 const (
-	tasksMiB = 2
+	tasksMiB = 4
 	// minTasks is the task limit of the smallest sandboxes: room for envd
 	// (a few dozen threads) and a shell with its pipeline.
 	minTasks = 128
@@ -450,6 +450,81 @@ const (
 const stubOOMScoreAdj = 1000
 
 var sentryOOMScoreAdj = 0
+
+// startTime returns a process's start time in clock ticks since boot
+// (/proc/<pid>/stat, field 22).
+func startTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields count from its ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// envdStubOOMScoreAdj is the host oom_score_adj of envd's stubs: the stubs
+// that exist when envd first answers, before any user process has run (envd's
+// pid 1 and server, and the odd stub systrap keeps for reuse). The host OOM
+// killer then takes any user process's stub (1000) before envd's, and envd's
+// before the sentry (0). Measured: an os.fork() loop held at the task limit
+// (python processes copy their pages on write) filled the 512 MiB host memory
+// cgroup, and with every stub at 1000 the OOM killer took envd's server; the
+// sentry ran on with envd gone.
+const envdStubOOMScoreAdj = 500
+
+// EnvdReady implements runtime.EnvdReadier: envd's stubs get
+// envdStubOOMScoreAdj. Lowering a score the process raised itself needs no
+// CAP_SYS_RESOURCE (see stubOOMScoreAdj).
+func (s *sandbox) EnvdReady() error {
+	m, err := s.cgroup()
+	if err != nil {
+		return err
+	}
+	pids, err := cgroups.GetPids(m.Path("memory"))
+	if err != nil {
+		return fmt.Errorf("gvisor runtime: stubs of %s: %w", s.id, err)
+	}
+	// The first stub is systrap's stub initializer, from which every later
+	// stub is cloned (and inherits its score): it keeps stubOOMScoreAdj.
+	var stubs []int
+	first, firstStart := -1, uint64(0)
+	for _, pid := range pids {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj"))
+		if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(stubOOMScoreAdj) {
+			continue // gone, or the sentry or the gofer
+		}
+		start, err := startTime(pid)
+		if err != nil {
+			continue
+		}
+		stubs = append(stubs, pid)
+		if first < 0 || start < firstStart {
+			first, firstStart = pid, start
+		}
+	}
+	var errs []error
+	for _, pid := range stubs {
+		if pid == first {
+			continue
+		}
+		f := filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj")
+		if err := os.WriteFile(f, []byte(strconv.Itoa(envdStubOOMScoreAdj)), 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gvisor runtime: envd's stubs of %s: %w", s.id, err)
+	}
+	return nil
+}
 
 // upperAnnotation records Spec.Upper in the bundle, so that a Destroy after a
 // restart (through Load) still knows where the writable layer is.

@@ -151,12 +151,12 @@ func TestTasksMax(t *testing.T) {
 	for _, c := range []struct {
 		mem, pids, want int64
 	}{
-		{512, 4096, 256},
+		{512, 4096, 128},
 		{512, 100, 100},
 		{64, 4096, 128},
 		{8192, 1024, 1024},
 		{0, 4096, 4096},
-		{2048, 0, 1024},
+		{2048, 0, 512},
 		{0, 0, 0},
 	} {
 		if got := gvisor.TasksMax(runtime.Resources{MemoryMB: c.mem, PidsMax: c.pids}); got != c.want {
