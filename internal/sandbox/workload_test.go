@@ -11,7 +11,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -150,41 +149,13 @@ func shAs(m *sandbox.Manager, info sandbox.Info, user, cmd string, limit time.Du
 func TestWorkloadAttacksLinux(t *testing.T)  { runWorkloadAttacks(t, "base") }
 func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gvisor") }
 
-// gvisorUnheld are the attacks gVisor does not survive yet, and why (issue 11
-// item 3 is not done for them). They run when AIRLOCK_TEST_GVISOR_BOMBS=1, to
-// work on them; otherwise they are skipped with this reason, so the suite
-// says what is missing instead of passing in silence.
-//
-// Measured on runsc 20260905 (systrap), 512 MiB / 4096 pids / 1 CPU sandbox.
-// Every task of the sandbox costs the host memory beside the sandbox's own
-// pages (systrap stub threads, and a stub process with its page tables per
-// address space), charged to the sandbox's host memory cgroup: 325 host tasks
-// 114 MB, 1,616 host tasks 531 MB (about 330 KB each). A fork bomb fills the
-// 512 MiB within 5 s, long before the pids limit. Before the stubs got a
-// host oom_score_adj of 1000 (runtime/gvisor, stubOOMScoreAdj) the host OOM
-// killer then killed the sentry (the largest process, as it maps all of the
-// sandbox's memory), which is the whole sandbox. With it, the OOM killer
-// takes stubs and the sentry runs on, but envd does not answer `echo ok`
-// within 2 s while the bomb runs (three tries of 2 s each; the sentry and
-// every stub share the host CPU quota), and with everything at once envd
-// itself was killed once (its own stub is a candidate like any other; it is
-// the largest of them). The host sees the sentry, the gofer and anonymous
-// stubs, so it cannot place the sandbox's processes apart as the linux
-// runtime does. A host pids limit sized to the memory (794 host tasks for
-// 512 MiB, tried) kills the sandbox at once instead. Inside, gVisor's own cgroupfs (tried: a /sys/fs/cgroup mount
-// and envd placing user processes in leaves as on linux) does not hold a
-// pids limit: Task.chargeLocked (pkg/sentry/kernel/task_cgroup.go) charges
-// the first cgroup of the task's map of cgroups, of whatever hierarchy, so
-// only about one fork in seven is counted against pids.max (a leaf with
-// pids.max 240 reached 600); its memory limits are stubs, and runsc has no
-// OOM killer of its own. What would hold: that gVisor fix (charge the
-// cgroup of the pids hierarchy), then the linux runtime's leaves inside the
-// sentry with limits sized by the host cost per task.
-var gvisorUnheld = map[string]string{
-	"fork-bomb":        "the sentry survives (stubs are the OOM victims), but envd does not answer within 2 s while the bomb runs, and gVisor's pids controller does not hold a limit",
-	"python-fork-loop": "as the fork bomb",
-	"all-at-once":      "includes the fork bomb; envd's own stub can be the OOM victim",
-}
+// On gVisor every attack is held by the task limit envd enforces in the
+// sentry's cgroup v2 hierarchy (gvisor.TasksMax, usercgroup.SetupV2), sized to
+// the host memory each task's systrap stubs cost; envd's stubs are the host
+// OOM killer's last choice before the sentry, and the user's run at a higher
+// host nice (gvisor EnvdReady). Before those, a fork bomb or an os.fork()
+// loop filled the sandbox's 512 MiB host memory cgroup within 5 s and envd
+// stopped answering (issue 11).
 
 func runWorkloadAttacks(t *testing.T, template string) {
 	m := workloadManager(t, template == "base-gvisor")
@@ -192,9 +163,6 @@ func runWorkloadAttacks(t *testing.T, template string) {
 	for _, user := range []string{"user", "root"} {
 		for _, a := range attacks {
 			t.Run(user+"/"+a.name, func(t *testing.T) {
-				if why, ok := gvisorUnheld[a.name]; ok && template == "base-gvisor" && os.Getenv("AIRLOCK_TEST_GVISOR_BOMBS") != "1" {
-					t.Skipf("not held on gVisor yet (see gvisorUnheld): %s", why)
-				}
 				survive(t, m, template, user, a.script)
 			})
 		}

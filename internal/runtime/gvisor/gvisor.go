@@ -445,8 +445,11 @@ const (
 // no CAP_SYS_RESOURCE (this machine kind's root lacks it) because the raised
 // score was never set as a minimum. Measured: a fork bomb that used to kill
 // the sandbox within 5 s leaves the sentry running (the host OOM killer takes
-// stubs); see gvisorUnheld in internal/sandbox/workload_test.go for what is
-// still missing.
+// stubs). Not a full guarantee: the sentry's RSS counts the sandbox's memory
+// plus the runsc binary's pages, which are charged elsewhere, so near a full
+// cgroup its badness can pass a stub's (measured: with a 224-task os.fork()
+// loop the OOM killer took the sentry). Hence TasksMax keeps the tasks' host
+// cost well inside the limit.
 const stubOOMScoreAdj = 1000
 
 var sentryOOMScoreAdj = 0
@@ -480,6 +483,9 @@ func startTime(pid int) (uint64, error) {
 // sentry ran on with envd gone.
 const envdStubOOMScoreAdj = 500
 
+// userStubNice is the host nice value of the stubs that run user processes.
+const userStubNice = 10
+
 // EnvdReady implements runtime.EnvdReadier: envd's stubs get
 // envdStubOOMScoreAdj. Lowering a score the process raised itself needs no
 // CAP_SYS_RESOURCE (see stubOOMScoreAdj).
@@ -511,6 +517,14 @@ func (s *sandbox) EnvdReady() error {
 		}
 	}
 	var errs []error
+	// The stubs cloned from now on run the user's code: at a higher nice,
+	// the host scheduler gives the sentry and envd's stubs the sandbox's CPU
+	// first (raising one's nice needs no privilege).
+	if first >= 0 {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, first, userStubNice); err != nil {
+			errs = append(errs, fmt.Errorf("nice of the stub initializer: %w", err))
+		}
+	}
 	for _, pid := range stubs {
 		if pid == first {
 			continue
