@@ -119,12 +119,13 @@ func lookPath(file string, env []string, dir string) (string, error) {
 	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
 }
 
-// startUserProcess runs start, which forks a user's process, so that the
+// startUserProcess runs start, which forks a user's process with sys as its
+// SysProcAttr, so that the
 // process lives in a cgroup of its own under the sandbox's "user" cgroup, apart
 // from envd's reserve (internal/usercgroup). A failed placement is logged and
 // the process starts anyway: a sandbox without the cgroups is still usable.
-func (s *Server) startUserProcess(start func() error) error {
-	err, placeErr := usercgroup.Start(start)
+func (s *Server) startUserProcess(sys *syscall.SysProcAttr, start func() error) error {
+	err, placeErr := usercgroup.Start(sys, start)
 	if placeErr != nil {
 		s.log.Warn("placing a user process in its own cgroup", "err", placeErr)
 	}
@@ -190,7 +191,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		// process group leader, so group signals reach its children.
 		attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: credential(u)}
 		var tty *os.File
-		err := s.startUserProcess(func() (err error) {
+		err := s.startUserProcess(attrs, func() (err error) {
 			tty, err = pty.StartWithAttrs(cmd, ws, attrs)
 			return err
 		})
@@ -225,7 +226,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 			childEnds = append(childEnds, inR)
 		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(u)}
-		err = s.startUserProcess(cmd.Start)
+		err = s.startUserProcess(cmd.SysProcAttr, cmd.Start)
 		for _, f := range childEnds {
 			f.Close()
 		}

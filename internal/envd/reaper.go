@@ -5,7 +5,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // ChildEnv marks the re-executed server process so it does not become a reaper
@@ -25,6 +28,7 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 	if _, err := os.Stat(exe); err != nil {
 		exe = os.Args[0]
 	}
+	setupTaskLimit(logger)
 	r, w, err := os.Pipe()
 	if err != nil {
 		logger.Error("reaper: pipe", "err", err)
@@ -76,5 +80,24 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 			logger.Info("envd server killed", "signal", ws.Signal().String())
 			return 128 + int(ws.Signal())
 		}
+	}
+}
+
+// setupTaskLimit builds the sandbox's cgroups inside a gVisor sandbox, whose
+// runtime gives the task limit in usercgroup.TasksMaxEnv (the linux runtime
+// builds them on the host). The variable is dropped either way: it is not the
+// user's. A sandbox without the limit still works; the failure is logged.
+func setupTaskLimit(logger *slog.Logger) {
+	v, ok := os.LookupEnv(usercgroup.TasksMaxEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(usercgroup.TasksMaxEnv)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err == nil {
+		err = usercgroup.SetupV2(n)
+	}
+	if err != nil {
+		logger.Error("reaper: the sandbox's task limit is not enforced", "err", err)
 	}
 }

@@ -255,7 +255,7 @@ func (pl *sudoPlan) start(fds []int, ctty int) (*sudoChild, error) {
 	var pid int
 	forkExec := func() (err error) {
 		// In a cgroup of its own, as every user process (internal/usercgroup).
-		err, _ = usercgroup.Start(func() (err error) {
+		err, _ = usercgroup.Start(sys, func() (err error) {
 			pid, err = syscall.ForkExec(pl.path, pl.argv, attr)
 			return err
 		})

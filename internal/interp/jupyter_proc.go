@@ -108,6 +108,9 @@ func writeKernelFile(opts Options, name string, data []byte, mode os.FileMode) (
 // run in a kernel is the user's, and must not take envd's reserve of pids
 // and memory.
 func startKernel(cmd *exec.Cmd) error {
-	err, _ := usercgroup.Start(cmd.Start)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	err, _ := usercgroup.Start(cmd.SysProcAttr, cmd.Start)
 	return err
 }

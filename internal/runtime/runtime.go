@@ -60,6 +60,13 @@ type Sandbox interface {
 	Destroy(ctx context.Context) error
 }
 
+// EnvdReadier is implemented by a Sandbox that has something to do once envd
+// answers and before any user process runs: the manager calls EnvdReady once,
+// right after a create. (gVisor marks envd's host stub processes.)
+type EnvdReadier interface {
+	EnvdReady() error
+}
+
 // Status of a sandbox's first process.
 type Status string
 

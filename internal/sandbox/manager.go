@@ -442,6 +442,12 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		m.teardown(e)
 		return nil, fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)
 	}
+	if r, ok := rt.(runtime.EnvdReadier); ok {
+		// Best effort: the sandbox works without it, less protected.
+		if err := r.EnvdReady(); err != nil {
+			m.log.Warn("sandbox envd ready hook", "id", info.ID, "err", err)
+		}
+	}
 	return e, nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -150,41 +149,13 @@ func shAs(m *sandbox.Manager, info sandbox.Info, user, cmd string, limit time.Du
 func TestWorkloadAttacksLinux(t *testing.T)  { runWorkloadAttacks(t, "base") }
 func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gvisor") }
 
-// gvisorUnheld are the attacks gVisor does not survive yet, and why (issue 11
-// item 3 is not done for them). They run when AIRLOCK_TEST_GVISOR_BOMBS=1, to
-// work on them; otherwise they are skipped with this reason, so the suite
-// says what is missing instead of passing in silence.
-//
-// Measured on runsc 20260905 (systrap), 512 MiB / 4096 pids / 1 CPU sandbox.
-// Every task of the sandbox costs the host memory beside the sandbox's own
-// pages (systrap stub threads, and a stub process with its page tables per
-// address space), charged to the sandbox's host memory cgroup: 325 host tasks
-// 114 MB, 1,616 host tasks 531 MB (about 330 KB each). A fork bomb fills the
-// 512 MiB within 5 s, long before the pids limit. Before the stubs got a
-// host oom_score_adj of 1000 (runtime/gvisor, stubOOMScoreAdj) the host OOM
-// killer then killed the sentry (the largest process, as it maps all of the
-// sandbox's memory), which is the whole sandbox. With it, the OOM killer
-// takes stubs and the sentry runs on, but envd does not answer `echo ok`
-// within 2 s while the bomb runs (three tries of 2 s each; the sentry and
-// every stub share the host CPU quota), and with everything at once envd
-// itself was killed once (its own stub is a candidate like any other; it is
-// the largest of them). The host sees the sentry, the gofer and anonymous
-// stubs, so it cannot place the sandbox's processes apart as the linux
-// runtime does. A host pids limit sized to the memory (794 host tasks for
-// 512 MiB, tried) kills the sandbox at once instead. Inside, gVisor's own cgroupfs (tried: a /sys/fs/cgroup mount
-// and envd placing user processes in leaves as on linux) does not hold a
-// pids limit: Task.chargeLocked (pkg/sentry/kernel/task_cgroup.go) charges
-// the first cgroup of the task's map of cgroups, of whatever hierarchy, so
-// only about one fork in seven is counted against pids.max (a leaf with
-// pids.max 240 reached 600); its memory limits are stubs, and runsc has no
-// OOM killer of its own. What would hold: that gVisor fix (charge the
-// cgroup of the pids hierarchy), then the linux runtime's leaves inside the
-// sentry with limits sized by the host cost per task.
-var gvisorUnheld = map[string]string{
-	"fork-bomb":        "the sentry survives (stubs are the OOM victims), but envd does not answer within 2 s while the bomb runs, and gVisor's pids controller does not hold a limit",
-	"python-fork-loop": "as the fork bomb",
-	"all-at-once":      "includes the fork bomb; envd's own stub can be the OOM victim",
-}
+// On gVisor every attack is held by the task limit envd enforces in the
+// sentry's cgroup v2 hierarchy (gvisor.TasksMax, usercgroup.SetupV2), sized to
+// the host memory each task's systrap stubs cost; envd's stubs are the host
+// OOM killer's last choice before the sentry, and the user's run at a higher
+// host nice (gvisor EnvdReady). Before those, a fork bomb or an os.fork()
+// loop filled the sandbox's 512 MiB host memory cgroup within 5 s and envd
+// stopped answering (issue 11).
 
 func runWorkloadAttacks(t *testing.T, template string) {
 	m := workloadManager(t, template == "base-gvisor")
@@ -192,9 +163,6 @@ func runWorkloadAttacks(t *testing.T, template string) {
 	for _, user := range []string{"user", "root"} {
 		for _, a := range attacks {
 			t.Run(user+"/"+a.name, func(t *testing.T) {
-				if why, ok := gvisorUnheld[a.name]; ok && template == "base-gvisor" && os.Getenv("AIRLOCK_TEST_GVISOR_BOMBS") != "1" {
-					t.Skipf("not held on gVisor yet (see gvisorUnheld): %s", why)
-				}
 				survive(t, m, template, user, a.script)
 			})
 		}
@@ -285,4 +253,56 @@ done`, 30*time.Second)
 	if user := readCgroupInt(t, "pids", info.ID, "user/pids.max"); user != workloadPidsMax-usercgroup.UserReserve(workloadPidsMax) {
 		t.Fatalf("user pids.max %d", user)
 	}
+}
+
+// TestGVisorTaskLimit: in a gVisor sandbox envd builds the task limit in the
+// sentry's cgroup v2 hierarchy (usercgroup.SetupV2): envd in /envd, a command
+// in a leaf of /user, the users' pids.max the task limit minus envd's
+// reserve; a `user` can neither raise it nor leave its leaf; and 1,000
+// background processes are held at the leaf's limit while `echo ok` still
+// answers.
+func TestGVisorTaskLimit(t *testing.T) {
+	m := workloadManager(t, true)
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base-gvisor", Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	defer func() { _ = m.Kill(ctx, info.ID) }()
+	tasks := gvisor.TasksMax(runtime.Resources{MemoryMB: workloadMemoryMB, PidsMax: workloadPidsMax})
+	userMax := tasks - usercgroup.UserReserve(tasks)
+	leafMax := userMax - usercgroup.UserReserve(userMax)
+	res := shAs(m, info, "root", `cut -d: -f3 /proc/self/cgroup; cut -d: -f3 /proc/1/cgroup; cat /sys/fs/cgroup/user/pids.max; cat /sys/fs/cgroup/$(cut -d: -f3 /proc/self/cgroup)/pids.max`, 30*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res.err)
+	}
+	lines := strings.Split(strings.TrimSpace(res.out), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "/user/t") || lines[1] != "/envd" ||
+		lines[2] != fmt.Sprint(userMax) || lines[3] != fmt.Sprint(leafMax) {
+		t.Fatalf("want the command in /user/t<n> (pids.max %d), envd in /envd, /user pids.max %d; got:\n%s", leafMax, userMax, res.out)
+	}
+	res = shAs(m, info, "user", `for f in user/pids.max envd/cgroup.procs user/cgroup.procs; do
+  if { echo $$ > /sys/fs/cgroup/$f; } 2>/dev/null; then echo "wrote $f"; fi
+done; { echo max > /sys/fs/cgroup/user/pids.max; } 2>/dev/null && echo "raised user"; cut -d: -f3 /proc/self/cgroup`, 30*time.Second)
+	if res.err != nil || strings.Contains(res.out, "wrote") || strings.Contains(res.out, "raised") || !strings.HasPrefix(res.out, "/user/t") {
+		t.Fatalf("user escaped its leaf or raised the limit: %+v", res)
+	}
+	start := `setsid bash -c 'for i in $(seq 1 1000); do sleep 60 & done 2>/dev/null; wait' >/dev/null 2>&1 </dev/null & echo started`
+	if res = shAs(m, info, "user", start, 30*time.Second); res.err != nil || res.out != "started\n" {
+		t.Fatalf("start: %+v", res)
+	}
+	time.Sleep(10 * time.Second)
+	res = shAs(m, info, "user", "echo ok", 5*time.Second)
+	if res.err != nil || res.out != "ok\n" {
+		t.Fatalf("echo ok while the processes are held: %+v", res)
+	}
+	res = shAs(m, info, "root", `ps -e --no-headers | grep -c sleep; cat /sys/fs/cgroup/user/pids.peak`, 10*time.Second)
+	if res.err != nil {
+		t.Fatalf("%+v", res)
+	}
+	var sleeps, peak int64
+	if _, err := fmt.Sscan(res.out, &sleeps, &peak); err != nil || sleeps < leafMax/2 || peak > userMax {
+		t.Fatalf("want the sleeps held at the leaf's limit %d (the users' %d), got %q (%v)", leafMax, userMax, res.out, err)
+	}
+	t.Logf("task limit %d, users %d, leaf %d: %d sleeps running, users' peak %d", tasks, userMax, leafMax, sleeps, peak)
 }

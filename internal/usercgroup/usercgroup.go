@@ -29,11 +29,31 @@
 // group leader. Go starts new runtime threads from its template thread, never
 // from a locked one, so no runtime thread of envd lands in a leaf either.
 //
-// Where there is no writable "user" cgroup (gVisor, where the sandbox has no
-// cgroupfs; envd run outside a sandbox), Start just calls start.
+// In a gVisor sandbox (internal/runtime/gvisor) the sentry's own cgroup v2
+// hierarchy is mounted at /sys/fs/cgroup instead, and nothing is set up from
+// the host: the gVisor runtime passes the sandbox's task limit in
+// TasksMaxEnv, and envd's pid 1 builds the same layout inside with SetupV2
+// (pids only: gVisor's v2 memory.max is not enforced; the host's memory
+// cgroup holds the sandbox's memory):
+//
+//	/                 the sandbox (the root of its cgroup namespace)
+//	/envd             envd (pid 1 and the server); no limit of its own
+//	/user             pids.max = the task limit - reserve
+//	/user/<n>         one started process tree; pids.max = user's - reserve
+//
+// v2 places processes, not threads, so there a child is forked straight into
+// its leaf with clone3(CLONE_INTO_CGROUP) (SysProcAttr.UseCgroupFD).
+// gVisor's v1 cgroupfs cannot do this job: its pids charge goes to the first
+// cgroup of the task's set of any hierarchy (Task.chargeLocked), so a v1
+// pids.max holds only by chance; its v2 pids controller charges every
+// ancestor on each task creation (cgroup2fs pids.canEnter).
+//
+// Where there is no writable "user" cgroup (envd run outside a sandbox),
+// Start just calls start.
 package usercgroup
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -42,6 +62,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,9 +98,10 @@ const UserCPUShares = 128
 var root = "/sys/fs/cgroup"
 
 type placer struct {
-	dirs  []string // <root>/<ctrl>/user, one per controller
+	dirs  []string // <root>/<ctrl>/user, one per controller; v2: <root>/user
+	v2    bool
 	next  atomic.Uint64
-	ready chan *spare // a thread placed in a fresh leaf (keepSpare)
+	ready chan *spare // v1: a thread placed in a fresh leaf (keepSpare)
 	mu    sync.Mutex  // serializes leaf creation and the sweep of empty leaves
 }
 
@@ -90,6 +112,10 @@ var (
 
 func get() *placer {
 	once.Do(func() {
+		if d := filepath.Join(root, Name); isV2(root) && unix.Access(filepath.Join(d, "cgroup.procs"), unix.W_OK) == nil {
+			global = &placer{dirs: []string{d}, v2: true}
+			return
+		}
 		var dirs []string
 		for _, c := range Controllers {
 			d := filepath.Join(root, c, Name)
@@ -108,20 +134,24 @@ func get() *placer {
 func Enabled() bool { return get() != nil }
 
 // Start runs start (which must fork the child from the calling goroutine, as
-// exec.Cmd.Start and syscall.ForkExec do) on an OS thread placed in a fresh
-// leaf cgroup, so the child and everything it forks live there. When the leaf
-// cannot be made, the child starts where envd is and the error is returned
-// beside start's result for the caller to log.
+// exec.Cmd.Start and syscall.ForkExec do, with sys as its SysProcAttr) so
+// that the child and everything it forks live in a fresh leaf cgroup: on v1
+// from an OS thread placed in the leaf, on v2 through sys.UseCgroupFD. When
+// the leaf cannot be made, the child starts where envd is and the error is
+// returned beside start's result for the caller to log.
 //
 // Moving a thread between v1 cgroups waits for an RCU grace period per
 // hierarchy (milliseconds), so a thread already placed in a fresh leaf is kept
 // ready (spare) and the next one is placed in the background after each use.
 // A start that finds none ready waits for the one being placed: placements
 // are serialized (p.mu) anyway, so placing its own would not be sooner.
-func Start(start func() error) (err, placeErr error) {
+func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
 	if p == nil {
 		return start(), nil
+	}
+	if p.v2 {
+		return p.startV2(sys, start)
 	}
 	s := <-p.ready
 	s.run <- start
@@ -144,13 +174,52 @@ func (p *placer) keepSpare() {
 		s := &spare{run: make(chan func() error), done: make(chan error, 1)}
 		placed := make(chan error, 1)
 		go func() {
-			goruntime.LockOSThread() // never unlocked: see Start
+			goruntime.LockOSThread() // never unlocked: the thread ends with its leaf membership
 			placed <- p.enter()
 			s.done <- (<-s.run)()
 		}()
 		s.placeErr = <-placed
 		p.ready <- s
 	}
+}
+
+// startV2 forks the child into a new leaf with clone3(CLONE_INTO_CGROUP).
+func (p *placer) startV2(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
+	if sys == nil {
+		return start(), errors.New("usercgroup: no SysProcAttr to place the process with")
+	}
+	fd, err := p.leafV2()
+	if err != nil {
+		return start(), err
+	}
+	defer unix.Close(fd)
+	sys.UseCgroupFD, sys.CgroupFD = true, fd
+	err = start()
+	sys.UseCgroupFD, sys.CgroupFD = false, 0
+	return err, nil
+}
+
+// leafV2 creates a leaf under the v2 "user" cgroup, with the user's pids
+// limit minus the reserve, and returns an open descriptor of its directory.
+func (p *placer) leafV2() (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sweep()
+	d := p.dirs[0]
+	leaf := filepath.Join(d, "t"+strconv.FormatUint(p.next.Add(1), 10))
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		return -1, fmt.Errorf("usercgroup: %w", err)
+	}
+	if err := limitLeaf("pids", d, leaf); err != nil {
+		_ = unix.Rmdir(leaf)
+		return -1, err
+	}
+	fd, err := unix.Open(leaf, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = unix.Rmdir(leaf)
+		return -1, fmt.Errorf("usercgroup: open %s: %w", leaf, err)
+	}
+	return fd, nil
 }
 
 // enter creates a leaf in every controller and moves the calling thread
@@ -217,6 +286,10 @@ func limitLeaf(ctrl, user, leaf string) error {
 // that still has tasks fails with EBUSY, and the leaf stays).
 func (p *placer) sweep() {
 	for _, d := range p.dirs {
+		ctrl := filepath.Base(filepath.Dir(d))
+		if p.v2 {
+			ctrl = ""
+		}
 		entries, err := os.ReadDir(d)
 		if err != nil {
 			continue
@@ -232,7 +305,7 @@ func (p *placer) sweep() {
 			// and the host sums the sandbox's subtree for its OOM events):
 			// removing it would make the host's total go back. Only so many
 			// are kept, empty cgroups are not free.
-			if filepath.Base(filepath.Dir(d)) == "memory" && kept < maxKeptOOMLeaves && oomKilled(leaf) {
+			if ctrl == "memory" && kept < maxKeptOOMLeaves && oomKilled(leaf) {
 				kept++
 				continue
 			}
@@ -258,4 +331,51 @@ func oomKilled(dir string) bool {
 		}
 	}
 	return false
+}
+
+// TasksMaxEnv is the environment variable in which the gVisor runtime gives
+// envd's pid 1 the sandbox's task limit (processes and threads) to enforce
+// inside with SetupV2.
+const TasksMaxEnv = "AIRLOCK_TASKS_MAX"
+
+// isV2 reports whether dir is the root of a cgroup v2 hierarchy.
+func isV2(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "cgroup.controllers"))
+	return err == nil
+}
+
+// SetupV2 builds the v2 layout of the package comment in the cgroup v2
+// hierarchy mounted at /sys/fs/cgroup (gVisor's, seen from the root of the
+// sandbox's cgroup namespace), with tasksMax the whole sandbox's task limit.
+// It moves the calling process (envd's pid 1, before it starts the server)
+// into /envd. Called once, before anything else runs in the sandbox.
+func SetupV2(tasksMax int64) error {
+	if tasksMax <= 0 {
+		return fmt.Errorf("usercgroup: task limit %d", tasksMax)
+	}
+	if !isV2(root) {
+		return fmt.Errorf("usercgroup: no cgroup v2 hierarchy at %s", root)
+	}
+	envdDir, user := filepath.Join(root, "envd"), filepath.Join(root, Name)
+	// No internal processes: the root's controllers reach only children, so
+	// envd moves out of the root before "+pids" is enabled there.
+	for _, d := range []string{envdDir, user} {
+		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("usercgroup: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(envdDir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+		return fmt.Errorf("usercgroup: move envd to %s: %w", envdDir, err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
+		return fmt.Errorf("usercgroup: enable pids: %w", err)
+	}
+	limit := max(tasksMax-UserReserve(tasksMax), 1)
+	if err := os.WriteFile(filepath.Join(user, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		return fmt.Errorf("usercgroup: user pids.max: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(user, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
+		return fmt.Errorf("usercgroup: enable pids under user: %w", err)
+	}
+	return nil
 }

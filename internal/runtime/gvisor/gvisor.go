@@ -57,6 +57,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // CgroupParent is the cgroup under which every sandbox cgroup is created, the
@@ -142,6 +143,11 @@ func (r *Runtime) flags(network string) []string {
 		// CPUs. runsc's default derives it from the CFS quota instead, but
 		// never below 2, so a 1-CPU sandbox would see 2.
 		"--cpu-num-from-quota=false",
+		// The sentry's cgroup v2 hierarchy inside the sandbox, where envd
+		// holds the user's processes to the task limit (TasksMax). Its v1
+		// hierarchies would not: v1 pids.max holds only by chance there
+		// (internal/usercgroup).
+		"--in-sandbox-cgroup=v2",
 	}
 }
 
@@ -360,12 +366,15 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			// No /sys/fs/cgroup: with a cgroupfs mount the sentry moves the init
-			// into a cgroup named after the runsc container id, and the sandbox
-			// would see "/<id>-gv" as its cgroup path. Without one it sees "/",
-			// and tools that size themselves from memory (node) read the limit
-			// from /proc/meminfo, which the sentry sizes to the memory limit.
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			// The sentry's cgroup v2 hierarchy (--in-sandbox-cgroup=v2 makes a
+			// "cgroup" mount one). The init starts in a cgroup named after the
+			// runsc container id, which the cgroup namespace shows as "/";
+			// envd builds its task limit in it (usercgroup.SetupV2). Its
+			// memory.max is not enforced; tools that size themselves from
+			// memory (node) read the limit from /proc/meminfo, which the sentry
+			// sizes to the memory limit.
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
@@ -381,6 +390,9 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 		},
 	}
 	runtime.ApplyToOCI(s, spec)
+	if n := TasksMax(spec.Resources); n > 0 {
+		s.Process.Env = append(s.Process.Env[:len(s.Process.Env):len(s.Process.Env)], usercgroup.TasksMaxEnv+"="+strconv.FormatInt(n, 10))
+	}
 	if cpuset != "" {
 		if s.Linux.Resources.CPU == nil {
 			s.Linux.Resources.CPU = &specs.LinuxCPU{}
@@ -392,6 +404,33 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 	}
 	return s
 }
+
+// TasksMax is the number of tasks (processes and threads) a sandbox may hold,
+// enforced inside by envd in the sentry's cgroup v2 hierarchy
+// (usercgroup.SetupV2): the host pids limit's count at most, and never more
+// than the sandbox's memory can pay for. Every task of a gVisor sandbox costs
+// the host memory beside the sandbox's own pages (systrap stub processes and
+// threads, measured about 330 KB a task), charged to the sandbox's host memory
+// cgroup; unbounded, a fork bomb fills that cgroup within seconds (issue 11).
+// At one task per tasksMiB of memory, the tasks' host cost stays a sixth of
+// the memory limit. 0 means no limit.
+func TasksMax(res runtime.Resources) int64 {
+	n := res.PidsMax
+	if res.MemoryMB > 0 {
+		byMem := max(res.MemoryMB/tasksMiB, minTasks)
+		if n <= 0 || byMem < n {
+			n = byMem
+		}
+	}
+	return max(n, 0)
+}
+
+const (
+	tasksMiB = 4
+	// minTasks is the task limit of the smallest sandboxes: room for envd
+	// (a few dozen threads) and a shell with its pipeline.
+	minTasks = 128
+)
 
 // stubOOMScoreAdj is the host oom_score_adj of the sandbox's systrap stub
 // processes (one per address space of the sandbox, holding its pages mapped),
@@ -406,11 +445,100 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 // no CAP_SYS_RESOURCE (this machine kind's root lacks it) because the raised
 // score was never set as a minimum. Measured: a fork bomb that used to kill
 // the sandbox within 5 s leaves the sentry running (the host OOM killer takes
-// stubs); see gvisorUnheld in internal/sandbox/workload_test.go for what is
-// still missing.
+// stubs). Not a full guarantee: the sentry's RSS counts the sandbox's memory
+// plus the runsc binary's pages, which are charged elsewhere, so near a full
+// cgroup its badness can pass a stub's (measured: with a 224-task os.fork()
+// loop the OOM killer took the sentry). Hence TasksMax keeps the tasks' host
+// cost well inside the limit.
 const stubOOMScoreAdj = 1000
 
 var sentryOOMScoreAdj = 0
+
+// startTime returns a process's start time in clock ticks since boot
+// (/proc/<pid>/stat, field 22).
+func startTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields count from its ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// envdStubOOMScoreAdj is the host oom_score_adj of envd's stubs: the stubs
+// that exist when envd first answers, before any user process has run (envd's
+// pid 1 and server, and the odd stub systrap keeps for reuse). The host OOM
+// killer then takes any user process's stub (1000) before envd's, and envd's
+// before the sentry (0). Measured: an os.fork() loop held at the task limit
+// (python processes copy their pages on write) filled the 512 MiB host memory
+// cgroup, and with every stub at 1000 the OOM killer took envd's server; the
+// sentry ran on with envd gone.
+const envdStubOOMScoreAdj = 500
+
+// userStubNice is the host nice value of the stubs that run user processes.
+const userStubNice = 10
+
+// EnvdReady implements runtime.EnvdReadier: envd's stubs get
+// envdStubOOMScoreAdj. Lowering a score the process raised itself needs no
+// CAP_SYS_RESOURCE (see stubOOMScoreAdj).
+func (s *sandbox) EnvdReady() error {
+	m, err := s.cgroup()
+	if err != nil {
+		return err
+	}
+	pids, err := cgroups.GetPids(m.Path("memory"))
+	if err != nil {
+		return fmt.Errorf("gvisor runtime: stubs of %s: %w", s.id, err)
+	}
+	// The first stub is systrap's stub initializer, from which every later
+	// stub is cloned (and inherits its score): it keeps stubOOMScoreAdj.
+	var stubs []int
+	first, firstStart := -1, uint64(0)
+	for _, pid := range pids {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj"))
+		if err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(stubOOMScoreAdj) {
+			continue // gone, or the sentry or the gofer
+		}
+		start, err := startTime(pid)
+		if err != nil {
+			continue
+		}
+		stubs = append(stubs, pid)
+		if first < 0 || start < firstStart {
+			first, firstStart = pid, start
+		}
+	}
+	var errs []error
+	// The stubs cloned from now on run the user's code: at a higher nice,
+	// the host scheduler gives the sentry and envd's stubs the sandbox's CPU
+	// first (raising one's nice needs no privilege).
+	if first >= 0 {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, first, userStubNice); err != nil {
+			errs = append(errs, fmt.Errorf("nice of the stub initializer: %w", err))
+		}
+	}
+	for _, pid := range stubs {
+		if pid == first {
+			continue
+		}
+		f := filepath.Join("/proc", strconv.Itoa(pid), "oom_score_adj")
+		if err := os.WriteFile(f, []byte(strconv.Itoa(envdStubOOMScoreAdj)), 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gvisor runtime: envd's stubs of %s: %w", s.id, err)
+	}
+	return nil
+}
 
 // upperAnnotation records Spec.Upper in the bundle, so that a Destroy after a
 // restart (through Load) still knows where the writable layer is.

@@ -143,3 +143,24 @@ exec sleep 100000`},
 		t.Fatalf("Destroy: %v", err)
 	}
 }
+
+// TestTasksMax: the task limit a gVisor sandbox enforces inside is the host
+// pids limit, lowered to what the memory pays for, never below minTasks; and
+// the spec hands it to envd.
+func TestTasksMax(t *testing.T) {
+	for _, c := range []struct {
+		mem, pids, want int64
+	}{
+		{512, 4096, 128},
+		{512, 100, 100},
+		{64, 4096, 128},
+		{8192, 1024, 1024},
+		{0, 4096, 4096},
+		{2048, 0, 512},
+		{0, 0, 0},
+	} {
+		if got := gvisor.TasksMax(runtime.Resources{MemoryMB: c.mem, PidsMax: c.pids}); got != c.want {
+			t.Errorf("TasksMax(%d MiB, %d pids) = %d, want %d", c.mem, c.pids, got, c.want)
+		}
+	}
+}
