@@ -115,10 +115,13 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 			if res.StatusCode != http.StatusSwitchingProtocols {
 				closeIfBodyUnread(res.Request.Context(), res.Header)
 			}
+			rt := res.Request.Context().Value(routeKey{}).(route)
 			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
 				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
-				rt := res.Request.Context().Value(routeKey{}).(route)
 				res.Body = &connectTail{body: res.Body, id: rt.id}
+			}
+			if rt.addr.IsValid() {
+				res.Body = p.endWithSandbox(rt.id, res.Body)
 			}
 			return nil
 		},
@@ -563,3 +566,45 @@ func (c *connectTail) track(b []byte) {
 }
 
 func (c *connectTail) Close() error { return c.body.Close() }
+
+// sandboxGoneEvery is how often a user-port response checks that its sandbox
+// still runs.
+const sandboxGoneEvery = 250 * time.Millisecond
+
+// endWithSandbox cuts a user-port response body once its sandbox is gone. A
+// user port is a TCP connection into the sandbox's netns: when teardown
+// removes the veth before the server's FIN has left, nothing ever ends the
+// connection and the client would wait for TCP to give up. envd's unix
+// sockets close with the sandbox and need no watch.
+func (p *Proxy) endWithSandbox(id string, body io.ReadCloser) io.ReadCloser {
+	b := &sandboxBody{ReadCloser: body, stop: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(sandboxGoneEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-b.stop:
+				return
+			case <-t.C:
+				if _, _, err := p.sandboxes.UserPortTarget(id); err != nil {
+					// The transport's bodies may be closed while a Read
+					// waits: the Read then fails and the copy ends.
+					_ = body.Close()
+					return
+				}
+			}
+		}
+	}()
+	return b
+}
+
+type sandboxBody struct {
+	io.ReadCloser
+	stop chan struct{}
+	once sync.Once
+}
+
+func (b *sandboxBody) Close() error {
+	b.once.Do(func() { close(b.stop) })
+	return b.ReadCloser.Close()
+}
