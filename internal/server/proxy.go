@@ -120,7 +120,9 @@ func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
 				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
 				res.Body = &connectTail{body: res.Body, id: rt.id}
 			}
-			if rt.addr.IsValid() {
+			// An upgraded connection's body must stay the transport's
+			// io.ReadWriteCloser: ReverseProxy refuses to relay anything else.
+			if rt.addr.IsValid() && res.StatusCode != http.StatusSwitchingProtocols {
 				res.Body = p.endWithSandbox(rt.id, res.Body)
 			}
 			return nil
