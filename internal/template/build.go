@@ -281,12 +281,8 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 
 	// Builds share the layer lock, so garbage collection never takes a layer made
 	// here before the template that needs it is recorded.
-	unlock, _, err := s.layers.lock(ctx, false, func(holders string) func() {
-		what := "the layer lock " + filepath.Join(s.layers.dir, ".lock")
-		if holders != "" {
-			what += " held by " + holders
-		}
-		return s.waitFor(st, p, what)
+	unlock, _, err := s.layers.lock(ctx, false, func(path string) func() {
+		return s.waitForLock(st, p, "the layer lock", path)
 	})
 	if err != nil {
 		return Template{}, err
@@ -314,11 +310,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 			DataDir: s.opts.DataDir, EnvdPath: s.opts.EnvdPath, Egress: !s.opts.NoEgress,
 			DNSUpstreams: s.opts.DNSUpstreams, Logger: s.log,
 			Waiting: func(lock string) func() {
-				what := "the build sandbox lock " + lock
-				if h := lockHolders(lock); h != "" {
-					what += " held by " + h
-				}
-				return s.waitFor(st, p, what)
+				return s.waitForLock(st, p, "the build sandbox lock", lock)
 			},
 		})
 		if err != nil {

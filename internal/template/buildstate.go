@@ -188,6 +188,16 @@ func (s *Store) waitFor(st *buildState, out *progress, what string) (done func()
 	}
 }
 
+// waitForLock is waitFor for a file lock: what names the lock, and the message
+// adds its path and whoever holds it.
+func (s *Store) waitForLock(st *buildState, out *progress, what, path string) (done func()) {
+	what += " " + path
+	if h := lockHolders(path); h != "" {
+		what += " held by " + h
+	}
+	return s.waitFor(st, out, what)
+}
+
 // acquireBuild takes this process's build slot (builds share the build sandbox's
 // network; two cores gain nothing from running apt twice at once), saying whose
 // build it waits for when the slot is taken.

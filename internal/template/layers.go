@@ -148,8 +148,8 @@ var errLayerExists = errors.New("layer made by another build meanwhile")
 // made and not yet recorded in a template. Exclusive never waits: collection is
 // skipped while anything builds. A shared lock that is busy (a collection running
 // in another process) is polled, so the wait can be cancelled and reported: wait,
-// if not nil, is called once with the holders and its result when the lock is taken.
-func (l *layerStore) lock(ctx context.Context, exclusive bool, wait func(holders string) (done func())) (unlock func(), ok bool, err error) {
+// if not nil, is called once with the lock file's path and its result when the lock is taken.
+func (l *layerStore) lock(ctx context.Context, exclusive bool, wait func(path string) (done func())) (unlock func(), ok bool, err error) {
 	if err := os.MkdirAll(l.dir, 0o755); err != nil {
 		return nil, false, err
 	}
@@ -183,7 +183,7 @@ func (l *layerStore) lock(ctx context.Context, exclusive bool, wait func(holders
 		}
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			if done == nil && wait != nil {
-				done = wait(lockHolders(path))
+				done = wait(path)
 			}
 			select {
 			case <-ctx.Done():
