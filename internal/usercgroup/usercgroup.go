@@ -205,13 +205,8 @@ func (p *placer) leafV2() (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
-	d := p.dirs[0]
-	leaf := filepath.Join(d, "t"+strconv.FormatUint(p.next.Add(1), 10))
-	if err := os.Mkdir(leaf, 0o755); err != nil {
-		return -1, fmt.Errorf("usercgroup: %w", err)
-	}
-	if err := limitLeaf("pids", d, leaf); err != nil {
-		_ = unix.Rmdir(leaf)
+	leaf, err := makeLeaf("pids", p.dirs[0], p.leafName())
+	if err != nil {
 		return -1, err
 	}
 	fd, err := unix.Open(leaf, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -228,14 +223,11 @@ func (p *placer) enter() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
-	name := "t" + strconv.FormatUint(p.next.Add(1), 10)
+	name := p.leafName()
 	tid := []byte(strconv.Itoa(unix.Gettid()))
 	for _, d := range p.dirs {
-		leaf := filepath.Join(d, name)
-		if err := os.Mkdir(leaf, 0o755); err != nil {
-			return fmt.Errorf("usercgroup: %w", err)
-		}
-		if err := limitLeaf(filepath.Base(filepath.Dir(d)), d, leaf); err != nil {
+		leaf, err := makeLeaf(filepath.Base(filepath.Dir(d)), d, name)
+		if err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(leaf, "tasks"), tid, 0); err != nil {
@@ -243,6 +235,24 @@ func (p *placer) enter() error {
 		}
 	}
 	return nil
+}
+
+// leafName names the next process tree's leaf (the same in every hierarchy).
+func (p *placer) leafName() string { return "t" + strconv.FormatUint(p.next.Add(1), 10) }
+
+// makeLeaf creates the leaf name under user, the controller ctrl's "user"
+// cgroup, with limitLeaf's limits, and returns its path; a leaf it could not
+// limit is removed again.
+func makeLeaf(ctrl, user, name string) (string, error) {
+	leaf := filepath.Join(user, name)
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		return "", fmt.Errorf("usercgroup: %w", err)
+	}
+	if err := limitLeaf(ctrl, user, leaf); err != nil {
+		_ = unix.Rmdir(leaf)
+		return "", err
+	}
+	return leaf, nil
 }
 
 // limitLeaf gives a leaf the user's pids and memory limits minus a reserve,
