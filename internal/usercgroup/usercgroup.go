@@ -88,6 +88,14 @@ func MemoryReserve(limit int64) int64 {
 	return min(max(limit/8, 32<<20), 128<<20, limit/2)
 }
 
+// UserPids is the part of a pids limit the users' processes may take: all
+// but UserReserve (at least 1).
+func UserPids(pidsMax int64) int64 { return max(pidsMax-UserReserve(pidsMax), 1) }
+
+// UserMemory is the part of a memory limit (bytes) the users' processes may
+// take: all but MemoryReserve (at least 1).
+func UserMemory(limit int64) int64 { return max(limit-MemoryReserve(limit), 1) }
+
 // UserCPUShares is the cpu.shares of the "user" child. envd's threads sit in
 // the parent with the default weight of 1024 each, so envd gets the CPU first
 // when it has something to do, even while the user's processes spin.
@@ -261,12 +269,12 @@ func makeLeaf(ctrl, user, name string) (string, error) {
 // that one starts in a fresh leaf, where neither limit has been reached.
 func limitLeaf(ctrl, user, leaf string) error {
 	var file string
-	var reserve func(int64) int64
+	var share func(int64) int64
 	switch ctrl {
 	case "pids":
-		file, reserve = "pids.max", UserReserve
+		file, share = "pids.max", UserPids
 	case "memory":
-		file, reserve = "memory.limit_in_bytes", MemoryReserve
+		file, share = "memory.limit_in_bytes", UserMemory
 	default:
 		return nil
 	}
@@ -285,8 +293,7 @@ func limitLeaf(ctrl, user, leaf string) error {
 	if ctrl == "memory" && n >= 1<<62 {
 		return nil // unlimited
 	}
-	limit := max(n-reserve(n), 1)
-	if err := os.WriteFile(filepath.Join(leaf, file), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+	if err := os.WriteFile(filepath.Join(leaf, file), []byte(strconv.FormatInt(share(n), 10)), 0); err != nil {
 		return fmt.Errorf("usercgroup: %s: %w", file, err)
 	}
 	return nil
@@ -380,8 +387,7 @@ func SetupV2(tasksMax int64) error {
 	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
 		return fmt.Errorf("usercgroup: enable pids: %w", err)
 	}
-	limit := max(tasksMax-UserReserve(tasksMax), 1)
-	if err := os.WriteFile(filepath.Join(user, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+	if err := os.WriteFile(filepath.Join(user, "pids.max"), []byte(strconv.FormatInt(UserPids(tasksMax), 10)), 0); err != nil {
 		return fmt.Errorf("usercgroup: user pids.max: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(user, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {

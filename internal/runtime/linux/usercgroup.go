@@ -34,12 +34,11 @@ func makeUserCgroups(id string, res runtime.Resources, owner int) error {
 		switch ctrl {
 		case "pids":
 			if res.PidsMax > 0 {
-				file, value = "pids.max", res.PidsMax-usercgroup.UserReserve(res.PidsMax)
+				file, value = "pids.max", usercgroup.UserPids(res.PidsMax)
 			}
 		case "memory":
 			if res.MemoryMB > 0 {
-				limit := res.MemoryMB << 20
-				file, value = "memory.limit_in_bytes", limit-usercgroup.MemoryReserve(limit)
+				file, value = "memory.limit_in_bytes", usercgroup.UserMemory(res.MemoryMB<<20)
 			}
 		case "cpu":
 			file, value = "cpu.shares", usercgroup.UserCPUShares
