@@ -128,7 +128,7 @@ Airlock is serving (%s after start). For the E2B SDKs:
   export E2B_SANDBOX_URL=%s
   export E2B_API_KEY=%s
 
-`, formatElapsed(time.Since(t0)), inst.apiURL, inst.sandboxURL, inst.apiKey)
+`, template.FormatDuration(time.Since(t0)), inst.apiURL, inst.sandboxURL, inst.apiKey)
 	if len(inst.pending) > 0 {
 		fmt.Printf("Building in the background: %s. Creates for them answer 503 with Retry-After until they are ready.\n\n",
 			strings.Join(inst.pending, ", "))
@@ -140,10 +140,10 @@ Airlock is serving (%s after start). For the E2B SDKs:
 			return
 		}
 		if inst.buildErr != nil {
-			fmt.Printf("\nSome templates could not be built (%v); the others are ready (%s after start).\n\n", inst.buildErr, formatElapsed(time.Since(t0)))
+			fmt.Printf("\nSome templates could not be built (%v); the others are ready (%s after start).\n\n", inst.buildErr, template.FormatDuration(time.Since(t0)))
 			return
 		}
-		fmt.Printf("\nAll templates are ready (%s): %s after start.\n\n", strings.Join(c.templates, ", "), formatElapsed(time.Since(t0)))
+		fmt.Printf("\nAll templates are ready (%s): %s after start.\n\n", strings.Join(c.templates, ", "), template.FormatDuration(time.Since(t0)))
 	}()
 	select {
 	case <-ctx.Done():
@@ -176,12 +176,6 @@ type instance struct {
 // builtinTemplates are served by default, in build order: each is FROM an
 // earlier one, so the background builds never wait for each other.
 var builtinTemplates = []string{"base", "python3", "node", "code-interpreter-v1"}
-
-// formatElapsed prints m:ss, as the build progress does.
-func formatElapsed(d time.Duration) string {
-	d = d.Round(time.Second)
-	return fmt.Sprintf("%d:%02d", int(d/time.Minute), int(d%time.Minute/time.Second))
-}
 
 // start assembles and starts every subsystem, in dependency order: templates,
 // store, runtime, manager, then the two listeners over the manager.

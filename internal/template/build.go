@@ -154,7 +154,7 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 			cached++
 		}
 	}
-	p.finish(fmt.Sprintf("ready in %s (%s, %d layers, %d from cache)", formatDuration(time.Since(start)), formatSize(t.SizeBytes), len(t.Layers), cached))
+	p.finish(fmt.Sprintf("ready in %s (%s, %d layers, %d from cache)", FormatDuration(time.Since(start)), formatSize(t.SizeBytes), len(t.Layers), cached))
 	if n, err := s.collect(); err != nil {
 		s.log.Warn("template store: collecting unused layers", "err", err)
 	} else if n > 0 {
@@ -436,7 +436,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 			}
 			return Template{}, stepErr(-1, err)
 		}
-		p.printf("step %d/%d %s: done in %s (%s)", n, len(steps), shorten(st.Text, 60), formatDuration(time.Since(t0)), formatSize(m.DiffBytes))
+		p.printf("step %d/%d %s: done in %s (%s)", n, len(steps), shorten(st.Text, 60), FormatDuration(time.Since(t0)), formatSize(m.DiffBytes))
 		chain = append(chain, Layer{Key: key, Kind: m.Kind, Text: m.Text, DiffBytes: m.DiffBytes, BuildSeconds: m.BuildSeconds})
 		parent = key
 	}

@@ -32,9 +32,9 @@ type BuildingError struct {
 
 func (e *BuildingError) Error() string {
 	now := time.Now()
-	s := fmt.Sprintf("template %s is still being built: %s (for %s", e.Name, e.Status, formatDuration(now.Sub(e.Since)))
+	s := fmt.Sprintf("template %s is still being built: %s (for %s", e.Name, e.Status, FormatDuration(now.Sub(e.Since)))
 	if !e.Started.IsZero() {
-		s += fmt.Sprintf("; build started %s ago", formatDuration(now.Sub(e.Started)))
+		s += fmt.Sprintf("; build started %s ago", FormatDuration(now.Sub(e.Started)))
 	}
 	return s + "); retry in a few seconds"
 }
@@ -170,7 +170,7 @@ func (s *Store) waitFor(st *buildState, out *progress, what string) (done func()
 			case <-stop:
 				return
 			case <-t.C:
-				out.printf("still waiting for %s (since %s, %s)", what, since.Format("15:04:05"), formatDuration(time.Since(since)))
+				out.printf("still waiting for %s (since %s, %s)", what, since.Format("15:04:05"), FormatDuration(time.Since(since)))
 			}
 		}
 	}()
@@ -183,7 +183,7 @@ func (s *Store) waitFor(st *buildState, out *progress, what string) (done func()
 		}
 		s.mu.Unlock()
 		if d := time.Since(since); d >= time.Second {
-			out.printf("waited %s for %s", formatDuration(d), what)
+			out.printf("waited %s for %s", FormatDuration(d), what)
 		}
 	}
 }

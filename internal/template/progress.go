@@ -379,7 +379,7 @@ func (p *progress) render() {
 		return
 	}
 	now := p.now()
-	elapsed := formatDuration(now.Sub(p.start))
+	elapsed := FormatDuration(now.Sub(p.start))
 	phase := p.phase
 	if phase == phaseStep {
 		phase = fmt.Sprintf("%s %d", phase, p.step)
@@ -414,8 +414,9 @@ func (p *progress) fit(s string) string {
 	return s
 }
 
-// formatDuration prints m:ss, the way people read build times.
-func formatDuration(d time.Duration) string {
+// FormatDuration prints m:ss, the way people read build times (and serve its
+// start-up times).
+func FormatDuration(d time.Duration) string {
 	d = d.Round(time.Second)
 	return fmt.Sprintf("%d:%02d", int(d/time.Minute), int(d%time.Minute/time.Second))
 }

@@ -134,7 +134,7 @@ func TestProgressTerminalRedrawsOneLine(t *testing.T) {
 
 func TestFormatDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{0: "0:00", 59400 * time.Millisecond: "0:59", 83 * time.Second: "1:23", 61 * time.Minute: "61:00"} {
-		if got := formatDuration(d); got != want {
+		if got := FormatDuration(d); got != want {
 			t.Errorf("%s: %s, want %s", d, got, want)
 		}
 	}
