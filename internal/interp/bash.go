@@ -181,7 +181,7 @@ func shellQuote(s string) string {
 // splitter finds the end marker in one output stream while passing everything
 // before it through as soon as it is known not to be part of the marker.
 type splitter struct {
-	marker []byte // "\n" + marker
+	marker []byte // the cell's end marker, right after its last output
 	buf    []byte
 	found  bool
 	status string // the text after the marker up to its newline (the exit status on stdout)
@@ -257,14 +257,18 @@ func (k *bashKernel) Execute(ctx context.Context, code string, env map[string]st
 			line.WriteString(name + "=" + shellQuote(v) + " ")
 		}
 	}
-	fmt.Fprintf(&line, ". %s </dev/null; printf '\\n%%s %%d\\n' %s \"$?\"; trap '' INT; printf '\\n%%s\\n' %s >&2\n",
+	// The markers start where the cell's output ends, with no newline of their
+	// own in front: a newline the cell wrote last is then plainly its own and is
+	// never held back as a possible start of the marker (which split "bar\n"
+	// into "bar" and "\n" whenever the marker came in a later read).
+	fmt.Fprintf(&line, ". %s </dev/null; printf '%%s %%d\\n' %s \"$?\"; trap '' INT; printf '%%s\\n' %s >&2\n",
 		shellQuote(cell), k.marker, k.marker)
 	if _, err := io.WriteString(k.stdin, line.String()); err != nil {
 		return 0, fmt.Errorf("%w: writing to bash: %v", ErrKernelDied, err)
 	}
 
-	out := &splitter{marker: []byte("\n" + k.marker + " ")}
-	errs := &splitter{marker: []byte("\n" + k.marker)}
+	out := &splitter{marker: []byte(k.marker + " ")}
+	errs := &splitter{marker: []byte(k.marker)}
 	stdout, stderr := k.stdout, k.stderr
 	var interrupt <-chan time.Time
 	ctxDone := ctx.Done()

@@ -148,3 +148,32 @@ func TestBashLargeOutputAndMarkerSplit(t *testing.T) {
 		t.Fatalf("len %d suffix %q", len(got), got[max(0, len(got)-5):])
 	}
 }
+
+// A cell's last newline belongs to its output chunk even when the end marker
+// comes in a later read of the pipe (E2B's bash kernel gives "bar\n" as one
+// stdout entry; holding the newline back as a possible start of the marker
+// split it into "bar" and "\n").
+func TestSplitterKeepsTrailingNewlineWithItsLine(t *testing.T) {
+	const marker = "__airlock_cell_end_0123"
+	for _, reads := range [][]string{
+		{"bar\n", marker + " 0\n"},
+		{"bar\n", marker[:5], marker[5:] + " 0\n"},
+		{"bar\n" + marker + " 0\n"},
+	} {
+		s := &splitter{marker: []byte(marker + " ")}
+		var chunks []string
+		for _, r := range reads {
+			if out := s.feed([]byte(r)); len(out) > 0 {
+				chunks = append(chunks, string(out))
+			}
+		}
+		if len(chunks) != 1 || chunks[0] != "bar\n" || !s.found || s.status != "0" {
+			t.Errorf("reads %q: chunks %q, found %v, status %q; want one chunk \"bar\\n\" and status 0", reads, chunks, s.found, s.status)
+		}
+	}
+	// Output without a final newline ends right where the marker starts.
+	s := &splitter{marker: []byte(marker + " ")}
+	if out := string(s.feed([]byte("no-newline" + marker + " 3\n"))); out != "no-newline" || s.status != "3" {
+		t.Errorf("got %q status %q", out, s.status)
+	}
+}

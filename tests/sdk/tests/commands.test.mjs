@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict'
 import { before, describe, test } from 'node:test'
 import { CommandExitError, NotFoundError, TimeoutError } from 'e2b'
-import { createSandbox, rejectsWith, sleep, trackCleanup, uniq, waitFor } from './helpers.mjs'
+import { createSandbox, rejectsWith, trackCleanup, uniq, waitFor } from './helpers.mjs'
 
 trackCleanup()
 
@@ -75,13 +75,15 @@ describe('commands', { concurrency: true }, () => {
     )
     const elapsed = Date.now() - t0
     assert.ok(elapsed < 6_000, `TimeoutError must come soon after 1 s (took ${elapsed} ms)`)
-    // the process lifetime limit kills the command: the marker never appears
-    await sleep(500)
-    const list = await sbx.commands.list()
-    assert.ok(
-      !list.some((p) => (p.args ?? []).join(' ').includes('timeout-marker')),
-      `timed-out command still running: ${JSON.stringify(list)}`,
-    )
+    // The process lifetime limit kills the command: it leaves the list while its
+    // `sleep 10` would still be running, so the marker line never runs (idle it
+    // is gone 3-60 ms after the TimeoutError; a single look 500 ms later failed
+    // once under a loaded full run).
+    let list
+    await waitFor(async () => {
+      list = await sbx.commands.list()
+      return !list.some((p) => (p.args ?? []).join(' ').includes('timeout-marker'))
+    }, { timeoutMs: 5_000, what: () => `the timed-out command to end (list: ${JSON.stringify(list)})` })
   })
 
   test('run: onStdout/onStderr stream chunks while the command runs', async () => {
