@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/bench"
+	"github.com/airlock-sandbox/airlock/internal/daemon"
+	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
@@ -30,23 +32,23 @@ same run, measure plain fork+exec and 'runc run' of /bin/true on the same
 template rootfs as baselines.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			inst, err := startBench(cmd.Context(), dataDir, []string{tpl}, rtName)
+			d, err := startBench(cmd.Context(), benchConfig(dataDir, []string{tpl}, rtName, slog.LevelWarn, true))
 			if err != nil {
 				return err
 			}
-			defer inst.close(true)
-			t, err := inst.tpls.Get(tpl)
+			defer d.Close()
+			t, err := d.Templates.Get(tpl)
 			if err != nil {
 				return err
 			}
 			rows, err := bench.Run(cmd.Context(), bench.Config{
-				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey,
+				APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
 				Template: tpl, Rootfs: t.RootFS,
 				Sequential: sequential, Concurrent: concurrent, RoundTrips: rtt,
 				Progress:    os.Stderr,
-				SetWarmPool: warmPoolSetter(cmd.Context(), inst, tpl),
-				WarmCount:   func() int { return inst.mgr.WarmCount(t.ID) },
-				NetRound:    netRound(inst),
+				SetWarmPool: warmPoolSetter(cmd.Context(), d, tpl),
+				WarmCount:   func() int { return d.Manager.WarmCount(t.ID) },
+				NetRound:    netRound(d),
 			})
 			if err != nil {
 				return err
@@ -57,7 +59,7 @@ template rootfs as baselines.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
 	f.StringVar(&tpl, "template", "base", "template to create sandboxes from")
 	f.StringVar(&rtName, "runtime", "linux", `isolation backend the sandboxes run on: "linux" or "gvisor"`)
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
@@ -83,17 +85,13 @@ all cores, disk fill to its quota, output flood through commands.run, and fd
 exhaustion. The ratio to idle is the isolation figure (goal: p99 under 2x).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-			inst, err := start(cmd.Context(), serveConfig{
-				apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-				maxTimeout: time.Hour, templates: []string{tpl}, warmPool: 0, diskQuota: true,
-			}, log)
+			d, err := startBench(cmd.Context(), benchConfig(dataDir, []string{tpl}, "linux", slog.LevelError, false))
 			if err != nil {
 				return err
 			}
-			defer inst.close(true)
+			defer d.Close()
 			rows, err := bench.RunAttacks(cmd.Context(), bench.AttacksConfig{
-				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey,
+				APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
 				Template: tpl, RoundTrips: rtt, Settle: settle, Progress: os.Stderr,
 			})
 			if err != nil {
@@ -105,7 +103,7 @@ exhaustion. The ratio to idle is the isolation figure (goal: p99 under 2x).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
 	f.StringVar(&tpl, "template", "base", "template to create sandboxes from")
 	f.IntVar(&rtt, "round-trips", 200, "neighbour commands.run('true') round trips per attack")
 	f.DurationVar(&settle, "settle", 3*time.Second, "how long each attack runs before the neighbour is measured")
@@ -114,19 +112,19 @@ exhaustion. The ratio to idle is the isolation figure (goal: p99 under 2x).`,
 
 // netRound measures one sandbox network's setup and teardown directly on the
 // server's netpolicy.Network (ids of their own, never a live sandbox's).
-func netRound(inst *instance) func(ctx context.Context, i int) (time.Duration, time.Duration, error) {
-	if inst.net == nil {
+func netRound(d *daemon.Daemon) func(ctx context.Context, i int) (time.Duration, time.Duration, error) {
+	if d.Network == nil {
 		return nil
 	}
 	return func(ctx context.Context, i int) (time.Duration, time.Duration, error) {
 		id := fmt.Sprintf("benchnet%012d", i)
 		t0 := time.Now()
-		if _, err := inst.net.Setup(ctx, id, netpolicy.Policy{}); err != nil {
+		if _, err := d.Network.Setup(ctx, id, netpolicy.Policy{}); err != nil {
 			return 0, 0, err
 		}
 		setup := time.Since(t0)
 		t0 = time.Now()
-		if err := inst.net.Teardown(id); err != nil {
+		if err := d.Network.Teardown(id); err != nil {
 			return 0, 0, err
 		}
 		return setup, time.Since(t0), nil
@@ -148,21 +146,21 @@ time-to-interactive percentiles, with each template's p50 against the first's.
 Sandboxes mount a template read-only and never copy it, so size should not show.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			inst, err := startBench(cmd.Context(), dataDir, templates, "linux")
+			d, err := startBench(cmd.Context(), benchConfig(dataDir, templates, "linux", slog.LevelWarn, true))
 			if err != nil {
 				return err
 			}
-			defer inst.close(true)
+			defer d.Close()
 			labels := map[string]string{}
 			for _, name := range templates {
-				t, err := inst.tpls.Get(name)
+				t, err := d.Templates.Get(name)
 				if err != nil {
 					return err
 				}
 				labels[name] = formatMB(t.SizeBytes)
 			}
 			rows, err := bench.CompareTemplates(cmd.Context(), bench.Config{
-				APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey, Progress: os.Stderr,
+				APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0], Progress: os.Stderr,
 			}, templates, labels, n)
 			if err != nil {
 				return err
@@ -173,7 +171,7 @@ Sandboxes mount a template read-only and never copy it, so size should not show.
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
 	f.StringSliceVar(&templates, "templates", []string{"base", "code-interpreter-v1"}, "templates to compare; the first is the baseline")
 	f.IntVar(&n, "n", 50, "creates per template")
 	return cmd
@@ -194,21 +192,21 @@ create + first runCode, cold and from the warm pool. Baselines in the same run:
 envd's /health through the proxy, and python3 -c through commands.run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			inst, err := startBench(cmd.Context(), dataDir, []string{tpl}, "linux")
+			d, err := startBench(cmd.Context(), benchConfig(dataDir, []string{tpl}, "linux", slog.LevelWarn, true))
 			if err != nil {
 				return err
 			}
-			defer inst.close(true)
-			t, err := inst.tpls.Get(tpl)
+			defer d.Close()
+			t, err := d.Templates.Get(tpl)
 			if err != nil {
 				return err
 			}
 			rows, err := bench.Interp(cmd.Context(), bench.InterpConfig{
 				Config: bench.Config{
-					APIURL: inst.apiURL, SandboxURL: inst.sandboxURL, APIKey: inst.apiKey, Template: tpl,
+					APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0], Template: tpl,
 					Progress:    os.Stderr,
-					SetWarmPool: warmPoolSetter(cmd.Context(), inst, tpl),
-					WarmCount:   func() int { return inst.mgr.WarmCount(t.ID) },
+					SetWarmPool: warmPoolSetter(cmd.Context(), d, tpl),
+					WarmCount:   func() int { return d.Manager.WarmCount(t.ID) },
 				},
 				RoundTrips: rtt, Creates: creates,
 			})
@@ -221,31 +219,47 @@ envd's /health through the proxy, and python3 -c through commands.run.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data dir (templates are built there if needed)")
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
 	f.StringVar(&tpl, "template", "code-interpreter-v1", "template to create sandboxes from")
 	f.IntVar(&rtt, "round-trips", 200, "runCode round trips per language in one warm context")
 	f.IntVar(&creates, "creates", 20, "create + first runCode, cold and warm")
 	return cmd
 }
 
-// startBench starts a server in this process for a bench: loopback on ephemeral
-// ports, no warm pool (each bench sets its own), disk quotas and a network per
-// sandbox as under serve, but egress off so a bench never changes the host's
-// ip_forward.
-func startBench(ctx context.Context, dataDir string, templates []string, runtimeName string) (*instance, error) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	return start(ctx, serveConfig{
-		apiAddr: "127.0.0.1:0", sandboxAddr: "127.0.0.1:0", dataDir: dataDir,
-		maxTimeout: time.Hour, templates: templates, warmPool: 0, runtime: runtimeName, diskQuota: true,
-		network: true, egress: false,
-	}, log)
+// benchConfig is the server a bench starts in this process: loopback on
+// ephemeral ports, no warm pool (each bench sets its own), disk quotas as
+// under serve, a network per sandbox unless withNetwork is false, but egress
+// off so a bench never changes the host's ip_forward; every sandbox is killed
+// when the bench ends.
+func benchConfig(dataDir string, templates []string, runtimeName string, level slog.Level, withNetwork bool) daemon.Config {
+	return daemon.Config{
+		APIAddr: "127.0.0.1:0", SandboxAddr: "127.0.0.1:0", DataDir: dataDir,
+		MaxTimeout: time.Hour, Templates: templates, WarmPool: 0, Runtime: runtimeName, DiskQuota: true,
+		Network:     daemon.NetworkConfig{Enabled: withNetwork},
+		KillOnClose: true,
+		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+}
+
+// startBench starts the bench's server (building its templates if needed).
+func startBench(ctx context.Context, c daemon.Config) (*daemon.Daemon, error) {
+	envdPath, err := findEnvd()
+	if err != nil {
+		return nil, err
+	}
+	c.EnvdPath = envdPath
+	d := daemon.New(c)
+	if err := d.Start(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // warmPoolSetter lets a bench resize the server's warm pool of one template.
-func warmPoolSetter(ctx context.Context, inst *instance, name string) func(int) {
+func warmPoolSetter(ctx context.Context, d *daemon.Daemon, name string) func(int) {
 	return func(n int) {
-		if st, err := (template.Resolver{Store: inst.tpls}).Resolve(ctx, name); err == nil {
-			inst.mgr.SetWarmPool(st, n)
+		if st, err := (template.Resolver{Store: d.Templates}).Resolve(ctx, name); err == nil {
+			d.Manager.SetWarmPool(st, n)
 		}
 	}
 }

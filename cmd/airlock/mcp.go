@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-sandbox/airlock/internal/layout"
 	airlockmcp "github.com/airlock-sandbox/airlock/internal/mcp"
 )
 
@@ -56,7 +56,7 @@ func mcpCmd() *cobra.Command {
 	f.StringVar(&apiURL, "url", envOr([]string{"AIRLOCK_URL", "E2B_API_URL"}, "http://127.0.0.1:3000"), "Airlock API URL (env AIRLOCK_URL or E2B_API_URL)")
 	f.StringVar(&sandboxURL, "sandbox-url", envOr([]string{"AIRLOCK_SANDBOX_URL", "E2B_SANDBOX_URL"}, ""), "Airlock sandbox proxy URL (env AIRLOCK_SANDBOX_URL or E2B_SANDBOX_URL; default: asked of the server)")
 	f.StringVar(&apiKey, "api-key", "", "API key (env AIRLOCK_API_KEY or E2B_API_KEY; default: the key in <data-dir>/api-key)")
-	f.StringVar(&dataDir, "data-dir", "/var/lib/airlock", "data directory of a local server, to read its api-key file")
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data directory of a local server, to read its api-key file")
 	return cmd
 }
 
@@ -84,7 +84,7 @@ func mcpAPIKey(flag, dataDir string) (string, error) {
 			}
 		}
 	}
-	path := filepath.Join(dataDir, "api-key")
+	path := layout.DataDir{Root: dataDir}.APIKey()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("no API key: pass --api-key or set E2B_API_KEY or AIRLOCK_API_KEY (reading %s: %w)", path, err)

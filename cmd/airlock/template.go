@@ -15,14 +15,15 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/daemon"
+	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 func templateCmd() *cobra.Command {
 	var dataDir string
 	cmd := &cobra.Command{Use: "template", Short: "Build, list, inspect and remove sandbox templates"}
-	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", "/var/lib/airlock", "directory for templates, sandboxes and state")
+	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", layout.DefaultRoot, "directory for templates, sandboxes and state")
 	open := func() (*template.Store, error) {
 		envd, _ := findEnvd() // only RUN steps need it; the build says so if it is missing
 		return template.Open(template.Options{DataDir: dataDir, EnvdPath: envd})
@@ -263,7 +264,9 @@ func templateRmCmd(open func() (*template.Store, error), dataDir *string) *cobra
 			if err != nil {
 				return err
 			}
-			inUse := func(t template.Template) (int, error) { return sandboxesOf(cmd.Context(), *dataDir, t) }
+			inUse := func(t template.Template) (int, error) {
+				return daemon.RecordedSandboxes(cmd.Context(), layout.DataDir{Root: *dataDir}, t)
+			}
 			var errs []error
 			for _, n := range args {
 				if err := s.Remove(cmd.Context(), n, inUse); err != nil {
@@ -277,42 +280,9 @@ func templateRmCmd(open func() (*template.Store, error), dataDir *string) *cobra
 	}
 }
 
-// sandboxesOf counts the sandboxes a server on dataDir has recorded for a template.
-func sandboxesOf(ctx context.Context, dataDir string, t template.Template) (int, error) {
-	path := filepath.Join(dataDir, "airlock.db")
-	if _, err := os.Stat(path); err != nil {
-		return 0, nil // no server ever ran here
-	}
-	db, err := store.OpenSQLite(path)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	all, err := db.List(ctx)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, sb := range all {
-		if sb.TemplateID == t.ID || sb.Alias == t.Name || contains(t.Aliases, sb.TemplateID) {
-			n++
-		}
-	}
-	return n, nil
-}
-
 func isDir(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.IsDir()
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func formatMB(n int64) string { return fmt.Sprintf("%d MB", (n+500_000)/1_000_000) }

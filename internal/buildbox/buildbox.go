@@ -38,6 +38,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
 	"github.com/airlock-sandbox/airlock/internal/layer"
+	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -118,7 +119,7 @@ func Open(ctx context.Context, opts Options) (_ *Box, retErr error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Box{opts: opts, dir: filepath.Join(opts.DataDir, "build"), log: log, ids: linux.DefaultIDMap}
+	b := &Box{opts: opts, dir: layout.DataDir{Root: opts.DataDir}.Build(), log: log, ids: linux.DefaultIDMap}
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("buildbox: %w", err)
 	}

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/layout"
 )
 
 var (
@@ -188,8 +190,8 @@ func Open(opts Options) (*Store, error) {
 	}
 	return &Store{
 		opts:     opts,
-		dir:      filepath.Join(dataDir, "templates"),
-		layers:   &layerStore{dir: filepath.Join(dataDir, "layers")},
+		dir:      layout.DataDir{Root: dataDir}.Templates(),
+		layers:   &layerStore{dir: layout.DataDir{Root: dataDir}.Layers()},
 		builtins: builtins,
 		log:      opts.Logger,
 		ensures:  map[string]*ensureCall{},

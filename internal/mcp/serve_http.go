@@ -1,4 +1,4 @@
-package main
+package mcp
 
 import (
 	"context"
@@ -13,16 +13,14 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/airlock-sandbox/airlock/internal/mcp"
 )
 
-// mcpHandler serves MCP over streamable HTTP at /mcp on the API listener. The
-// bearer token must be one of serve's API keys: no key, no session. Each session
-// gets an MCP server whose tools call this server's own E2B API and sandbox proxy
-// with the caller's key, so MCP clients get exactly the rights, limits and rate
-// limits of that key.
-func mcpHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.Handler {
+// NewStreamableHandler serves MCP over streamable HTTP (mounted at /mcp on the
+// API listener). The bearer token must be one authenticate accepts: no key,
+// no session. Each session gets an MCP server whose tools call the server's
+// own E2B API (apiURL) and sandbox proxy (sandboxURL) with the caller's key,
+// so MCP clients get exactly the rights, limits and rate limits of that key.
+func NewStreamableHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.Handler {
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		if token == "" || !authenticate(token) {
 			return nil, auth.ErrInvalidToken
@@ -35,15 +33,15 @@ func mcpHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.
 	streamable := mcpsdk.NewStreamableHTTPHandler(func(r *http.Request) *mcpsdk.Server {
 		info := auth.TokenInfoFromContext(r.Context())
 		key, _ := info.Extra["key"].(string)
-		return mcp.NewServer(mcp.NewHTTPBackend(mcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), mcp.Options{})
+		return NewServer(NewHTTPBackend(HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), Options{})
 	}, &mcpsdk.StreamableHTTPOptions{SessionTimeout: 30 * time.Minute})
 	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(streamable)
 }
 
-// infoHandler answers mcp.InfoPath: where the sandbox proxy is, so `airlock mcp`
+// InfoHandler answers InfoPath: where the sandbox proxy is, so `airlock mcp`
 // (and any client) need not guess it. A proxy listening on every address is
 // reported under the host name the client used for the API.
-func infoHandler(sandboxAddr net.Addr) http.Handler {
+func InfoHandler(sandboxAddr net.Addr) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u := "http://" + sandboxAddr.String()
 		if tcp, ok := sandboxAddr.(*net.TCPAddr); ok && (tcp.IP == nil || tcp.IP.IsUnspecified()) {
@@ -57,20 +55,6 @@ func infoHandler(sandboxAddr net.Addr) http.Handler {
 			u = "http://" + net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(tcp.Port))
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(mcp.ServerInfo{SandboxURL: u})
+		_ = json.NewEncoder(w).Encode(ServerInfo{SandboxURL: u})
 	})
-}
-
-// loopbackURL is how serve reaches one of its own listeners: an unspecified
-// listen address (0.0.0.0) is dialled on 127.0.0.1.
-func loopbackURL(a net.Addr) string {
-	tcp, ok := a.(*net.TCPAddr)
-	if !ok {
-		return "http://" + a.String()
-	}
-	ip := tcp.IP
-	if ip == nil || ip.IsUnspecified() {
-		ip = net.IPv4(127, 0, 0, 1)
-	}
-	return "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(tcp.Port))
 }

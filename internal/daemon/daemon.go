@@ -1,0 +1,473 @@
+// Package daemon assembles an Airlock server: it names every subsystem in one
+// struct and wires them in one place, so `airlock serve`, the benchmarks and
+// the tests that need a whole server all start the same thing.
+//
+// Lifecycle:
+//
+//	d := daemon.New(cfg)   // nothing runs yet
+//	err := d.Start(ctx)    // each step in dependency order; each pushes a named closer
+//	...                    // d.APIURL, d.SandboxURL, d.Manager, ... are live
+//	err = d.Close()        // the closers in reverse: the same code on a failed
+//	                       // Start and on shutdown
+//
+// Start's order, and why:
+//
+//  1. data-dir lock      two servers on one data dir would each take the
+//     other's sandboxes for orphans and destroy them
+//  2. API keys           from Config, else generated once into the data dir
+//  3. templates          the store, then the first template built (the API
+//     must be able to serve it when it answers); the rest queued
+//  4. store              the sandboxes' records (SQLite)
+//  5. runtimes           every backend, so Recover finds any sandbox's
+//  6. network            netns + veth + firewall + DNS per sandbox
+//  7. disk pool          the btrfs image sandboxes' quotas live on
+//  8. manager            then Recover (re-adopt or clean up what a previous
+//     server left), then the first template's warm pool
+//  9. API, proxy, MCP    handlers over the manager, on the two listeners
+//  10. background builds the other templates, one after another; each gets
+//     its warm pool when ready
+//
+// Close stops the builds, shuts the listeners, then (with KillOnClose) kills
+// every sandbox and removes what only they needed (firewall table, pool mount);
+// without it sandboxes outlive the server and the next Start re-adopts them.
+package daemon
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
+	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
+)
+
+// Config is everything a server is started with (serve's flags).
+type Config struct {
+	// APIAddr and SandboxAddr are the listen addresses of the control-plane
+	// API (which also serves /mcp) and of all sandbox traffic; ":0" ports are
+	// fine (the URLs say which were chosen).
+	APIAddr, SandboxAddr string
+	// DataDir holds the server's state (layout.DataDir).
+	DataDir string
+	// TemplateDataDir is where the template store lives; empty means DataDir.
+	// Tests point many short-lived servers at one cache of built templates.
+	TemplateDataDir string
+	// EnvdPath is the static envd binary put into every sandbox.
+	EnvdPath string
+	// Domain, when set, makes sandboxes reachable as <port>-<id>.<domain>.
+	Domain string
+	// MaxTimeout is the longest sandbox timeout a client may ask for.
+	MaxTimeout time.Duration
+	// Templates are served: the first is built before the API answers, the
+	// others in the background.
+	Templates []string
+	// WarmPool is how many started sandboxes each served template keeps.
+	WarmPool int
+	// Limits are the per-key request and create rates.
+	Limits e2b.Limits
+	// MaxPerKey caps the sandboxes one API key may have alive (0: none).
+	MaxPerKey int
+	// APIKeys are accepted keys; empty means the key stored in the data dir
+	// (generated on first use). The first is the one printed for clients.
+	APIKeys []string
+	// Runtime is the default isolation backend ("linux" or "gvisor").
+	Runtime string
+	// DiskQuota puts sandboxes on a btrfs pool that enforces diskSizeMB;
+	// DiskImageMB sizes its image when it is created (0: automatic).
+	DiskQuota   bool
+	DiskImageMB int64
+	// Network configures per-sandbox networking.
+	Network NetworkConfig
+	// KillOnClose kills every sandbox when the server closes.
+	KillOnClose bool
+	// Logger gets the server's log (default slog.Default()); BuildOutput the
+	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
+	// servers' own errors (default: the standard logger).
+	Logger       *slog.Logger
+	BuildOutput  io.Writer
+	HTTPErrorLog *log.Logger
+}
+
+// Daemon is a server: every subsystem, named. The fields are set by Start in
+// the order of the package comment and are valid until Close.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	Layout layout.DataDir
+
+	APIKeys   []string
+	Templates *template.Store
+	Store     *store.SQLite
+	Runtime   runtime.Runtime   // the default backend
+	Runtimes  []runtime.Runtime // every available backend, the default among them
+	Network   *netpolicy.Network
+	Disk      *diskquota.Pool
+	Manager   *sandbox.Manager
+	Proxy     *server.Proxy
+
+	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
+	// E2B_SANDBOX_URL for clients).
+	APIURL, SandboxURL string
+	// Pending are the templates building in the background.
+	Pending []string
+
+	built    chan struct{} // closed when the background builds are done
+	building bool          // the background builds were started
+	buildErr error         // which of them failed, once built is closed
+	errc     chan error    // a listener that stopped serving
+	closers  []closer
+	closed   sync.Once
+	closeErr error
+}
+
+// closer is one named step of the teardown.
+type closer struct {
+	name  string
+	close func() error
+}
+
+// New returns a server that Start will start; nothing runs yet.
+func New(cfg Config) *Daemon {
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.Default()
+	}
+	if cfg.BuildOutput == nil {
+		cfg.BuildOutput = os.Stderr
+	}
+	if cfg.TemplateDataDir == "" {
+		cfg.TemplateDataDir = cfg.DataDir
+	}
+	return &Daemon{cfg: cfg, log: lg, built: make(chan struct{}), errc: make(chan error, 2)}
+}
+
+// push adds a step to the teardown; Close runs them last pushed first.
+func (d *Daemon) push(name string, fn func() error) {
+	d.closers = append(d.closers, closer{name, fn})
+}
+
+// Start starts every subsystem in dependency order. On an error it closes
+// what it had started and returns the error; the Daemon is then spent.
+func (d *Daemon) Start(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			_ = d.Close()
+			if !d.building {
+				close(d.built) // nothing will build: Built must not block
+			}
+		}
+	}()
+	if d.cfg.DataDir == "" || d.cfg.EnvdPath == "" {
+		return errors.New("daemon: DataDir and EnvdPath are required")
+	}
+	if err := os.MkdirAll(d.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	root, err := filepath.Abs(d.cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	d.Layout = layout.DataDir{Root: root}
+	if err := d.lockDataDir(); err != nil {
+		return err
+	}
+	if d.APIKeys = d.cfg.APIKeys; len(d.APIKeys) == 0 {
+		key, err := StoredAPIKey(d.Layout)
+		if err != nil {
+			return err
+		}
+		d.APIKeys = []string{key}
+	}
+	first, rest, err := d.startTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	if d.Store, err = store.OpenSQLite(d.Layout.DB()); err != nil {
+		return err
+	}
+	d.push("store", d.Store.Close)
+	if d.Runtime, d.Runtimes, err = openRuntimes(d.cfg.Runtime, d.Layout, d.log); err != nil {
+		return err
+	}
+	if d.Network, err = startNetwork(d.cfg.Network, d.Layout, d.log); err != nil {
+		return err
+	}
+	if d.Network != nil {
+		nw := d.Network
+		d.push("network", func() error {
+			// The nftables table stays: sandboxes that outlive the server
+			// keep their isolation and egress policy until a new server
+			// adopts them. With every sandbox killed nothing needs it, and a
+			// server on a throw-away data dir must leave none behind.
+			var errs []error
+			if d.cfg.KillOnClose {
+				if err := nw.RemoveTable(); err != nil {
+					errs = append(errs, fmt.Errorf("remove the sandbox firewall table: %w", err))
+				}
+			}
+			return errors.Join(append(errs, nw.Close())...)
+		})
+	}
+	if d.cfg.DiskQuota {
+		// Mounted once per boot; a restarted server adopts the mount, and
+		// the per-sandbox limits live in the filesystem.
+		d.Disk, err = diskquota.Open(d.Layout.SandboxImage(), d.Layout.Sandboxes(), d.cfg.DiskImageMB<<20)
+		if err != nil {
+			return fmt.Errorf("disk quota (--disk-quota=false to run without): %w", err)
+		}
+		d.push("disk pool", func() error {
+			if !d.cfg.KillOnClose {
+				return nil
+			}
+			// Nothing is left on the pool: unmount it (the image file
+			// stays for the next start).
+			return d.Disk.Close(false)
+		})
+	}
+	if err := d.startManager(ctx, first); err != nil {
+		return err
+	}
+	if err := d.startListeners(); err != nil {
+		return err
+	}
+	d.startBackgroundBuilds(ctx, rest)
+	return nil
+}
+
+// Errors reports a listener that stopped serving (the server should stop).
+func (d *Daemon) Errors() <-chan error { return d.errc }
+
+// Built is closed when the background template builds are done; BuildErr
+// then says which failed.
+func (d *Daemon) Built() <-chan struct{} { return d.built }
+
+// BuildErr is the background builds' failures, valid once Built is closed.
+func (d *Daemon) BuildErr() error {
+	select {
+	case <-d.built:
+		return d.buildErr
+	default:
+		return nil
+	}
+}
+
+// Close runs the teardown, last started first, and returns every step's
+// error, named. It is safe to call more than once.
+func (d *Daemon) Close() error {
+	d.closed.Do(func() {
+		var errs []error
+		for i := len(d.closers) - 1; i >= 0; i-- {
+			c := d.closers[i]
+			if err := c.close(); err != nil {
+				d.log.Warn("close "+c.name, "err", err)
+				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+			}
+		}
+		d.closers = nil
+		d.closeErr = errors.Join(errs...)
+	})
+	return d.closeErr
+}
+
+// lockDataDir takes the data dir's server lock (an flock, released by the
+// kernel if the process dies).
+func (d *Daemon) lockDataDir() error {
+	f, err := os.OpenFile(d.Layout.ServeLock(), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("data dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return fmt.Errorf("another airlock server is using the data dir %s (%w); stop it or pass a different --data-dir", d.Layout.Root, err)
+	}
+	d.push("data-dir lock", f.Close)
+	return nil
+}
+
+// startTemplates opens the template store, queues every served template but
+// the first (so a create meanwhile learns they are coming rather than "not
+// built") and builds the first.
+func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err error) {
+	d.Templates, err = template.Open(template.Options{
+		DataDir: d.cfg.TemplateDataDir, EnvdPath: d.cfg.EnvdPath, NoEgress: !d.cfg.Network.Egress,
+		DNSUpstreams: d.cfg.Network.DNSUpstreams, Logger: d.log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, name := range d.cfg.Templates {
+		if !d.Templates.IsBuiltin(name) {
+			if _, err := d.Templates.Get(name); err != nil {
+				return nil, nil, fmt.Errorf("--templates %s: %w (built-ins: %s)", name, err, strings.Join(d.Templates.Builtins(), ", "))
+			}
+		}
+		if i == 0 {
+			first = append(first, name)
+		} else {
+			rest = append(rest, name)
+		}
+	}
+	d.Templates.Queue(rest...)
+	d.push("template queue", func() error { d.Templates.Dequeue(rest...); return nil })
+	for _, name := range first {
+		if _, err := d.Templates.Ensure(ctx, name, d.cfg.BuildOutput); err != nil {
+			return nil, nil, fmt.Errorf("template %s: %w", name, err)
+		}
+	}
+	d.Pending = rest
+	return first, rest, nil
+}
+
+// startManager starts the sandbox manager, lets it re-adopt what a previous
+// server left, and fills the first templates' warm pools.
+func (d *Daemon) startManager(ctx context.Context, first []string) error {
+	d.Manager = sandbox.New(sandbox.Options{
+		Disk:        d.Disk,
+		Runtime:     d.Runtime,
+		Runtimes:    d.Runtimes,
+		Store:       d.Store,
+		Templates:   template.Resolver{Store: d.Templates},
+		DataDir:     d.Layout.Root,
+		EnvdPath:    d.cfg.EnvdPath,
+		MaxTimeout:  d.cfg.MaxTimeout,
+		MaxPerOwner: d.cfg.MaxPerKey,
+		Network:     d.Network,
+		Logger:      d.log,
+	})
+	d.push("sandbox manager", func() error {
+		if d.cfg.KillOnClose {
+			d.Manager.KillAll(context.Background())
+		}
+		d.Manager.Close()
+		return nil
+	})
+	if err := d.Manager.Recover(ctx); err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	for _, name := range first {
+		if t, err := (template.Resolver{Store: d.Templates}).Resolve(ctx, name); err == nil {
+			d.Manager.SetWarmPool(t, d.cfg.WarmPool)
+		}
+	}
+	return nil
+}
+
+// authenticate reports whether key is one of the server's API keys.
+func (d *Daemon) authenticate(key string) bool {
+	ok := 0
+	for _, k := range d.APIKeys { // no early exit: time does not tell which key matched
+		ok |= subtle.ConstantTimeCompare([]byte(key), []byte(k))
+	}
+	return ok == 1
+}
+
+// startListeners serves the API (with /mcp and the info endpoint) and the
+// sandbox proxy, each over HTTP/1.1 and h2c.
+func (d *Daemon) startListeners() error {
+	var lns []net.Listener
+	for _, addr := range []string{d.cfg.APIAddr, d.cfg.SandboxAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		lns = append(lns, ln)
+	}
+	api := e2b.NewHandler(d.Manager, e2b.Options{
+		Authenticate: d.authenticate,
+		MaxTimeout:   d.cfg.MaxTimeout,
+		Domain:       d.cfg.Domain,
+		Limits:       d.cfg.Limits,
+		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager},
+		Logger:       d.log,
+	})
+	d.Proxy = server.NewProxy(d.Manager, d.log)
+	// The API listener also serves MCP (/mcp), whose tools call this
+	// server's own API and proxy over loopback.
+	apiMux := http.NewServeMux()
+	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.authenticate))
+	apiMux.Handle("GET "+mcp.InfoPath, mcp.InfoHandler(lns[1].Addr()))
+	apiMux.Handle("/", api)
+	servers := []*http.Server{
+		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},
+		{Handler: h2c.NewHandler(d.Proxy, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},
+	}
+	d.APIURL = "http://" + lns[0].Addr().String()
+	d.SandboxURL = "http://" + lns[1].Addr().String()
+	for i, ln := range lns {
+		go func() {
+			if err := servers[i].Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				d.errc <- err
+			}
+		}()
+	}
+	d.push("listeners", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var errs []error
+		for _, s := range servers {
+			errs = append(errs, s.Shutdown(ctx))
+		}
+		return errors.Join(errs...)
+	})
+	return nil
+}
+
+// startBackgroundBuilds builds the other served templates one after another
+// while the server serves; each gets its warm pool as soon as it is ready.
+func (d *Daemon) startBackgroundBuilds(ctx context.Context, rest []string) {
+	buildCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	d.building = true
+	go func() {
+		defer close(d.built)
+		var errs []error
+		for i, name := range rest {
+			t, err := d.Templates.Ensure(buildCtx, name, d.cfg.BuildOutput)
+			if err != nil {
+				d.Templates.Dequeue(name)
+				if buildCtx.Err() != nil {
+					d.Templates.Dequeue(rest[i:]...)
+					d.buildErr = buildCtx.Err()
+					return
+				}
+				d.log.Error("background template build failed; creates for it will fail until `airlock template build "+name+"` succeeds", "template", name, "err", err)
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				continue
+			}
+			d.Manager.SetWarmPool(t.ForSandbox(), d.cfg.WarmPool)
+		}
+		d.buildErr = errors.Join(errs...)
+	}()
+	// A background build stops first (cancelled, it cleans up after itself),
+	// so no warm pool is set on a closing manager.
+	d.push("background builds", func() error {
+		stop()
+		<-d.built
+		return nil
+	})
+}

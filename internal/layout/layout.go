@@ -1,0 +1,68 @@
+// Package layout names every path under Airlock's data directory, so that the
+// server's subsystems, the CLI and the sweeps that clean up after a crash
+// (Recover, GC) agree on one map instead of string literals in each package:
+//
+//	<data-dir>/
+//	  serve.lock          flock of the one server using this data dir
+//	  api-key             the generated API key (when AIRLOCK_API_KEY is unset)
+//	  airlock.db          SQLite: the sandboxes' records
+//	  sandboxes.img       btrfs image of the sandbox disk pool (--disk-quota)
+//	  sandboxes/          one directory per sandbox (on the pool's mount), and
+//	  sandboxes/<id>.log  its console log
+//	  network/            the sandbox network's state (address leases)
+//	  runtime/<backend>/  each isolation backend's state (linux, gvisor)
+//	  templates/          built templates' records and root filesystems
+//	  layers/             the template builder's layer cache
+//	  build/              build sandboxes' scratch space
+//
+// It only names paths; who creates, locks and removes each one is said where
+// it is used. Paths inside a sandbox (envd's binary, /run/airlock) belong to
+// the host↔envd contract, not here.
+package layout
+
+import "path/filepath"
+
+// DefaultRoot is the data directory of `airlock serve` without --data-dir.
+const DefaultRoot = "/var/lib/airlock"
+
+// DataDir is one data directory. Root should be absolute: the paths derived
+// from it are handed to runtimes and to processes with other working
+// directories.
+type DataDir struct{ Root string }
+
+// ServeLock is the file a server holds an exclusive flock on while it runs.
+func (d DataDir) ServeLock() string { return filepath.Join(d.Root, "serve.lock") }
+
+// APIKey holds the key a server generated for itself.
+func (d DataDir) APIKey() string { return filepath.Join(d.Root, "api-key") }
+
+// DB is the SQLite database of sandbox records.
+func (d DataDir) DB() string { return filepath.Join(d.Root, "airlock.db") }
+
+// SandboxImage is the btrfs image file of the disk-quota pool.
+func (d DataDir) SandboxImage() string { return filepath.Join(d.Root, "sandboxes.img") }
+
+// Sandboxes holds every sandbox's directory (the disk pool is mounted here).
+func (d DataDir) Sandboxes() string { return filepath.Join(d.Root, "sandboxes") }
+
+// Sandbox is one sandbox's directory.
+func (d DataDir) Sandbox(id string) string { return filepath.Join(d.Sandboxes(), id) }
+
+// SandboxLog is one sandbox's console log, beside (not inside) its directory
+// so it survives the directory's removal until the record goes.
+func (d DataDir) SandboxLog(id string) string { return filepath.Join(d.Sandboxes(), id+".log") }
+
+// Network is the sandbox network's state directory.
+func (d DataDir) Network() string { return filepath.Join(d.Root, "network") }
+
+// Runtime is the state directory of the isolation backend name.
+func (d DataDir) Runtime(name string) string { return filepath.Join(d.Root, "runtime", name) }
+
+// Templates holds the built templates (template.Store).
+func (d DataDir) Templates() string { return filepath.Join(d.Root, "templates") }
+
+// Layers is the template builder's layer cache.
+func (d DataDir) Layers() string { return filepath.Join(d.Root, "layers") }
+
+// Build is the build sandboxes' state (their runtime, network and scratch).
+func (d DataDir) Build() string { return filepath.Join(d.Root, "build") }
