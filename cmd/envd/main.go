@@ -1,5 +1,5 @@
 // Command envd is the in-sandbox agent. The host starts it as the sandbox's first
-// process and writes one JSON envd.Config object to its stdin.
+// process and writes one JSON envdapi.Config object to its stdin.
 //
 // It is a multi-call binary: the host also binds it over /usr/bin/sudo, and
 // invoked as `sudo` it is an unprivileged client that has the agent run the
@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
@@ -47,7 +48,7 @@ func run() int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	if len(os.Args) > 1 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println(envd.Version)
+		fmt.Println(envdapi.Version)
 		return 0
 	}
 
@@ -65,7 +66,7 @@ func run() int {
 	}
 	os.Unsetenv(envd.ChildEnv)
 
-	var cfg envd.Config
+	var cfg envdapi.Config
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		logger.Error("parsing config", "err", err)
 		return 2

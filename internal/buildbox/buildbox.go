@@ -36,7 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layer"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
@@ -64,12 +64,6 @@ type Options struct {
 const (
 	DefaultMemoryMB = 4096
 	DefaultPidsMax  = 4096
-)
-
-// Paths inside a step's sandbox, the same as a regular sandbox's.
-const (
-	envdTarget = "/usr/local/bin/envd"
-	runTarget  = "/run/airlock"
 )
 
 // Box runs build steps. Its methods may be called from several goroutines;
@@ -305,9 +299,9 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		return -1, fmt.Errorf("buildbox: step network: %w", err)
 	}
 	r.net = true
-	spec, err := json.Marshal(stepproto.Spec{
+	spec, err := json.Marshal(envdapi.StepSpec{
 		Args: st.Args, Env: st.Env, Cwd: st.Cwd, User: st.User,
-		ExitFile: runTarget + "/step.exit",
+		ExitFile: envdapi.StepExitFile,
 	})
 	if err != nil {
 		return -1, fmt.Errorf("buildbox: %w", err)
@@ -323,8 +317,8 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		res.PidsMax = DefaultPidsMax
 	}
 	r.mounts = []runtime.Mount{
-		{Source: b.opts.EnvdPath, Target: envdTarget, ReadOnly: true},
-		{Source: runDir, Target: runTarget},
+		{Source: b.opts.EnvdPath, Target: envdapi.BinaryPath, ReadOnly: true},
+		{Source: runDir, Target: envdapi.RunDir},
 		{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
 		{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true},
 	}
@@ -333,8 +327,8 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		ID: id, Hostname: "build", Lower: st.Lower, Dir: filepath.Join(stepDir, "sandbox"), Upper: st.Upper,
 		Mounts: r.mounts, NetNS: ns.NetNS, Resources: res,
 		Init: runtime.Process{
-			Args:    []string{envdTarget, "step"},
-			Env:     []string{"PATH=" + stepproto.DefaultPath},
+			Args:    []string{envdapi.BinaryPath, "step"},
+			Env:     []string{"PATH=" + envdapi.DefaultPath},
 			Stdin:   spec,
 			LogPath: logPath,
 		},
@@ -346,7 +340,7 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 	if err := b.wait(ctx, sb, logPath, out); err != nil {
 		return -1, err
 	}
-	result, err := stepproto.ReadResult(filepath.Join(runDir, "step.exit"))
+	result, err := envdapi.ReadStepResult(filepath.Join(runDir, envdapi.StepExitName))
 	if err != nil {
 		return -1, fmt.Errorf("buildbox: the step's init ended without a result (see its output): %w", err)
 	}

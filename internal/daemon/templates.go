@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/airlock-sandbox/airlock/internal/e2b"
-	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
@@ -90,7 +90,7 @@ func e2bTemplateInfo(tpl template.Template) e2b.TemplateInfo {
 		CPUCount:    tpl.Settings.CPUCount,
 		MemoryMB:    tpl.Settings.MemoryMB,
 		DiskSizeMB:  tpl.Settings.DiskSizeMB,
-		EnvdVersion: envd.Version,
+		EnvdVersion: envdapi.Version,
 		CreatedAt:   tpl.BuiltAt,
 		UpdatedAt:   tpl.BuiltAt,
 	}

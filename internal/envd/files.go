@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 const (
@@ -90,7 +92,7 @@ func (s *Server) checkFilesAuth(r *http.Request, q url.Values, op string) *files
 		return filesErr(http.StatusUnauthorized, "missing signature query parameter")
 	}
 	exp := q.Get("signature_expiration")
-	want := fileSignature(q.Get("path"), op, q.Get("username"), token, exp)
+	want := envdapi.QuerySignature(q.Get("path"), op, q.Get("username"), token, exp)
 	if !tokenMatches(sig, want) {
 		return filesErr(http.StatusUnauthorized, "invalid signature")
 	}
@@ -119,7 +121,7 @@ func FilesSignatureValid(r *http.Request, token string) bool {
 	}
 	q := r.URL.Query()
 	sig := q.Get("signature")
-	return sig != "" && tokenMatches(sig, fileSignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")))
+	return sig != "" && tokenMatches(sig, envdapi.QuerySignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")))
 }
 
 // acceptEncoding picks gzip or identity from an Accept-Encoding header; ok is

@@ -20,15 +20,16 @@ import (
 	"connectrpc.com/connect"
 
 	fspb "github.com/airlock-sandbox/airlock/api/gen/filesystem"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 var tokenHdr = map[string]string{"X-Access-Token": testToken}
 
 func TestFileSignatureVector(t *testing.T) {
-	if got := FileSignature("x.txt", "read", "", "secrettoken", 0); got != "v1_5/cX6NhkjNdMAaxdnbZNgw4Dd42QoOJ2TUZ5KP2USj8" {
+	if got := envdapi.FileSignature("x.txt", "read", "", "secrettoken", 0); got != "v1_5/cX6NhkjNdMAaxdnbZNgw4Dd42QoOJ2TUZ5KP2USj8" {
 		t.Fatalf("signature %s", got)
 	}
-	if FileSignature("x.txt", "read", "", "secrettoken", 1700000000) == FileSignature("x.txt", "read", "", "secrettoken", 0) {
+	if envdapi.FileSignature("x.txt", "read", "", "secrettoken", 1700000000) == envdapi.FileSignature("x.txt", "read", "", "secrettoken", 0) {
 		t.Fatal("expiration must change the signature")
 	}
 }
@@ -81,7 +82,7 @@ func TestHealthEnvsMetricsAndAuth(t *testing.T) {
 }
 
 func TestNoAccessTokenConfigured(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.AccessToken = "" })
+	e := newEnv(t, func(c *envdapi.Config) { c.AccessToken = "" })
 	resp, _ := e.httpDo("GET", "/envs", nil, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("envs without token configured: %d", resp.StatusCode)
@@ -333,20 +334,20 @@ func TestFilesSignatures(t *testing.T) {
 		t.Fatalf("bad signature %d %s", code, body)
 	}
 	// The signature binds the operation: a read signature cannot write.
-	resp, out := e.httpDo("POST", "/files?path=x.txt&signature="+url.QueryEscape(FileSignature("x.txt", "read", "", testToken, 0)),
+	resp, out := e.httpDo("POST", "/files?path=x.txt&signature="+url.QueryEscape(envdapi.FileSignature("x.txt", "read", "", testToken, 0)),
 		strings.NewReader("w"), map[string]string{"Content-Type": "application/octet-stream"})
 	if resp.StatusCode != 401 {
 		t.Fatalf("read signature used for write: %d %s", resp.StatusCode, out)
 	}
 	// With a user and a future expiration.
 	exp := time.Now().Add(time.Minute).Unix()
-	sig := FileSignature("x.txt", "read", "root", testToken, exp)
+	sig := envdapi.FileSignature("x.txt", "read", "root", testToken, exp)
 	code, _ = get(fmt.Sprintf("path=x.txt&username=root&signature=%s&signature_expiration=%d", url.QueryEscape(sig), exp), nil)
 	if code != 404 { // signed correctly; root's home has no x.txt
 		t.Fatalf("signed with user and expiration: %d", code)
 	}
 	past := time.Now().Add(-time.Minute).Unix()
-	sig = FileSignature("x.txt", "read", "", testToken, past)
+	sig = envdapi.FileSignature("x.txt", "read", "", testToken, past)
 	code, body = get(fmt.Sprintf("path=x.txt&signature=%s&signature_expiration=%d", url.QueryEscape(sig), past), nil)
 	if code != 401 || body != `{"code":401,"message":"signature is already expired"}` {
 		t.Fatalf("expired %d %s", code, body)
@@ -356,7 +357,7 @@ func TestFilesSignatures(t *testing.T) {
 		t.Fatalf("wrong header %d %s", code, body)
 	}
 	// Signed write.
-	wsig := FileSignature("up.txt", "write", "", testToken, 0)
+	wsig := envdapi.FileSignature("up.txt", "write", "", testToken, 0)
 	resp, out = e.httpDo("POST", "/files?path=up.txt&signature="+url.QueryEscape(wsig), strings.NewReader("uploaded"),
 		map[string]string{"Content-Type": "application/octet-stream"})
 	if resp.StatusCode != 200 {

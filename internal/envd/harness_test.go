@@ -23,6 +23,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -42,7 +43,7 @@ type env struct {
 	rhome string // root's home inside root
 }
 
-type envOption func(*Config)
+type envOption func(*envdapi.Config)
 
 func newEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
@@ -68,7 +69,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	must(t, os.WriteFile(filepath.Join(root, "etc/group"), []byte(
 		"root:x:0:\nsudo:x:27:user\nuser:x:1000:\nnogroup:x:65534:\n"), 0o644))
 
-	cfg := Config{
+	cfg := envdapi.Config{
 		SandboxID:   "sbxtest",
 		TemplateID:  "base",
 		AccessToken: testToken,
@@ -236,7 +237,7 @@ func (e *env) rawStream(ctx context.Context, procedure string, body any, hdr map
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.ts.URL+procedure, &buf)
 	must(e.t, err)
 	req.Header.Set("Content-Type", "application/connect+json")
-	req.Header.Set("Connect-Protocol-Version", "1")
+	req.Header.Set("Connect-Protocol-envdapi.Version", "1")
 	req.Header.Set("X-Access-Token", testToken)
 	for k, v := range hdr {
 		req.Header.Set(k, v)

@@ -13,13 +13,14 @@ import (
 	"sync"
 
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // identity is the part of the configuration a warm-pool sandbox only learns when
 // it is claimed (POST /init); everything that reads it goes through the lock.
 type identity struct {
 	mu          sync.RWMutex
-	initialized bool // false only while Config.AwaitInit waits for /init
+	initialized bool // false only while envdapi.Config.AwaitInit waits for /init
 	token       string
 	env         [][2]string // ordered sandbox-level env vars, E2B_* last
 }
@@ -44,7 +45,7 @@ func (id *identity) ready() bool {
 
 // buildSandboxEnv orders the sandbox-level variables: the create request's, sorted
 // for stable output, then the E2B_* ones, which win.
-func buildSandboxEnv(cfg Config, vars map[string]string) ([][2]string, error) {
+func buildSandboxEnv(cfg envdapi.Config, vars map[string]string) ([][2]string, error) {
 	keys := make([]string, 0, len(vars))
 	for k := range vars {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(vars[k], "\x00") {
@@ -62,13 +63,6 @@ func buildSandboxEnv(cfg Config, vars map[string]string) ([][2]string, error) {
 		[2]string{"E2B_SANDBOX_ID", cfg.SandboxID},
 		[2]string{"E2B_TEMPLATE_ID", cfg.TemplateID},
 	), nil
-}
-
-// InitRequest is the body of POST /init, which hands a warm-pool envd the
-// identity of the sandbox it now serves.
-type InitRequest struct {
-	AccessToken string            `json:"accessToken,omitempty"`
-	EnvVars     map[string]string `json:"envVars,omitempty"`
 }
 
 type connKey struct{}
@@ -94,7 +88,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusForbidden, "init is not accepted here")
 		return
 	}
-	var req InitRequest
+	var req envdapi.InitRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("invalid init body: %v", err))
 		return
@@ -122,7 +116,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	if envChanged {
 		s.refreshKernels()
 	}
-	w.Header().Set("X-Envd-Version", Version)
+	w.Header().Set("X-Envd-envdapi.Version", envdapi.Version)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -62,7 +62,7 @@ func (s *Server) interpDefaults(ctx context.Context) (interp.Options, error) {
 	}, nil
 }
 
-// startKernels prewarms Config.Kernels at boot, pooled sandboxes included: a
+// startKernels prewarms envdapi.Config.Kernels at boot, pooled sandboxes included: a
 // claim then finds them running. Kernels take the sandbox env of their start;
 // refreshKernels restarts them when a claim changes it.
 func (s *Server) startKernels() {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // Uploading into a full filesystem answers 507 with the text the SDKs map to
@@ -78,12 +80,12 @@ func TestEtcUserDB(t *testing.T) {
 }
 
 func TestDefaultUserFallsBackToRoot(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.DefaultUser = "absent" })
+	e := newEnv(t, func(c *envdapi.Config) { c.DefaultUser = "absent" })
 	u, err := e.srv.lookupUser("")
 	if err != nil || u.Name != "root" {
 		t.Fatalf("fallback %+v %v", u, err)
 	}
-	e2 := newEnv(t, func(c *Config) { c.DefaultUser = ""; c.DefaultWorkdir = "/srv/work" })
+	e2 := newEnv(t, func(c *envdapi.Config) { c.DefaultUser = ""; c.DefaultWorkdir = "/srv/work" })
 	u, err = e2.srv.lookupUser("")
 	if err != nil || u.Name != "root" {
 		t.Fatalf("empty default %+v %v", u, err)

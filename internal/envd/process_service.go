@@ -19,14 +19,12 @@ import (
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
 // defaultKeepalive applies when a streaming request has no Keepalive-Ping-Interval.
 const defaultKeepalive = 90 * time.Second
-
-// defaultPath is used when envd itself was started without PATH (pid 1 usually is).
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 type processService struct {
 	srv *Server
@@ -65,7 +63,7 @@ func (s *Server) processEnv(u *User, reqEnv map[string]string) []string {
 	}
 	path := os.Getenv("PATH")
 	if path == "" {
-		path = defaultPath
+		path = envdapi.DefaultPath
 	}
 	set("PATH", path)
 	set("HOME", u.Home)

@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 func unixClient(sock string, h2c bool) *http.Client {
@@ -44,7 +45,7 @@ func TestServeUnixSocketAndH2C(t *testing.T) {
 	stale.(*net.UnixListener).SetUnlinkOnClose(false)
 	stale.Close()
 
-	srv, err := NewServer(Config{Listen: []string{"unix:" + sock, "tcp:127.0.0.1:0"}, AccessToken: "t"}, nil)
+	srv, err := NewServer(envdapi.Config{Listen: []string{"unix:" + sock, "tcp:127.0.0.1:0"}, AccessToken: "t"}, nil)
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -92,10 +93,10 @@ func TestServeUnixSocketAndH2C(t *testing.T) {
 }
 
 func TestNewServerRejectsBadConfig(t *testing.T) {
-	if _, err := NewServer(Config{Listen: []string{"udp:1.2.3.4:5"}}, nil); err == nil {
+	if _, err := NewServer(envdapi.Config{Listen: []string{"udp:1.2.3.4:5"}}, nil); err == nil {
 		t.Fatal("bad listen address accepted")
 	}
-	if _, err := NewServer(Config{EnvVars: map[string]string{"A=B": "x"}}, nil); err == nil {
+	if _, err := NewServer(envdapi.Config{EnvVars: map[string]string{"A=B": "x"}}, nil); err == nil {
 		t.Fatal("bad env var name accepted")
 	}
 }
@@ -118,7 +119,7 @@ func TestBinaryAsPID1(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "envd.sock")
-	cfg, _ := json.Marshal(Config{SandboxID: "pid1", Listen: []string{"unix:" + sock}})
+	cfg, _ := json.Marshal(envdapi.Config{SandboxID: "pid1", Listen: []string{"unix:" + sock}})
 	cmd := exec.Command(bin)
 	cmd.Stdin = bytes.NewReader(cfg)
 	var logs bytes.Buffer
@@ -193,7 +194,7 @@ func TestAwaitInit(t *testing.T) {
 	must(t, err)
 	tcpAddr := tcp.Addr().String()
 	tcp.Close()
-	srv, err := NewServer(Config{SandboxID: "pooled", Listen: []string{"unix:" + sock, "tcp:" + tcpAddr}, AwaitInit: true}, nil)
+	srv, err := NewServer(envdapi.Config{SandboxID: "pooled", Listen: []string{"unix:" + sock, "tcp:" + tcpAddr}, AwaitInit: true}, nil)
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -252,7 +253,7 @@ func TestAwaitInit(t *testing.T) {
 		t.Fatalf("init over tcp: %d", resp.StatusCode)
 	}
 	resp, body := do(uc, "POST", "http://envd/init", initBody, nil)
-	if resp.StatusCode != 204 || resp.Header.Get("X-Envd-Version") != Version {
+	if resp.StatusCode != 204 || resp.Header.Get("X-Envd-envdapi.Version") != envdapi.Version {
 		t.Fatalf("init: %d %s", resp.StatusCode, body)
 	}
 	if resp, _ := do(uc, "POST", "http://envd/init", `{"accessToken":"stolen"}`, nil); resp.StatusCode != 409 {

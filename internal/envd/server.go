@@ -2,7 +2,7 @@
 // — Connect RPC process and filesystem services plus /files, /health, /envs and
 // /metrics — over the listeners the host asks for.
 //
-// The host starts cmd/envd as a sandbox's pid 1 and writes a Config to its stdin.
+// The host starts cmd/envd as a sandbox's pid 1 and writes a envdapi.Config to its stdin.
 // As pid 1, envd re-execs itself and only reaps orphans (RunReaper); the child
 // runs a Server. Design points worth knowing before changing anything here:
 //
@@ -13,7 +13,7 @@
 //   - Connect-Timeout-Ms on Start is the process's lifetime, not the stream's.
 //   - Users come from the sandbox's own /etc/passwd and /etc/group (users.go),
 //     never from the host's, and files envd creates are chowned to them.
-//   - A warm-pool envd (Config.AwaitInit) serves nothing but /health until the
+//   - A warm-pool envd (envdapi.Config.AwaitInit) serves nothing but /health until the
 //     host's POST /init over the unix socket gives it its token (init.go).
 package envd
 
@@ -39,6 +39,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // maxRPCMessage bounds a single Connect request message (SendInput payloads are
@@ -48,7 +49,7 @@ const maxRPCMessage = 32 << 20
 // Server is one envd instance: the state of the processes and watchers it started
 // and the HTTP handler that exposes them.
 type Server struct {
-	cfg   Config
+	cfg   envdapi.Config
 	log   *slog.Logger
 	users UserDB
 
@@ -76,7 +77,7 @@ func WithUserDB(db UserDB) Option {
 
 // NewServer builds an envd server. It does no I/O beyond what the options need, so
 // a sandbox reaches its listening state as early as possible.
-func NewServer(cfg Config, logger *slog.Logger, opts ...Option) (*Server, error) {
+func NewServer(cfg envdapi.Config, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -163,7 +164,7 @@ func listen(addr string) (net.Listener, error) {
 	return net.Listen("tcp", address)
 }
 
-// Serve listens on every Config.Listen address and serves until ctx ends. Running
+// Serve listens on every envdapi.Config.Listen address and serves until ctx ends. Running
 // processes are killed on the way out: a stopping envd means a stopping sandbox.
 func (s *Server) Serve(ctx context.Context) error {
 	if len(s.cfg.Listen) == 0 {
@@ -224,7 +225,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	close(s.ready)
 	s.startKernels()
-	s.log.Info("envd ready", "version", Version, "listen", s.cfg.Listen, "pid", os.Getpid())
+	s.log.Info("envd ready", "version", envdapi.Version, "listen", s.cfg.Listen, "pid", os.Getpid())
 
 	var err error
 	select {
@@ -318,9 +319,9 @@ func cors(next http.Handler) http.Handler {
 		h := w.Header()
 		h.Set("Access-Control-Allow-Origin", "*")
 		h.Set("Access-Control-Expose-Headers", strings.Join([]string{
-			"Connect-Protocol-Version", "Connect-Timeout-Ms", "Connect-Content-Encoding",
+			"Connect-Protocol-envdapi.Version", "Connect-Timeout-Ms", "Connect-Content-Encoding",
 			"Connect-Accept-Encoding", "Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin",
-			"Content-Encoding", "Content-Disposition", "Content-Length", "X-Envd-Version",
+			"Content-Encoding", "Content-Disposition", "Content-Length", "X-Envd-envdapi.Version",
 		}, ", "))
 		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 			h.Set("Access-Control-Allow-Methods", "HEAD, GET, POST, PUT, PATCH, DELETE")

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
 	"io"
 	"log/slog"
 	"os"
@@ -13,18 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-)
 
-// The step protocol's types live in stepproto, which the host side imports
-// without the rest of envd.
-type (
-	StepSpec   = stepproto.Spec
-	StepResult = stepproto.Result
-)
-
-const (
-	DefaultStepExitFile = stepproto.DefaultExitFile
-	DefaultPath         = stepproto.DefaultPath
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // StepCred is the identity a step's command runs as.
@@ -121,7 +110,7 @@ func StepEnv(env []string, cred *StepCred) []string {
 	if name == "" {
 		name = strconv.FormatUint(uint64(cred.UID), 10)
 	}
-	for _, kv := range [][2]string{{"PATH", DefaultPath}, {"HOME", cred.Home}, {"USER", name}, {"LOGNAME", name}} {
+	for _, kv := range [][2]string{{"PATH", envdapi.DefaultPath}, {"HOME", cred.Home}, {"USER", name}, {"LOGNAME", name}} {
 		if !has[kv[0]] {
 			out = append(out, kv[0]+"="+kv[1])
 		}
@@ -135,7 +124,7 @@ func stepLookPath(file string, env []string) (string, error) {
 	if strings.Contains(file, "/") {
 		return file, nil
 	}
-	path := DefaultPath
+	path := envdapi.DefaultPath
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
 			path = v
@@ -153,24 +142,24 @@ func stepLookPath(file string, env []string) (string, error) {
 	return "", fmt.Errorf("%s: command not found in PATH", file)
 }
 
-// RunStep is `envd step`: it reads a StepSpec from in, runs the command as
+// RunStep is `envd step`: it reads a envdapi.StepSpec from in, runs the command as
 // described (stdin /dev/null, stdout and stderr both to envd's stdout), reaps
 // every process that ends while it waits (it is the sandbox's pid 1, so every
-// orphan becomes its child), writes the StepResult, and returns envd's own
+// orphan becomes its child), writes the envdapi.StepResult, and returns envd's own
 // exit status. When it returns, the sandbox's pid 1 exits and the kernel kills
 // whatever the step left running.
 func RunStep(in io.Reader, logger *slog.Logger) int {
-	var spec StepSpec
+	var spec envdapi.StepSpec
 	if err := json.NewDecoder(io.LimitReader(in, 4<<20)).Decode(&spec); err != nil {
 		logger.Error("step: reading the spec from stdin", "err", err)
 		return 2
 	}
 	exitFile := spec.ExitFile
 	if exitFile == "" {
-		exitFile = DefaultStepExitFile
+		exitFile = envdapi.StepExitFile
 	}
 	res := runStep(spec)
-	if err := writeStepResult(exitFile, res); err != nil {
+	if err := envdapi.WriteStepResult(exitFile, res); err != nil {
 		logger.Error("step: writing the result", "err", err)
 		return 2
 	}
@@ -181,29 +170,29 @@ func RunStep(in io.Reader, logger *slog.Logger) int {
 	return 0
 }
 
-func runStep(spec StepSpec) StepResult {
+func runStep(spec envdapi.StepSpec) envdapi.StepResult {
 	if len(spec.Args) == 0 {
-		return StepResult{Error: "step has no command"}
+		return envdapi.StepResult{Error: "step has no command"}
 	}
 	cred, err := ResolveStepUser(&EtcUserDB{Root: "/"}, spec.User)
 	if err != nil {
-		return StepResult{Error: err.Error()}
+		return envdapi.StepResult{Error: err.Error()}
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
 		cwd = "/"
 	}
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-		return StepResult{Error: fmt.Sprintf("working directory %s does not exist", cwd)}
+		return envdapi.StepResult{Error: fmt.Sprintf("working directory %s does not exist", cwd)}
 	}
 	env := StepEnv(spec.Env, cred)
 	bin, err := stepLookPath(spec.Args[0], env)
 	if err != nil {
-		return StepResult{Error: err.Error()}
+		return envdapi.StepResult{Error: err.Error()}
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return StepResult{Error: err.Error()}
+		return envdapi.StepResult{Error: err.Error()}
 	}
 	defer devnull.Close()
 	groups := cred.Groups
@@ -227,7 +216,7 @@ func runStep(spec StepSpec) StepResult {
 		},
 	})
 	if err != nil {
-		return StepResult{Error: fmt.Sprintf("start %s: %v", spec.Args[0], err)}
+		return envdapi.StepResult{Error: fmt.Sprintf("start %s: %v", spec.Args[0], err)}
 	}
 	go func() {
 		for sig := range sigs {
@@ -241,21 +230,16 @@ func runStep(spec StepSpec) StepResult {
 			continue
 		}
 		if err != nil {
-			return StepResult{Error: fmt.Sprintf("wait: %v", err)}
+			return envdapi.StepResult{Error: fmt.Sprintf("wait: %v", err)}
 		}
 		if pid != p.Pid {
 			continue // an orphan the step left: reaped
 		}
 		switch {
 		case ws.Exited():
-			return StepResult{ExitCode: ws.ExitStatus()}
+			return envdapi.StepResult{ExitCode: ws.ExitStatus()}
 		case ws.Signaled():
-			return StepResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal())}
+			return envdapi.StepResult{ExitCode: 128 + int(ws.Signal()), Signal: int(ws.Signal())}
 		}
 	}
 }
-
-func writeStepResult(path string, res StepResult) error { return stepproto.WriteResult(path, res) }
-
-// ReadStepResult reads what `envd step` wrote (for the host).
-func ReadStepResult(path string) (StepResult, error) { return stepproto.ReadResult(path) }

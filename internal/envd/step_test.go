@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 func stepDB(t *testing.T) *EtcUserDB {
@@ -85,7 +87,7 @@ func TestStepEnv(t *testing.T) {
 		t.Errorf("StepEnv = %v, want %v", env, want)
 	}
 	env = StepEnv([]string{"HOME=/x"}, &StepCred{UID: 4321, Home: "/"})
-	want = []string{"HOME=/x", "PATH=" + DefaultPath, "USER=4321", "LOGNAME=4321"}
+	want = []string{"HOME=/x", "PATH=" + envdapi.DefaultPath, "USER=4321", "LOGNAME=4321"}
 	if !slices.Equal(env, want) {
 		t.Errorf("StepEnv = %v, want %v", env, want)
 	}
@@ -119,18 +121,18 @@ func TestRunStepResult(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		cwd  string
-		want StepResult
+		want envdapi.StepResult
 	}{
-		{[]string{"sh", "-c", "exit 3"}, "", StepResult{ExitCode: 3}},
-		{[]string{"sh", "-c", "test \"$(pwd)\" = /tmp && test \"$USER\" = root"}, "/tmp", StepResult{}},
-		{[]string{"sh", "-c", "kill -TERM $$"}, "", StepResult{ExitCode: 143, Signal: 15}},
-		{[]string{"true"}, "/no/such/dir", StepResult{Error: "working directory /no/such/dir does not exist"}},
-		{[]string{"no-such-command-xyz"}, "", StepResult{Error: "no-such-command-xyz: command not found in PATH"}},
+		{[]string{"sh", "-c", "exit 3"}, "", envdapi.StepResult{ExitCode: 3}},
+		{[]string{"sh", "-c", "test \"$(pwd)\" = /tmp && test \"$USER\" = root"}, "/tmp", envdapi.StepResult{}},
+		{[]string{"sh", "-c", "kill -TERM $$"}, "", envdapi.StepResult{ExitCode: 143, Signal: 15}},
+		{[]string{"true"}, "/no/such/dir", envdapi.StepResult{Error: "working directory /no/such/dir does not exist"}},
+		{[]string{"no-such-command-xyz"}, "", envdapi.StepResult{Error: "no-such-command-xyz: command not found in PATH"}},
 	} {
 		exit := filepath.Join(t.TempDir(), "step.exit")
-		spec, _ := json.Marshal(StepSpec{Args: c.args, Cwd: c.cwd, ExitFile: exit})
+		spec, _ := json.Marshal(envdapi.StepSpec{Args: c.args, Cwd: c.cwd, ExitFile: exit})
 		RunStep(bytes.NewReader(spec), slog.Default())
-		got, err := ReadStepResult(exit)
+		got, err := envdapi.ReadStepResult(exit)
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}

@@ -41,8 +41,6 @@ import (
 )
 
 const (
-	// DefaultSudoSocket is where envd listens for the sudo shim inside a sandbox.
-	DefaultSudoSocket = "/run/envd/sudo.sock"
 	// SudoSocketEnv overrides the socket path, for the shim (where to connect)
 	// and for envd (where to listen, even without the shim installed); tests use
 	// it to run both outside a sandbox.

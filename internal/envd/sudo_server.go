@@ -13,15 +13,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"golang.org/x/sys/unix"
 )
 
 // sudoSecurePath is the PATH every sudo command gets, as Debian's sudoers
 // secure_path: the caller's PATH never decides what runs as root.
-const sudoSecurePath = defaultPath
+const sudoSecurePath = envdapi.DefaultPath
 
 // SudoSocketPath says where envd should listen for the sudo shim: the path in
-// SudoSocketEnv if set, else DefaultSudoSocket when the shim is installed, that
+// SudoSocketEnv if set, else envdapi.SudoSocket when the shim is installed, that
 // is when /usr/bin/sudo is this very binary (the host binds envd over it). On a
 // host, where /usr/bin/sudo is the real one, it is "" and nothing listens.
 func SudoSocketPath() string {
@@ -31,7 +32,7 @@ func SudoSocketPath() string {
 	self, err1 := os.Stat("/proc/self/exe")
 	sudo, err2 := os.Stat("/usr/bin/sudo")
 	if err1 == nil && err2 == nil && os.SameFile(self, sudo) {
-		return DefaultSudoSocket
+		return envdapi.SudoSocket
 	}
 	return ""
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 )
@@ -191,7 +192,7 @@ func RunSudo(name string, args []string) int {
 		fmt.Printf("sudo - execute a command as another user (airlock envd shim)\n\n%s", sudoUsage)
 		return 0
 	case o.version:
-		fmt.Printf("Sudo version %s (airlock envd %s shim: commands run through envd, no setuid)\n", sudoVersion, Version)
+		fmt.Printf("Sudo version %s (airlock envd %s shim: commands run through envd, no setuid)\n", sudoVersion, envdapi.Version)
 		return 0
 	case o.list:
 		return sudoList(r.Command)
@@ -238,7 +239,7 @@ func isTerminal(fd int) bool {
 func sudoRun(r *sudoRequest) (int, error) {
 	sock := os.Getenv(SudoSocketEnv)
 	if sock == "" {
-		sock = DefaultSudoSocket
+		sock = envdapi.SudoSocket
 	}
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -84,7 +85,7 @@ func newSudoEnv(t *testing.T) *sudoEnv {
 // cmd prepares the shim as the default user (uid 1000) in its home.
 func (se *sudoEnv) cmd(args ...string) *exec.Cmd {
 	c := &exec.Cmd{Path: se.shim, Args: append([]string{"sudo"}, args...), Dir: se.home}
-	c.Env = []string{SudoSocketEnv + "=" + se.sock, "PATH=" + defaultPath, "HOME=" + se.home, "USER=user",
+	c.Env = []string{SudoSocketEnv + "=" + se.sock, "PATH=" + envdapi.DefaultPath, "HOME=" + se.home, "USER=user",
 		"TERM=xterm-test", "FOO=from-caller", "SHELL=/bin/sh"}
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{1000}}}
 	return c
@@ -201,7 +202,7 @@ func TestSudo(t *testing.T) {
 	t.Run("environment is reset; -E and --preserve-env keep it", func(t *testing.T) {
 		script := `echo "$FOO|$HOME|$USER|$SUDO_USER|$SUDO_UID|$TERM|$PATH|$SUDO_COMMAND"`
 		se.run("", "sh", "-c", script).want(t, 0,
-			"|"+se.rhome+"|root|user|1000|xterm-test|"+defaultPath+"|/usr/bin/sh -c "+script+"\n")
+			"|"+se.rhome+"|root|user|1000|xterm-test|"+envdapi.DefaultPath+"|/usr/bin/sh -c "+script+"\n")
 		se.run("", "-E", "sh", "-c", `echo "$FOO|$HOME|$USER"`).want(t, 0, "from-caller|"+se.home+"|root\n")
 		se.run("", "-E", "-H", "sh", "-c", `echo "$HOME"`).want(t, 0, se.rhome+"\n")
 		se.run("", "--preserve-env=FOO", "sh", "-c", `echo "$FOO"`).want(t, 0, "from-caller\n")

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -74,7 +75,7 @@ func (m *Manager) makeSandboxDir(dir string, diskSizeMB int) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, envdapi.HostRunDir), 0o700); err != nil {
 		return err
 	}
 	return nil

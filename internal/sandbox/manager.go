@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
-	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -108,17 +108,6 @@ type Options struct {
 	Network *netpolicy.Network
 	Logger  *slog.Logger
 }
-
-// envdMountPath is where envd appears inside every sandbox.
-const envdMountPath = "/usr/local/bin/envd"
-
-// envdSocketDir is the directory inside the sandbox holding envd's socket; the
-// host side is <sandbox dir>/run.
-const envdSocketDir = "/run/airlock"
-
-// interpSocket is the code interpreter's socket inside the sandbox; the proxy
-// sends sandbox port 49999 there whatever the network mode.
-const interpSocket = envdSocketDir + "/interp.sock"
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
 const metricsKept = 720
@@ -242,7 +231,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		CPUCount:            tpl.CPUCount,
 		MemoryMB:            tpl.MemoryMB,
 		DiskSizeMB:          diskMB,
-		EnvdVersion:         envd.Version,
+		EnvdVersion:         envdapi.Version,
 		AllowInternetAccess: req.AllowInternetAccess,
 		Owner:               req.Owner,
 	}
@@ -346,7 +335,7 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 // waits for its access token and env vars (POST /init) before serving.
 func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
 	dir := m.sandboxDir(info.ID)
-	runDir := filepath.Join(dir, "run")
+	runDir := filepath.Join(dir, envdapi.HostRunDir)
 	// A pooled sandbox has no client env yet: it gets the template's alone,
 	// and the rest with POST /init at claim.
 	env, err := templateEnv(tpl, info.EnvVars)
@@ -357,19 +346,19 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		m.releaseDisk(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
-	cfg := envd.Config{
+	cfg := envdapi.Config{
 		SandboxID:      info.ID,
 		TemplateID:     info.TemplateID,
 		AccessToken:    info.AccessToken,
 		EnvVars:        env,
 		DefaultUser:    tpl.DefaultUser,
 		DefaultWorkdir: tpl.DefaultWorkdir,
-		Listen:         []string{"unix:" + envdSocketDir + "/envd.sock", fmt.Sprintf("tcp:127.0.0.1:%d", envd.Port)},
+		Listen:         []string{"unix:" + envdapi.Socket, fmt.Sprintf("tcp:127.0.0.1:%d", envdapi.Port)},
 		DiskPath:       "/",
 		AwaitInit:      pooled,
 		// The interpreter over the socket for the host proxy, and on every
 		// interface inside the sandbox so its code can use localhost:49999.
-		InterpListen: []string{"unix:" + interpSocket, fmt.Sprintf("tcp:0.0.0.0:%d", envd.InterpPort)},
+		InterpListen: []string{"unix:" + envdapi.InterpSocket, fmt.Sprintf("tcp:0.0.0.0:%d", envdapi.InterpPort)},
 		Kernels:      tpl.Kernels,
 	}
 	cfgJSON, err := json.Marshal(cfg)
@@ -382,13 +371,13 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		Lower:    tpl.Rootfs,
 		Dir:      dir,
 		Mounts: []runtime.Mount{
-			{Source: m.opts.EnvdPath, Target: envdMountPath, ReadOnly: true},
+			{Source: m.opts.EnvdPath, Target: envdapi.BinaryPath, ReadOnly: true},
 			{Source: m.opts.EnvdPath, Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/envd/sudo_proto.go)
-			{Source: runDir, Target: envdSocketDir},
+			{Source: runDir, Target: envdapi.RunDir},
 		},
 		Init: runtime.Process{
-			Args:    []string{envdMountPath},
-			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Args:    []string{envdapi.BinaryPath},
+			Env:     []string{"PATH=" + envdapi.DefaultPath},
 			Stdin:   cfgJSON,
 			LogPath: filepath.Join(m.opts.DataDir, "sandboxes", info.ID+".log"),
 		},
@@ -435,7 +424,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		return fail(err)
 	}
 	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns,
-		transport: envdTransport(filepath.Join(runDir, "envd.sock")), interp: envdTransport(filepath.Join(runDir, "interp.sock"))}
+		transport: envdTransport(filepath.Join(runDir, envdapi.SocketName)), interp: envdTransport(filepath.Join(runDir, envdapi.InterpSocketName))}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)
@@ -963,8 +952,8 @@ func (m *Manager) Recover(ctx context.Context) error {
 			alive = false
 		}
 		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
-			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "envd.sock")),
-			interp:    envdTransport(filepath.Join(m.sandboxDir(rec.ID), "run", "interp.sock")),
+			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), envdapi.HostRunDir, envdapi.SocketName)),
+			interp:    envdTransport(filepath.Join(m.sandboxDir(rec.ID), envdapi.HostRunDir, envdapi.InterpSocketName)),
 			seenOOM:   m.seenOOMOf(ctx, rec.ID)}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
@@ -1185,7 +1174,7 @@ func fromRecord(r store.Sandbox) Info {
 		Metadata: r.Metadata, EnvVars: r.EnvVars, AccessToken: r.AccessToken,
 		StartedAt: r.StartedAt, EndAt: r.EndAt, State: State(r.State),
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB,
-		EnvdVersion: envd.Version, AllowInternetAccess: r.AllowInternet, Owner: r.Owner,
+		EnvdVersion: envdapi.Version, AllowInternetAccess: r.AllowInternet, Owner: r.Owner,
 		Network: NetworkConfig{
 			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
 		},

@@ -23,7 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/airlock-sandbox/airlock/internal/envd"
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // Sandboxes is what the proxy needs from the sandbox manager.
@@ -189,14 +189,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var rt route
 	switch port {
-	case envd.Port:
+	case envdapi.Port:
 		tr, err := p.sandboxes.EnvdTransport(id)
 		if err != nil {
 			sandboxGone(w, id)
 			return
 		}
 		rt = route{id: id, port: port, transport: tr}
-	case envd.InterpPort:
+	case envdapi.InterpPort:
 		// A user port as far as the traffic token goes (E2B routes it like
 		// any other), but served by envd over its own socket.
 		_, token, err := p.sandboxes.UserPortTarget(id)
@@ -452,12 +452,12 @@ func (p *Proxy) bySignature(r *http.Request) (string, int, error) {
 	}
 	sig, path, user := q.Get("signature"), q.Get("path"), q.Get("username")
 	ids := p.sandboxes.MatchToken(func(token string) bool {
-		return envd.FileSignature(path, op, user, token, exp) == sig
+		return envdapi.FileSignature(path, op, user, token, exp) == sig
 	})
 	if len(ids) != 1 {
 		return "", 0, errBadSignature
 	}
-	return ids[0], envd.Port, nil
+	return ids[0], envdapi.Port, nil
 }
 
 func hostOnly(hostport string) string {

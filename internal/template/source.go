@@ -12,6 +12,7 @@ import (
 
 	securejoin "github.com/cyphar/filepath-securejoin"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
 )
 
@@ -31,7 +32,7 @@ type source struct {
 
 // defaultPath is the PATH of Debian's own images, which a debootstrap base has no
 // image config to carry.
-const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+const defaultPath = "PATH=" + envdapi.DefaultPath
 
 // debianImages are the FROM names built with debootstrap instead of pulled.
 var debianImages = map[string]struct {
@@ -224,8 +225,8 @@ var mountPoints = []struct {
 	path string
 	dir  bool
 }{
-	{"/usr/local/bin/envd", false},
-	{"/run/airlock", true},
+	{envdapi.BinaryPath, false},
+	{envdapi.RunDir, true},
 	{"/etc/resolv.conf", false},
 	{"/etc/hosts", false},
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
@@ -106,7 +107,7 @@ func newSpec(t *testing.T, h Harness) (runtime.Spec, string) {
 		Mounts:   []runtime.Mount{{Source: out, Target: "/out"}},
 		Init: runtime.Process{
 			Args:    []string{"/bin/sh", "-c", probe},
-			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOST_PATH=" + base},
+			Env:     []string{"PATH=" + envdapi.DefaultPath, "HOST_PATH=" + base},
 			Stdin:   []byte("hello-from-host\n"),
 			LogPath: filepath.Join(base, "init.log"),
 		},

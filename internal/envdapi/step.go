@@ -1,8 +1,8 @@
-// Package stepproto is the contract between the template builder's build
-// sandbox (internal/buildbox, on the host) and `envd step` (inside it): what
-// one build step runs and how it ended. It is its own package so the host side
-// needs none of envd.
-package stepproto
+package envdapi
+
+// The build-step protocol: between the template builder's build sandbox
+// (internal/buildbox, on the host) and `envd step` (inside it, as the build
+// sandbox's first process): what one build step runs and how it ended.
 
 import (
 	"encoding/json"
@@ -10,37 +10,37 @@ import (
 	"os"
 )
 
-// Spec is what `envd step` reads on stdin: one command of a template build
+// StepSpec is what `envd step` reads on stdin: one command of a template build
 // (a RUN instruction), run as the build sandbox's first process.
-type Spec struct {
+type StepSpec struct {
 	Args []string `json:"args"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
 	// User is Docker's USER: name, uid, name:group, uid:gid (or a mix).
 	// Empty means root.
 	User string `json:"user,omitempty"`
-	// ExitFile receives the Result as JSON; default DefaultExitFile.
+	// ExitFile receives the StepResult as JSON; default StepExitFile.
 	ExitFile string `json:"exitFile,omitempty"`
 }
 
-// DefaultExitFile is where the result goes unless the spec says otherwise:
-// in a directory the host binds into the build sandbox.
-const DefaultExitFile = "/run/airlock/step.exit"
+// StepExitFile is where the result goes unless the spec says otherwise: in
+// RunDir, which the host binds into the build sandbox.
+const StepExitFile = RunDir + "/" + StepExitName
 
-// DefaultPath is the PATH a step gets when its environment has none (Docker's).
-const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+// StepExitName is StepExitFile's name in the host's side of RunDir.
+const StepExitName = "step.exit"
 
-// Result is how a step ended. Exactly one of the three is meaningful: Error
+// StepResult is how a step ended. Exactly one of the three is meaningful: Error
 // when the command could not be started at all (unknown user, missing working
 // directory or binary), else Signal when a signal killed it, else ExitCode.
-type Result struct {
+type StepResult struct {
 	ExitCode int    `json:"exitCode"`
 	Signal   int    `json:"signal,omitempty"`
 	Error    string `json:"error,omitempty"`
 }
 
-// WriteResult writes res atomically (a reader never sees half of it).
-func WriteResult(path string, res Result) error {
+// WriteStepResult writes res atomically (a reader never sees half of it).
+func WriteStepResult(path string, res StepResult) error {
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
@@ -55,9 +55,9 @@ func WriteResult(path string, res Result) error {
 	return nil
 }
 
-// ReadResult reads what `envd step` wrote.
-func ReadResult(path string) (Result, error) {
-	var res Result
+// ReadStepResult reads what `envd step` wrote.
+func ReadStepResult(path string) (StepResult, error) {
+	var res StepResult
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return res, fmt.Errorf("step result: %w", err)

@@ -1,4 +1,4 @@
-package envd
+package envdapi
 
 import (
 	"crypto/sha256"
@@ -6,7 +6,7 @@ import (
 	"strconv"
 )
 
-// FileSignature is the signature a signed /files URL carries (spec §3.7.3): the
+// FileSignature is the signature a signed /files URL carries: the
 // SDKs compute it client-side from the sandbox's access token, and the host uses it
 // to route header-less signed requests to the one sandbox whose token matches.
 // op is "read" (GET) or "write" (POST); username is "" when the URL names no user;
@@ -16,12 +16,12 @@ func FileSignature(path, op, username, token string, expiration int64) string {
 	if expiration != 0 {
 		exp = strconv.FormatInt(expiration, 10)
 	}
-	return fileSignature(path, op, username, token, exp)
+	return QuerySignature(path, op, username, token, exp)
 }
 
-// fileSignature works on the expiration exactly as it appears in the query string,
-// so a URL is verified against the bytes the client signed.
-func fileSignature(path, op, username, token, expiration string) string {
+// QuerySignature works on the expiration exactly as it appears in the query
+// string, so a URL is verified against the bytes the client signed.
+func QuerySignature(path, op, username, token, expiration string) string {
 	raw := path + ":" + op + ":" + username + ":" + token
 	if expiration != "" {
 		raw += ":" + expiration

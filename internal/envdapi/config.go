@@ -1,4 +1,14 @@
-package envd
+// Package envdapi is the contract between the host and envd, the agent that
+// runs as every sandbox's first process: what the host hands envd at start
+// (Config) and on a warm sandbox's claim (InitRequest), the ports and
+// in-sandbox paths both sides must agree on, the signature of signed /files
+// URLs, the version SDKs see, and the build-step protocol of `envd step`.
+//
+// The host (internal/sandbox, internal/buildbox, the proxy) imports this
+// package, never internal/envd: envd links the code interpreter (ZeroMQ, PTYs),
+// which has no business in the host binary. An import-rule test
+// (internal/importrules) holds both sides to it.
+package envdapi
 
 // Config is what the host hands envd when a sandbox starts. The host writes it as
 // one JSON object on envd's stdin (so the access token never touches a file or the
@@ -36,7 +46,7 @@ type Config struct {
 	// runs the template's start command in the pooled sandbox with it.
 	AwaitInit bool `json:"awaitInit,omitempty"`
 
-	// InterpListen is where envd serves the code interpreter (spec §4), in the
+	// InterpListen is where envd serves the code interpreter, in the
 	// same forms as Listen: the host proxies sandbox port 49999 to the unix
 	// socket, and tcp 0.0.0.0:49999 lets in-sandbox code use localhost:49999
 	// as on E2B. Empty means no interpreter.
@@ -51,7 +61,7 @@ type Config struct {
 	DiskPath string `json:"diskPath,omitempty"`
 }
 
-// Version is the envd version reported to SDKs. It gates SDK features (spec §3.9);
+// Version is the envd version reported to SDKs. The SDKs gate features on it;
 // 0.6.4 or later unlocks everything the current SDKs use.
 const Version = "0.6.13"
 
@@ -60,3 +70,10 @@ const InterpPort = 49999
 
 // Port is the in-sandbox port on which the E2B SDKs address envd.
 const Port = 49983
+
+// InitRequest is the body of POST /init, which hands a warm-pool envd the
+// identity of the sandbox it now serves.
+type InitRequest struct {
+	AccessToken string            `json:"accessToken,omitempty"`
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+}
