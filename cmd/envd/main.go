@@ -3,10 +3,10 @@
 //
 // It is a multi-call binary: the host also binds it over /usr/bin/sudo, and
 // invoked as `sudo` it is an unprivileged client that has the agent run the
-// command (internal/envd/sudo_proto.go), so sudo works without setuid.
+// command (internal/sudo), so sudo works without setuid.
 //
 // `envd step` is a third mode: the first process of a template build's
-// sandbox, which runs one build step (internal/envd/step.go).
+// sandbox, which runs one build step (internal/buildstep).
 package main
 
 import (
@@ -21,8 +21,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/airlock-sandbox/airlock/internal/buildstep"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/sudo"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
@@ -30,12 +33,12 @@ func main() {
 	// Dispatch on the name before anything else: the shim must not touch
 	// stdin (the agent reads its config there) or log like the agent.
 	if name := filepath.Base(os.Args[0]); name == "sudo" || name == "sudoedit" {
-		os.Exit(envd.RunSudo(name, os.Args[1:]))
+		os.Exit(sudo.RunShim(name, os.Args[1:]))
 	}
 	// `envd step`: the first process of a template build's sandbox (one RUN
 	// step), not the agent.
 	if len(os.Args) > 1 && os.Args[1] == "step" {
-		os.Exit(envd.RunStep(os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil))))
+		os.Exit(buildstep.Run(os.Stdin, slog.New(slog.NewTextHandler(os.Stderr, nil))))
 	}
 	os.Exit(run())
 }
@@ -81,8 +84,8 @@ func run() int {
 	// The sudo socket only where the shim is installed (or a test asks for it):
 	// envd run on a host must not create /run/envd there.
 	sudoDone := make(chan struct{})
-	if sock := envd.SudoSocketPath(); sock != "" {
-		l, err := srv.ListenSudo(sock)
+	if sock := sudo.SocketPath(); sock != "" {
+		l, err := sudo.Listen(sock)
 		if err != nil {
 			// The sandbox is still useful without sudo; say why it fails.
 			logger.Error("sudo socket; sudo will not work in this sandbox", "err", err)
@@ -90,7 +93,8 @@ func run() int {
 		} else {
 			go func() {
 				defer close(sudoDone)
-				if err := srv.ServeSudo(ctx, l); err != nil {
+				sudoSrv := &sudo.Server{Users: &unixuser.EtcUserDB{Root: "/"}, Log: logger}
+				if err := sudoSrv.Serve(ctx, l); err != nil {
 					logger.Error("sudo socket; sudo stops working in this sandbox", "err", err)
 				}
 			}()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fspb "github.com/airlock-sandbox/airlock/api/gen/filesystem"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 // metadataXattrPrefix namespaces user metadata in extended attributes, the same
@@ -195,7 +196,7 @@ func replaceMetadata(f *os.File, meta map[string]string) error {
 
 // mkdirAllOwned creates dir and its missing parents, handing each created
 // directory to the user so they own what they asked for (spec §3.6).
-func mkdirAllOwned(dir string, u *User) error {
+func mkdirAllOwned(dir string, u *unixuser.User) error {
 	var missing []string
 	for p := dir; ; p = filepath.Dir(p) {
 		fi, err := os.Stat(p)
@@ -224,7 +225,7 @@ func mkdirAllOwned(dir string, u *User) error {
 
 // chownTo is best effort: it only matters when envd runs as root, which it always
 // does in a sandbox.
-func chownTo(path string, u *User) {
+func chownTo(path string, u *unixuser.User) {
 	if os.Geteuid() == 0 && u != nil {
 		_ = os.Lchown(path, int(u.UID), int(u.GID))
 	}

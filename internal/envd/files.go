@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 const (
@@ -293,7 +294,7 @@ func printableASCII(s string) bool {
 }
 
 // upload writes every file of a POST /files request.
-func (s *Server) upload(r *http.Request, pathParam string, u *User) ([]uploadResult, *filesError) {
+func (s *Server) upload(r *http.Request, pathParam string, u *unixuser.User) ([]uploadResult, *filesError) {
 	meta, ferr := parseMetadata(r.Header)
 	if ferr != nil {
 		return nil, ferr
@@ -398,7 +399,7 @@ func dispositionParams(v string) map[string]string {
 	return out
 }
 
-func (s *Server) uploadMultipart(mr *multipart.Reader, pathParam string, u *User, meta map[string]string) ([]uploadResult, *filesError) {
+func (s *Server) uploadMultipart(mr *multipart.Reader, pathParam string, u *unixuser.User, meta map[string]string) ([]uploadResult, *filesError) {
 	var results []uploadResult
 	seen := map[string]bool{}
 	for {
@@ -447,7 +448,7 @@ func isNoSpace(err error) bool {
 
 // writeUpload writes one uploaded file in place (keeping the inode, so hard links
 // and open handles see the new content), owned by the user.
-func (s *Server) writeUpload(dst string, r io.Reader, u *User, meta map[string]string) (uploadResult, *filesError) {
+func (s *Server) writeUpload(dst string, r io.Reader, u *unixuser.User, meta map[string]string) (uploadResult, *filesError) {
 	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
 		return uploadResult{}, filesErr(http.StatusBadRequest, "path '%s' is a directory", dst)
 	}

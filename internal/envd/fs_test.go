@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	fspb "github.com/airlock-sandbox/airlock/api/gen/filesystem"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 func writeFile(t *testing.T, path, content string) {
@@ -330,7 +331,7 @@ func TestPollingWatcher(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "f"), "x")
 	var got []string
-	eventually(t, 5*time.Second, "polled events", func() bool {
+	testenv.Eventually(t, 5*time.Second, "polled events", func() bool {
 		ev, err := e.fs.GetWatcherEvents(ctx, connect.NewRequest(&fspb.GetWatcherEventsRequest{WatcherId: id}))
 		must(t, err)
 		for _, fe := range ev.Msg.GetEvents() {

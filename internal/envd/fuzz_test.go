@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 // FuzzResolvePath checks the invariants every file and process path rests on:
@@ -18,7 +20,7 @@ func FuzzResolvePath(f *testing.F) {
 		f.Add(seed)
 	}
 	s := &Server{}
-	u := &User{Name: "user", Home: "/home/user"}
+	u := &unixuser.User{Name: "user", Home: "/home/user"}
 	f.Fuzz(func(t *testing.T, p string) {
 		got := s.resolvePath(p, u)
 		if !filepath.IsAbs(got) || filepath.Clean(got) != got {

@@ -7,13 +7,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +23,8 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
+	"github.com/airlock-sandbox/airlock/internal/unixuser/unixusertest"
 )
 
 const testToken = "secrettoken"
@@ -48,26 +48,10 @@ type envOption func(*envdapi.Config)
 func newEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		missing(t, "envd tests switch users and chown files; run them as root")
+		testenv.Missing(t, "envd tests switch users and chown files; run them as root")
 	}
-	root := t.TempDir()
-	// uid 1000 must be able to reach its home through the temp dirs.
-	for p := root; p != os.TempDir() && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	home := filepath.Join(root, "home", "user")
-	rhome := filepath.Join(root, "root")
-	must(t, os.MkdirAll(filepath.Join(root, "etc"), 0o755))
-	must(t, os.MkdirAll(home, 0o755))
-	must(t, os.MkdirAll(rhome, 0o700))
-	must(t, os.Chown(home, 1000, 1000))
-	must(t, os.WriteFile(filepath.Join(root, "etc/passwd"), []byte(fmt.Sprintf(
-		"root:x:0:0:root:%s:/bin/bash\nuser:x:1000:1000::%s:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		rhome, home)), 0o644))
-	must(t, os.WriteFile(filepath.Join(root, "etc/group"), []byte(
-		"root:x:0:\nsudo:x:27:user\nuser:x:1000:\nnogroup:x:65534:\n"), 0o644))
+	fake := unixusertest.New(t)
+	root, home, rhome := fake.Dir, fake.Home, fake.RootHome
 
 	cfg := envdapi.Config{
 		SandboxID:   "sbxtest",
@@ -83,7 +67,7 @@ func newEnv(t testing.TB, opts ...envOption) *env {
 	if testing.Verbose() && !isBenchmark(t) {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	srv, err := NewServer(cfg, logger, WithUserDB(&EtcUserDB{Root: root}))
+	srv, err := NewServer(cfg, logger, WithUserDB(&unixuser.EtcUserDB{Root: root}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,33 +267,11 @@ func (e *env) httpDo(method, path string, body io.Reader, hdr map[string]string)
 	return resp, string(b)
 }
 
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func codeOf(err error) connect.Code {
 	return connect.CodeOf(err)
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-
-// missing skips a test whose prerequisite this machine lacks, except in CI
-// (AIRLOCK_TEST_REQUIRE=1), where a silently skipped test would hide a gap.
-func missing(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("AIRLOCK_TEST_REQUIRE") == "1" {
-		t.Fatalf("required: "+format, args...)
-	}
-	t.Skipf(format, args...)
-}
 
 func isBenchmark(t testing.TB) bool {
 	_, ok := t.(*testing.B)

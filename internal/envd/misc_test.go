@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 // Uploading into a full filesystem answers 507 with the text the SDKs map to
@@ -25,7 +27,7 @@ func TestUploadNoSpace(t *testing.T) {
 	small := filepath.Join(e.root, "small")
 	must(t, os.Mkdir(small, 0o755))
 	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
-		missing(t, "cannot mount a tmpfs here: %v", err)
+		testenv.Missing(t, "cannot mount a tmpfs here: %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
 	big := bytes.Repeat([]byte("x"), 1<<20)
@@ -52,7 +54,7 @@ func TestEtcUserDB(t *testing.T) {
 	passwd := filepath.Join(root, "etc/passwd")
 	must(t, os.WriteFile(passwd, []byte("# comment\nuser:x:1000:1000::/home/user:/bin/bash\nbroken line\n"), 0o644))
 	must(t, os.WriteFile(filepath.Join(root, "etc/group"), []byte("user:x:1000:\nsudo:x:27:other,user\ndocker:x:999:other\n"), 0o644))
-	db := &EtcUserDB{Root: root}
+	db := &unixuser.EtcUserDB{Root: root}
 	u, err := db.LookupUser("user")
 	must(t, err)
 	if u.UID != 1000 || u.GID != 1000 || u.Home != "/home/user" || len(u.Groups) != 2 || u.Groups[1] != 27 {

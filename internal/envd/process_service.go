@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
@@ -52,7 +52,7 @@ func ctxError(ctx context.Context) error {
 
 // processEnv builds the environment in the order of spec §3.4: identity first, then
 // sandbox-level variables, then the request's own, later entries winning.
-func (s *Server) processEnv(u *User, reqEnv map[string]string) []string {
+func (s *Server) processEnv(u *unixuser.User, reqEnv map[string]string) []string {
 	vals := map[string]string{}
 	var order []string
 	set := func(k, v string) {
@@ -90,33 +90,6 @@ func (s *Server) processEnv(u *User, reqEnv map[string]string) []string {
 	return env
 }
 
-// lookPath searches the PATH the process will get, not envd's own, so a request
-// that changes PATH finds its own binaries.
-func lookPath(file string, env []string, dir string) (string, error) {
-	if strings.Contains(file, "/") {
-		return file, nil
-	}
-	path := ""
-	for _, kv := range env {
-		if strings.HasPrefix(kv, "PATH=") {
-			path = kv[len("PATH="):]
-		}
-	}
-	for _, d := range filepath.SplitList(path) {
-		if d == "" {
-			d = "."
-		}
-		if !filepath.IsAbs(d) {
-			d = filepath.Join(dir, d)
-		}
-		p := filepath.Join(d, file)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
-}
-
 // startUserProcess runs start, which forks a user's process with sys as its
 // SysProcAttr, so that the
 // process lives in a cgroup of its own under the sandbox's "user" cgroup, apart
@@ -128,15 +101,6 @@ func (s *Server) startUserProcess(sys *syscall.SysProcAttr, start func() error) 
 		s.log.Warn("placing a user process in its own cgroup", "err", placeErr)
 	}
 	return err
-}
-
-func credential(u *User) *syscall.Credential {
-	// Only root can switch identity. envd always runs as root in a sandbox; the
-	// fallback keeps it usable (as its own user) when run unprivileged.
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 }
 
 func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
@@ -156,7 +120,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd '%s' is not a directory", cwd))
 	}
 	env := s.processEnv(u, cfg.GetEnvs())
-	path, err := lookPath(cfg.GetCmd(), env, cwd)
+	path, err := unixuser.LookPath(cfg.GetCmd(), env, cwd, "")
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -187,7 +151,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		}
 		// A new session gives the shell its own controlling terminal and makes it a
 		// process group leader, so group signals reach its children.
-		attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: credential(u)}
+		attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: unixuser.Credential(u)}
 		var tty *os.File
 		err := s.startUserProcess(attrs, func() (err error) {
 			tty, err = pty.StartWithAttrs(cmd, ws, attrs)
@@ -223,7 +187,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 			p.stdin = inW
 			childEnds = append(childEnds, inR)
 		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credential(u)}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: unixuser.Credential(u)}
 		err = s.startUserProcess(cmd.SysProcAttr, cmd.Start)
 		for _, f := range childEnds {
 			f.Close()

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 func TestStartOutputAndExit(t *testing.T) {
@@ -163,7 +164,7 @@ func TestStartTimeoutKillsProcess(t *testing.T) {
 		t.Fatalf("end of stream %q", out.endRaw)
 	}
 	pid := uint32(out.msgs[0]["event"].(map[string]any)["start"].(map[string]any)["pid"].(float64))
-	eventually(t, 5*time.Second, "the timed-out process to die", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the timed-out process to die", func() bool {
 		return processGone(int(pid))
 	})
 
@@ -195,7 +196,7 @@ func TestLifetimeLimitOutlivesDisconnect(t *testing.T) {
 		t.Fatal("process died when the client detached")
 	}
 	// ...but its lifetime limit still does.
-	eventually(t, 5*time.Second, "the lifetime limit to kill the process", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the lifetime limit to kill the process", func() bool {
 		return processGone(int(pid))
 	})
 }
@@ -426,7 +427,7 @@ func TestSendSignal(t *testing.T) {
 		t.Fatalf("end %v err %v", r.end, r.err)
 	}
 	if childPid > 0 {
-		eventually(t, 5*time.Second, "the background child to die", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the background child to die", func() bool {
 			return processGone(childPid)
 		})
 	}

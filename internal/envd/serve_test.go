@@ -21,6 +21,7 @@ import (
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 func unixClient(sock string, h2c bool) *http.Client {
@@ -109,7 +110,7 @@ func TestBinaryAsPID1(t *testing.T) {
 		t.Skip("builds the envd binary")
 	}
 	if os.Geteuid() != 0 {
-		missing(t, "needs root for a pid namespace")
+		testenv.Missing(t, "needs root for a pid namespace")
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "envd")
@@ -128,7 +129,7 @@ func TestBinaryAsPID1(t *testing.T) {
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) {
-			missing(t, "cannot create a pid namespace here: %v", err)
+			testenv.Missing(t, "cannot create a pid namespace here: %v", err)
 		}
 		t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func TestBinaryAsPID1(t *testing.T) {
 		<-exited
 	}()
 	client := unixClient(sock, false)
-	eventually(t, 10*time.Second, "envd to answer /health", func() bool {
+	testenv.Eventually(t, 10*time.Second, "envd to answer /health", func() bool {
 		resp, err := client.Get("http://envd/health")
 		if err != nil {
 			return false

@@ -11,7 +11,7 @@
 //     buffered without bound: a subscriber that stops reading is throttled for
 //     a short while, then loses output (output.go).
 //   - Connect-Timeout-Ms on Start is the process's lifetime, not the stream's.
-//   - Users come from the sandbox's own /etc/passwd and /etc/group (users.go),
+//   - Users come from the sandbox's own /etc/passwd and /etc/group (internal/unixuser),
 //     never from the host's, and files envd creates are chowned to them.
 //   - A warm-pool envd (envdapi.Config.AwaitInit) serves nothing but /health until the
 //     host's POST /init over the unix socket gives it its token (init.go).
@@ -40,6 +40,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 // maxRPCMessage bounds a single Connect request message (SendInput payloads are
@@ -51,7 +52,7 @@ const maxRPCMessage = 32 << 20
 type Server struct {
 	cfg   envdapi.Config
 	log   *slog.Logger
-	users UserDB
+	users unixuser.UserDB
 
 	id identity
 
@@ -71,7 +72,7 @@ type Option func(*Server)
 
 // WithUserDB replaces the sandbox's /etc/passwd and /etc/group as the source of
 // users; tests use it to describe accounts that do not exist on the host.
-func WithUserDB(db UserDB) Option {
+func WithUserDB(db unixuser.UserDB) Option {
 	return func(s *Server) { s.users = db }
 }
 
@@ -92,7 +93,7 @@ func NewServer(cfg envdapi.Config, logger *slog.Logger, opts ...Option) (*Server
 		o(s)
 	}
 	if s.users == nil {
-		s.users = &EtcUserDB{Root: "/"}
+		s.users = &unixuser.EtcUserDB{Root: "/"}
 	}
 	env, err := buildSandboxEnv(cfg, cfg.EnvVars)
 	if err != nil {
@@ -398,7 +399,7 @@ func (s *Server) defaultUserName() string {
 // lookupUser resolves a user name, empty meaning the default user. A configured
 // default user missing from the rootfs falls back to root so a custom image
 // without the E2B "user" account still works.
-func (s *Server) lookupUser(name string) (*User, error) {
+func (s *Server) lookupUser(name string) (*unixuser.User, error) {
 	if name != "" {
 		return s.users.LookupUser(name)
 	}
@@ -413,7 +414,7 @@ func (s *Server) lookupUser(name string) (*User, error) {
 }
 
 // requestUser reads the user selected by an RPC's Basic authorization header.
-func (s *Server) requestUser(h http.Header) (*User, error) {
+func (s *Server) requestUser(h http.Header) (*unixuser.User, error) {
 	name := ""
 	if auth := h.Get("Authorization"); auth != "" {
 		scheme, cred, _ := strings.Cut(auth, " ")
@@ -435,7 +436,7 @@ func (s *Server) requestUser(h http.Header) (*User, error) {
 
 // resolvePath applies spec §3.6: "~" is the home directory, relative paths are
 // relative to it, and an empty path means the default workdir.
-func (s *Server) resolvePath(p string, u *User) string {
+func (s *Server) resolvePath(p string, u *unixuser.User) string {
 	switch {
 	case p == "":
 		if s.cfg.DefaultWorkdir != "" {

@@ -372,7 +372,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		Dir:      dir,
 		Mounts: []runtime.Mount{
 			{Source: m.opts.EnvdPath, Target: envdapi.BinaryPath, ReadOnly: true},
-			{Source: m.opts.EnvdPath, Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/envd/sudo_proto.go)
+			{Source: m.opts.EnvdPath, Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/sudo)
 			{Source: runDir, Target: envdapi.RunDir},
 		},
 		Init: runtime.Process{

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 )
@@ -102,4 +103,26 @@ func NeedRunsc(t testing.TB) {
 	if _, err := gvisor.Find(); err != nil {
 		missing(t, err.Error())
 	}
+}
+
+// Missing stops a test whose prerequisite this machine lacks: a skip, except
+// in CI (AIRLOCK_TEST_REQUIRE=1), where a silently skipped test would hide a
+// gap, so it fails.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	missing(t, fmt.Sprintf(format, args...))
+}
+
+// Eventually polls cond every 10 ms until it holds, failing the test if d
+// passes first.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
 }

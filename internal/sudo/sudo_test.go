@@ -1,4 +1,4 @@
-package envd
+package sudo
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +23,8 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
+	"github.com/airlock-sandbox/airlock/internal/unixuser/unixusertest"
 )
 
 // These tests run the real envd binary as the sudo shim (invoked as "sudo",
@@ -43,9 +46,10 @@ func sudoShim(t *testing.T, dir string) string {
 }
 
 type sudoEnv struct {
-	*env
-	shim string
-	sock string
+	t           testing.TB
+	home, rhome string
+	shim        string
+	sock        string
 }
 
 func newSudoEnv(t *testing.T) *sudoEnv {
@@ -53,20 +57,25 @@ func newSudoEnv(t *testing.T) *sudoEnv {
 	if testing.Short() {
 		t.Skip("builds the envd binary")
 	}
-	e := newEnv(t)
-	se := &sudoEnv{env: e, shim: sudoShim(t, filepath.Join(e.root, "bin")), sock: filepath.Join(e.root, "run", "envd", "sudo.sock")}
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "sudo tests switch users and chown files; run them as root")
+	}
+	root := unixusertest.New(t)
+	se := &sudoEnv{t: t, home: root.Home, rhome: root.RootHome,
+		shim: sudoShim(t, filepath.Join(root.Dir, "bin")), sock: filepath.Join(root.Dir, "run", "envd", "sudo.sock")}
+	srv := &Server{Users: &unixuser.EtcUserDB{Root: root.Dir}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	// The umask envd's Serve may leave in place while binding must not matter.
 	old := syscall.Umask(0o177)
-	l, err := e.srv.ListenSudo(se.sock)
+	l, err := Listen(se.sock)
 	syscall.Umask(old)
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.srv.ServeSudo(ctx, l) }()
+	go func() { done <- srv.Serve(ctx, l) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("ServeSudo: %v", err)
+			t.Errorf("Serve: %v", err)
 		}
 	})
 	fi, err := os.Stat(se.sock)
@@ -85,7 +94,7 @@ func newSudoEnv(t *testing.T) *sudoEnv {
 // cmd prepares the shim as the default user (uid 1000) in its home.
 func (se *sudoEnv) cmd(args ...string) *exec.Cmd {
 	c := &exec.Cmd{Path: se.shim, Args: append([]string{"sudo"}, args...), Dir: se.home}
-	c.Env = []string{SudoSocketEnv + "=" + se.sock, "PATH=" + envdapi.DefaultPath, "HOME=" + se.home, "USER=user",
+	c.Env = []string{SocketEnv + "=" + se.sock, "PATH=" + envdapi.DefaultPath, "HOME=" + se.home, "USER=user",
 		"TERM=xterm-test", "FOO=from-caller", "SHELL=/bin/sh"}
 	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{1000}}}
 	return c
@@ -208,7 +217,7 @@ func TestSudo(t *testing.T) {
 		se.run("", "--preserve-env=FOO", "sh", "-c", `echo "$FOO"`).want(t, 0, "from-caller\n")
 		se.run("", "BAR=set", "sh", "-c", `echo "$BAR"`).want(t, 0, "set\n")
 		// The shim's socket setting is not passed on.
-		se.run("", "-E", "sh", "-c", `echo "${`+SudoSocketEnv+`-unset}"`).want(t, 0, "unset\n")
+		se.run("", "-E", "sh", "-c", `echo "${`+SocketEnv+`-unset}"`).want(t, 0, "unset\n")
 	})
 	t.Run("cwd, -D, -i, -s", func(t *testing.T) {
 		se.run("", "pwd").want(t, 0, se.home+"\n")
@@ -235,7 +244,7 @@ func TestSudo(t *testing.T) {
 func TestSudoUnderNoNewPrivs(t *testing.T) {
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		missing(t, "setpriv (util-linux) not installed")
+		testenv.Missing(t, "setpriv (util-linux) not installed")
 	}
 	se := newSudoEnv(t)
 	wrap := func(args ...string) *exec.Cmd {
@@ -328,7 +337,7 @@ func TestSudoShimDeathKillsCommand(t *testing.T) {
 	must(t, c.Process.Signal(syscall.SIGKILL))
 	<-done
 	for _, pid := range []int{leader, job} {
-		eventually(t, 20*time.Second, "the command to die with its shim", func() bool {
+		testenv.Eventually(t, 20*time.Second, "the command to die with its shim", func() bool {
 			return !alive(pid)
 		})
 	}
@@ -392,7 +401,7 @@ func TestSudoTerminal(t *testing.T) {
 	}
 	waitFor := func(tm *term, sub string) {
 		t.Helper()
-		eventually(t, 30*time.Second, "terminal output "+strconv.Quote(sub), func() bool {
+		testenv.Eventually(t, 30*time.Second, "terminal output "+strconv.Quote(sub), func() bool {
 			return strings.Contains(text(tm), sub)
 		})
 	}
@@ -450,7 +459,7 @@ func TestSudoTerminal(t *testing.T) {
 	tm = start("bash", "-c", `echo ready; while read x; do [ "$x" = q ] && exit 0; stty size; done`)
 	waitFor(tm, "ready")
 	must(t, pty.Setsize(tm.ptm, &pty.Winsize{Rows: 41, Cols: 133}))
-	eventually(t, 30*time.Second, "the new size in the command's terminal", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the new size in the command's terminal", func() bool {
 		_, _ = tm.ptm.Write([]byte("\r"))
 		time.Sleep(50 * time.Millisecond)
 		return strings.Contains(text(tm), "41 133")
@@ -562,7 +571,7 @@ func TestSudoServerRejectsBadClients(t *testing.T) {
 		c.Close()
 	}
 	se.run("", "sh", "-c", "exit 5").want(t, 5, "")
-	eventually(t, 20*time.Second, "received fds to be closed", func() bool {
+	testenv.Eventually(t, 20*time.Second, "received fds to be closed", func() bool {
 		return countFDs(t) <= before
 	})
 }
@@ -582,11 +591,11 @@ func TestSudoSuspendResume(t *testing.T) {
 		return st[:1]
 	}
 	must(t, c.Process.Signal(syscall.SIGTSTP))
-	eventually(t, 20*time.Second, "command and shim to stop", func() bool {
+	testenv.Eventually(t, 20*time.Second, "command and shim to stop", func() bool {
 		return state(pid) == "T" && state(c.Process.Pid) == "T"
 	})
 	must(t, c.Process.Signal(syscall.SIGCONT))
-	eventually(t, 20*time.Second, "command and shim to run again", func() bool {
+	testenv.Eventually(t, 20*time.Second, "command and shim to run again", func() bool {
 		return state(pid) == "S" && state(c.Process.Pid) != "T"
 	})
 	must(t, c.Process.Signal(syscall.SIGTERM))
@@ -612,4 +621,11 @@ func procStatusField(pid int, field string) string {
 		}
 	}
 	return ""
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

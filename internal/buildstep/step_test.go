@@ -1,4 +1,4 @@
-package envd
+package buildstep
 
 import (
 	"bytes"
@@ -11,9 +11,10 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
-func stepDB(t *testing.T) *EtcUserDB {
+func stepDB(t *testing.T) *unixuser.EtcUserDB {
 	t.Helper()
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
@@ -30,10 +31,10 @@ func stepDB(t *testing.T) *EtcUserDB {
 	if err := os.WriteFile(filepath.Join(root, "etc", "group"), []byte(group), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &EtcUserDB{Root: root}
+	return &unixuser.EtcUserDB{Root: root}
 }
 
-func TestResolveStepUser(t *testing.T) {
+func TestResolveUser(t *testing.T) {
 	db := stepDB(t)
 	cases := []struct {
 		spec   string
@@ -56,7 +57,7 @@ func TestResolveStepUser(t *testing.T) {
 		{"nohome", 1500, 1500, []uint32{1500}, "/", "nohome"},
 	}
 	for _, c := range cases {
-		got, err := ResolveStepUser(db, c.spec)
+		got, err := ResolveUser(db, c.spec)
 		if err != nil {
 			t.Errorf("%q: %v", c.spec, err)
 			continue
@@ -73,23 +74,23 @@ func TestResolveStepUser(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"nosuch", "user:nosuchgroup", "user:", ":100", "nosuch:100"} {
-		if _, err := ResolveStepUser(db, bad); err == nil {
+		if _, err := ResolveUser(db, bad); err == nil {
 			t.Errorf("%q resolved; want an error", bad)
 		}
 	}
 }
 
-func TestStepEnv(t *testing.T) {
-	cred := &StepCred{Name: "user", UID: 1000, Home: "/home/user"}
-	env := StepEnv([]string{"PATH=/opt/bin", "FOO=bar"}, cred)
+func TestEnv(t *testing.T) {
+	cred := &Cred{Name: "user", UID: 1000, Home: "/home/user"}
+	env := Env([]string{"PATH=/opt/bin", "FOO=bar"}, cred)
 	want := []string{"PATH=/opt/bin", "FOO=bar", "HOME=/home/user", "USER=user", "LOGNAME=user"}
 	if !slices.Equal(env, want) {
-		t.Errorf("StepEnv = %v, want %v", env, want)
+		t.Errorf("Env = %v, want %v", env, want)
 	}
-	env = StepEnv([]string{"HOME=/x"}, &StepCred{UID: 4321, Home: "/"})
+	env = Env([]string{"HOME=/x"}, &Cred{UID: 4321, Home: "/"})
 	want = []string{"HOME=/x", "PATH=" + envdapi.DefaultPath, "USER=4321", "LOGNAME=4321"}
 	if !slices.Equal(env, want) {
-		t.Errorf("StepEnv = %v, want %v", env, want)
+		t.Errorf("Env = %v, want %v", env, want)
 	}
 }
 
@@ -101,13 +102,13 @@ func TestStepLookPath(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "noexec"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := stepLookPath("tool", []string{"PATH=/nonexistent:" + dir}); err != nil || p != filepath.Join(dir, "tool") {
-		t.Errorf("stepLookPath(tool) = %q, %v", p, err)
+	if p, err := lookPath("tool", []string{"PATH=/nonexistent:" + dir}); err != nil || p != filepath.Join(dir, "tool") {
+		t.Errorf("lookPath(tool) = %q, %v", p, err)
 	}
-	if _, err := stepLookPath("noexec", []string{"PATH=" + dir}); err == nil {
+	if _, err := lookPath("noexec", []string{"PATH=" + dir}); err == nil {
 		t.Errorf("a non-executable file was found")
 	}
-	if p, _ := stepLookPath("/abs/x", nil); p != "/abs/x" {
+	if p, _ := lookPath("/abs/x", nil); p != "/abs/x" {
 		t.Errorf("absolute path changed: %q", p)
 	}
 }
@@ -131,7 +132,7 @@ func TestRunStepResult(t *testing.T) {
 	} {
 		exit := filepath.Join(t.TempDir(), "step.exit")
 		spec, _ := json.Marshal(envdapi.StepSpec{Args: c.args, Cwd: c.cwd, ExitFile: exit})
-		RunStep(bytes.NewReader(spec), slog.Default())
+		Run(bytes.NewReader(spec), slog.Default())
 		got, err := envdapi.ReadStepResult(exit)
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
@@ -140,7 +141,7 @@ func TestRunStepResult(t *testing.T) {
 			t.Errorf("%v = %+v, want %+v", c.args, got, c.want)
 		}
 	}
-	if code := RunStep(strings.NewReader("not json"), slog.Default()); code != 2 {
+	if code := Run(strings.NewReader("not json"), slog.Default()); code != 2 {
 		t.Errorf("bad spec: status %d, want 2", code)
 	}
 }

@@ -1,9 +1,10 @@
-package envd
+package sudo
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,12 +23,12 @@ import (
 // secure_path: the caller's PATH never decides what runs as root.
 const sudoSecurePath = envdapi.DefaultPath
 
-// SudoSocketPath says where envd should listen for the sudo shim: the path in
-// SudoSocketEnv if set, else envdapi.SudoSocket when the shim is installed, that
+// SocketPath says where envd should listen for the sudo shim: the path in
+// SocketEnv if set, else envdapi.SudoSocket when the shim is installed, that
 // is when /usr/bin/sudo is this very binary (the host binds envd over it). On a
 // host, where /usr/bin/sudo is the real one, it is "" and nothing listens.
-func SudoSocketPath() string {
-	if p := os.Getenv(SudoSocketEnv); p != "" {
+func SocketPath() string {
+	if p := os.Getenv(SocketEnv); p != "" {
 		return p
 	}
 	self, err1 := os.Stat("/proc/self/exe")
@@ -81,6 +83,13 @@ func (c *sudoChild) killSession() {
 	}
 }
 
+// Server runs the commands the shim asks for, as the users it names (looked
+// up in Users), each in a cgroup of its own (internal/usercgroup).
+type Server struct {
+	Users unixuser.UserDB
+	Log   *slog.Logger
+}
+
 type sudoServer struct {
 	srv *Server
 	// handshakes has a slot per request being read; accept waits for one.
@@ -90,10 +99,10 @@ type sudoServer struct {
 	running map[*sudoChild]struct{}
 }
 
-// ListenSudo binds the sudo socket. Call it before Serve: the socket must
+// Listen binds the sudo socket. Call it before Serve: the socket must
 // exist by the time envd answers /health (a client may run sudo at once), and
 // Serve changes the process umask while it binds its own socket.
-func (s *Server) ListenSudo(path string) (*net.UnixListener, error) {
+func Listen(path string) (*net.UnixListener, error) {
 	if err := mkdirAllSearchable(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("sudo socket dir: %w", err)
 	}
@@ -109,7 +118,7 @@ func (s *Server) ListenSudo(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sudo socket: %w", err)
 	}
-	// 0666: every sandbox user may ask; see the policy in sudo_proto.go.
+	// 0666: every sandbox user may ask; see the policy in the package comment.
 	if err := os.Chmod(path, 0o666); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("sudo socket: %w", err)
@@ -137,15 +146,15 @@ func mkdirAllSearchable(dir string) error {
 	return os.Chmod(dir, 0o755)
 }
 
-// ServeSudo serves the shim on l (from ListenSudo) until ctx ends, then
+// Serve serves the shim on l (from Listen) until ctx ends, then
 // closes it and kills the commands it started (a stopping envd means a
 // stopping sandbox).
-func (s *Server) ServeSudo(ctx context.Context, l *net.UnixListener) error {
+func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	defer l.Close()
 	ss := &sudoServer{srv: s, running: map[*sudoChild]struct{}{}, handshakes: make(chan struct{}, sudoMaxHandshakes)}
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
-	s.log.Info("sudo shim socket ready", "path", l.Addr().String())
+	s.Log.Info("sudo shim socket ready", "path", l.Addr().String())
 	for {
 		select {
 		case ss.handshakes <- struct{}{}:
@@ -184,7 +193,7 @@ func (ss *sudoServer) killAll() {
 // handle serves one shim connection. A bad client ends its own connection and
 // nothing else: panics are contained and every wait is bounded.
 func (ss *sudoServer) handle(c *net.UnixConn) {
-	log := ss.srv.log
+	log := ss.srv.Log
 	handshake := true
 	endHandshake := func() {
 		if handshake {

@@ -1,13 +1,12 @@
-package envd
-
-// sudo without setuid. Sandboxes run with no_new_privs, under which the kernel
-// ignores the setuid bit, so the real /usr/bin/sudo cannot raise anyone to root.
-// Instead the host binds the envd binary over /usr/bin/sudo; invoked under that
-// name it is "the shim" (sudo_shim.go), a small unprivileged client. envd (root,
-// already running) listens on a unix socket inside the sandbox (sudo_server.go);
-// the shim hands it its stdin/stdout/stderr with SCM_RIGHTS, its argv, env and
-// cwd, and envd starts the command as the target user with those very files as
-// its stdio. Nothing gains privilege through exec, so no_new_privs is irrelevant.
+// Package sudo is sudo without setuid. Sandboxes run with no_new_privs, under
+// which the kernel ignores the setuid bit, so the real /usr/bin/sudo cannot
+// raise anyone to root. Instead the host binds the envd binary over
+// /usr/bin/sudo; invoked under that name it is "the shim" (shim.go, RunShim), a
+// small unprivileged client. envd (root, already running) serves a unix socket
+// inside the sandbox (server.go, Server); the shim hands it its
+// stdin/stdout/stderr with SCM_RIGHTS, its argv, env and cwd, and envd starts
+// the command as the target user with those very files as its stdio. Nothing
+// gains privilege through exec, so no_new_privs is irrelevant.
 //
 // Policy: the socket is mode 0666, so any process in the sandbox may run any
 // command as any user. That is exactly the base template's sudoers policy
@@ -27,6 +26,7 @@ package envd
 //
 // When the connection drops while the command runs (the shim died or was
 // killed), envd kills the command's whole session.
+package sudo
 
 import (
 	"bytes"
@@ -41,10 +41,10 @@ import (
 )
 
 const (
-	// SudoSocketEnv overrides the socket path, for the shim (where to connect)
+	// SocketEnv overrides the socket path, for the shim (where to connect)
 	// and for envd (where to listen, even without the shim installed); tests use
 	// it to run both outside a sandbox.
-	SudoSocketEnv = "AIRLOCK_SUDO_SOCKET"
+	SocketEnv = "AIRLOCK_SUDO_SOCKET"
 
 	// sudoMaxRequest bounds the first frame: argv plus environment. Linux caps
 	// them together at a few MiB (ARG_MAX is a quarter of the stack limit).

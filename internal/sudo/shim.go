@@ -1,4 +1,4 @@
-package envd
+package sudo
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 )
@@ -172,10 +173,10 @@ func validEnvName(k string) bool {
 	return true
 }
 
-// RunSudo is envd invoked as `sudo`: it parses sudo's command line and has the
-// envd agent run the command (see sudo_proto.go). It returns the exit status:
+// RunShim is envd invoked as `sudo`: it parses sudo's command line and has the
+// envd agent run the command (see the package comment). It returns the exit status:
 // the command's, 128+n if a signal killed it, 1 for sudo's own errors.
-func RunSudo(name string, args []string) int {
+func RunShim(name string, args []string) int {
 	if name == "sudoedit" {
 		// Debian links sudoedit to sudo, so it reaches us too.
 		fmt.Fprintln(os.Stderr, "sudo: sudoedit is not supported in this sandbox; run the editor with sudo: sudo $EDITOR FILE")
@@ -214,14 +215,14 @@ func RunSudo(name string, args []string) int {
 // sudoList answers `sudo -l`: the policy is NOPASSWD: ALL for everyone.
 func sudoList(command []string) int {
 	if len(command) > 0 {
-		path, err := lookPath(command[0], []string{"PATH=" + sudoSecurePath}, ".")
+		path, err := unixuser.LookPath(command[0], []string{"PATH=" + sudoSecurePath}, ".", "")
 		if err != nil {
 			return 1
 		}
 		fmt.Println(strings.Join(append([]string{path}, command[1:]...), " "))
 		return 0
 	}
-	name, ok := (&EtcUserDB{Root: "/"}).UserName(uint32(os.Getuid()))
+	name, ok := (&unixuser.EtcUserDB{Root: "/"}).UserName(uint32(os.Getuid()))
 	if !ok {
 		name = fmt.Sprintf("#%d", os.Getuid())
 	}
@@ -237,7 +238,7 @@ func isTerminal(fd int) bool {
 
 // sudoRun sends the request and relays until the command ends.
 func sudoRun(r *sudoRequest) (int, error) {
-	sock := os.Getenv(SudoSocketEnv)
+	sock := os.Getenv(SocketEnv)
 	if sock == "" {
 		sock = envdapi.SudoSocket
 	}

@@ -1,14 +1,21 @@
-package envd
+// Package unixuser is the users and groups of a sandbox, read from its own
+// /etc/passwd and /etc/group (never the host's), and what it takes to start a
+// process as one of them: the credential and the lookup of a program in the
+// PATH the process will get. envd, its sudo server and the build-step runner
+// share it.
+package unixuser
 
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -224,4 +231,59 @@ func (db *EtcUserDB) GroupName(gid uint32) (string, bool) {
 		return "root", true
 	}
 	return n, ok
+}
+
+// Credential is what a process started as u runs with. Only root can switch
+// identity; envd always runs as root in a sandbox, and the nil fallback keeps
+// it usable (as its own user) when run unprivileged, as in tests.
+func Credential(u *User) *syscall.Credential {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+}
+
+// ErrNotInPath is the error of LookPath for a program in no PATH directory.
+var ErrNotInPath = errors.New("executable file not found in $PATH")
+
+// LookPath finds file in the PATH of env, the environment the process will
+// get (not the caller's), so a request that changes PATH finds its own
+// binaries; without PATH in env, fallbackPath. Relative PATH entries are
+// relative to dir, the process's working directory. A file with a slash is
+// returned as is.
+func LookPath(file string, env []string, dir, fallbackPath string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	path := fallbackPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: %w", file, ErrNotInPath)
+}
+
+// LookupGroup returns the gid of the named group of /etc/group.
+func (db *EtcUserDB) LookupGroup(name string) (uint32, bool) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, g := range db.loadGroup().entries {
+		if g.name == name {
+			return g.gid, true
+		}
+	}
+	return 0, false
 }

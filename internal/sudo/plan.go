@@ -1,4 +1,4 @@
-package envd
+package sudo
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
@@ -18,7 +19,7 @@ import (
 // environment. It follows sudo 1.9 with Debian's default sudoers (env_reset,
 // secure_path) so scripts written for E2B's sudo see the same environment.
 type sudoPlan struct {
-	user *User
+	user *unixuser.User
 	path string   // executable
 	argv []string // argv[0] included ("-bash" for a login shell)
 	env  []string
@@ -42,7 +43,7 @@ func sudoKeeps(name string) bool {
 
 // sudoPlan resolves a request from the caller with the given credentials.
 func (s *Server) sudoPlan(req *sudoRequest, cred *unix.Ucred) (*sudoPlan, error) {
-	callerName, ok := s.users.UserName(cred.Uid)
+	callerName, ok := s.Users.UserName(cred.Uid)
 	if !ok {
 		callerName = "#" + strconv.FormatUint(uint64(cred.Uid), 10)
 	}
@@ -69,7 +70,7 @@ func (s *Server) sudoPlan(req *sudoRequest, cred *unix.Ucred) (*sudoPlan, error)
 	callerEnv := map[string]string{}
 	for _, kv := range req.Env {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" || k == SudoSocketEnv || strings.Contains(kv, "\x00") {
+		if !ok || k == "" || k == SocketEnv || strings.Contains(kv, "\x00") {
 			continue
 		}
 		if _, dup := callerEnv[k]; !dup {
@@ -151,7 +152,7 @@ func (s *Server) sudoPlan(req *sudoRequest, cred *unix.Ucred) (*sudoPlan, error)
 			return nil, errors.New("no command given")
 		}
 		env := []string{"PATH=" + vals["PATH"]}
-		path, err := lookPath(req.Command[0], env, pl.dir)
+		path, err := unixuser.LookPath(req.Command[0], env, pl.dir, "")
 		if err != nil {
 			return nil, fmt.Errorf("%s: command not found", req.Command[0])
 		}
@@ -170,7 +171,7 @@ func (s *Server) sudoPlan(req *sudoRequest, cred *unix.Ucred) (*sudoPlan, error)
 }
 
 // sudoTarget resolves -u (default root). -g alone keeps the caller's own user.
-func (s *Server) sudoTarget(req *sudoRequest, cred *unix.Ucred, callerName string) (*User, error) {
+func (s *Server) sudoTarget(req *sudoRequest, cred *unix.Ucred, callerName string) (*unixuser.User, error) {
 	name := req.User
 	if name == "" {
 		name = "root"
@@ -183,14 +184,14 @@ func (s *Server) sudoTarget(req *sudoRequest, cred *unix.Ucred, callerName strin
 		if err != nil {
 			return nil, fmt.Errorf("unknown user %s", name)
 		}
-		if n, ok := s.users.UserName(uint32(uid)); ok {
+		if n, ok := s.Users.UserName(uint32(uid)); ok {
 			name = n
 		} else {
 			// An id without an account, as sudo allows: no home, its own group.
-			return &User{Name: name, UID: uint32(uid), GID: uint32(uid), Groups: []uint32{uint32(uid)}, Home: "/", Shell: "/bin/sh"}, nil
+			return &unixuser.User{Name: name, UID: uint32(uid), GID: uint32(uid), Groups: []uint32{uint32(uid)}, Home: "/", Shell: "/bin/sh"}, nil
 		}
 	}
-	u, err := s.users.LookupUser(name)
+	u, err := s.Users.LookupUser(name)
 	if err != nil {
 		return nil, fmt.Errorf("unknown user %s", name)
 	}
@@ -206,13 +207,9 @@ func (s *Server) sudoGroupID(name string) (uint32, error) {
 		}
 		return uint32(gid), nil
 	}
-	if db, ok := s.users.(*EtcUserDB); ok {
-		db.mu.Lock()
-		defer db.mu.Unlock()
-		for _, g := range db.loadGroup().entries {
-			if g.name == name {
-				return g.gid, nil
-			}
+	if db, ok := s.Users.(*unixuser.EtcUserDB); ok {
+		if gid, ok := db.LookupGroup(name); ok {
+			return gid, nil
 		}
 	}
 	return 0, fmt.Errorf("unknown group %s", name)
@@ -242,7 +239,7 @@ func sudoShellJoin(args []string) string {
 // files to blocking mode behind its back (File.Fd), and it wants an os.File
 // per descriptor.
 func (pl *sudoPlan) start(fds []int, ctty int) (*sudoChild, error) {
-	sys := &syscall.SysProcAttr{Setsid: true, Credential: credential(pl.user)}
+	sys := &syscall.SysProcAttr{Setsid: true, Credential: unixuser.Credential(pl.user)}
 	if ctty >= 0 && ctty < sudoFDs {
 		sys.Setctty, sys.Ctty = true, ctty
 	}

@@ -1,4 +1,9 @@
-package envd
+// Package buildstep is `envd step`: the first process of a template build's
+// sandbox, which runs one build step (a RUN instruction) as Docker would —
+// user and groups resolved against the image's own /etc files, the
+// environment completed, stdin from /dev/null — reaps every orphan while it
+// waits, and writes how the step ended for the host (envdapi.StepResult).
+package buildstep
 
 import (
 	"encoding/json"
@@ -8,16 +13,16 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
-// StepCred is the identity a step's command runs as.
-type StepCred struct {
+// Cred is the identity a step's command runs as.
+type Cred struct {
 	Name   string // "" when the uid has no passwd entry
 	UID    uint32
 	GID    uint32
@@ -25,7 +30,7 @@ type StepCred struct {
 	Home   string
 }
 
-// ResolveStepUser resolves Docker's USER against the rootfs db reads, the way
+// ResolveUser resolves Docker's USER against the rootfs db reads, the way
 // Docker (runc's user.GetExecUser) does:
 //   - "" is root;
 //   - a name must exist in /etc/passwd; a numeric uid need not (then gid 0,
@@ -34,7 +39,7 @@ type StepCred struct {
 //     groups are those of /etc/group that list the user by name;
 //   - with ":group" (a name of /etc/group, or a gid that need not exist), that
 //     group is the only one.
-func ResolveStepUser(db *EtcUserDB, spec string) (*StepCred, error) {
+func ResolveUser(db *unixuser.EtcUserDB, spec string) (*Cred, error) {
 	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	if hasGroup && groupPart == "" {
 		return nil, fmt.Errorf("user %q: empty group", spec)
@@ -45,8 +50,8 @@ func ResolveStepUser(db *EtcUserDB, spec string) (*StepCred, error) {
 		}
 		userPart = "root"
 	}
-	c := &StepCred{Home: "/"}
-	var u *User
+	c := &Cred{Home: "/"}
+	var u *unixuser.User
 	if uid, err := strconv.ParseUint(userPart, 10, 32); err == nil {
 		c.UID = uint32(uid)
 		if name, ok := db.UserName(c.UID); ok {
@@ -80,16 +85,12 @@ func ResolveStepUser(db *EtcUserDB, spec string) (*StepCred, error) {
 	return c, nil
 }
 
-func resolveGroup(db *EtcUserDB, name string) (uint32, error) {
+func resolveGroup(db *unixuser.EtcUserDB, name string) (uint32, error) {
 	if gid, err := strconv.ParseUint(name, 10, 32); err == nil {
 		return uint32(gid), nil
 	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	for _, g := range db.loadGroup().entries {
-		if g.name == name {
-			return g.gid, nil
-		}
+	if gid, ok := db.LookupGroup(name); ok {
+		return gid, nil
 	}
 	if name == "root" {
 		return 0, nil
@@ -97,9 +98,9 @@ func resolveGroup(db *EtcUserDB, name string) (uint32, error) {
 	return 0, fmt.Errorf("no such group %q in /etc/group", name)
 }
 
-// StepEnv completes a step's environment: HOME, USER, LOGNAME and PATH get
+// Env completes a step's environment: HOME, USER, LOGNAME and PATH get
 // defaults (from cred) when env lacks them; what env sets wins.
-func StepEnv(env []string, cred *StepCred) []string {
+func Env(env []string, cred *Cred) []string {
 	out := append([]string(nil), env...)
 	has := map[string]bool{}
 	for _, kv := range env {
@@ -118,37 +119,22 @@ func StepEnv(env []string, cred *StepCred) []string {
 	return out
 }
 
-// stepLookPath finds a command the way a shell would, with the step's PATH
-// (not envd's own environment).
-func stepLookPath(file string, env []string) (string, error) {
-	if strings.Contains(file, "/") {
-		return file, nil
+// lookPath finds a step's program in its PATH, Debian's default without one.
+func lookPath(file string, env []string) (string, error) {
+	p, err := unixuser.LookPath(file, env, "", envdapi.DefaultPath)
+	if errors.Is(err, unixuser.ErrNotInPath) {
+		return "", fmt.Errorf("%s: command not found in PATH", file)
 	}
-	path := envdapi.DefaultPath
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
-	for _, d := range filepath.SplitList(path) {
-		if d == "" {
-			d = "."
-		}
-		p := filepath.Join(d, file)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s: command not found in PATH", file)
+	return p, err
 }
 
-// RunStep is `envd step`: it reads a envdapi.StepSpec from in, runs the command as
+// Run is `envd step`: it reads a envdapi.StepSpec from in, runs the command as
 // described (stdin /dev/null, stdout and stderr both to envd's stdout), reaps
 // every process that ends while it waits (it is the sandbox's pid 1, so every
 // orphan becomes its child), writes the envdapi.StepResult, and returns envd's own
 // exit status. When it returns, the sandbox's pid 1 exits and the kernel kills
 // whatever the step left running.
-func RunStep(in io.Reader, logger *slog.Logger) int {
+func Run(in io.Reader, logger *slog.Logger) int {
 	var spec envdapi.StepSpec
 	if err := json.NewDecoder(io.LimitReader(in, 4<<20)).Decode(&spec); err != nil {
 		logger.Error("step: reading the spec from stdin", "err", err)
@@ -174,7 +160,7 @@ func runStep(spec envdapi.StepSpec) envdapi.StepResult {
 	if len(spec.Args) == 0 {
 		return envdapi.StepResult{Error: "step has no command"}
 	}
-	cred, err := ResolveStepUser(&EtcUserDB{Root: "/"}, spec.User)
+	cred, err := ResolveUser(&unixuser.EtcUserDB{Root: "/"}, spec.User)
 	if err != nil {
 		return envdapi.StepResult{Error: err.Error()}
 	}
@@ -185,8 +171,8 @@ func runStep(spec envdapi.StepSpec) envdapi.StepResult {
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		return envdapi.StepResult{Error: fmt.Sprintf("working directory %s does not exist", cwd)}
 	}
-	env := StepEnv(spec.Env, cred)
-	bin, err := stepLookPath(spec.Args[0], env)
+	env := Env(spec.Env, cred)
+	bin, err := lookPath(spec.Args[0], env)
 	if err != nil {
 		return envdapi.StepResult{Error: err.Error()}
 	}
