@@ -35,7 +35,7 @@ go test -count=1 -timeout 20m ./...
 step "sandbox proxy tear-down tests under the race detector"
 # Real sandboxes killed mid-stream, mid-upload, mid-download and under
 # concurrent requests; each test fails on a panic in the proxy's server log.
-go test -race -count=1 -timeout 5m -run '^(TestProxy|TestConnectTail)' ./internal/server
+go test -race -count=1 -timeout 5m -run '^(TestProxy|TestConnectTail)' ./internal/proxy
 
 step "first-run test, started in the background"
 # serve with default flags on an EMPTY data dir (a new user's `make run`): a create

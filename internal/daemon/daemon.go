@@ -59,7 +59,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
@@ -126,7 +126,7 @@ type Daemon struct {
 	Network   *netpolicy.Network
 	Disk      *diskquota.Pool
 	Manager   *sandbox.Manager
-	Proxy     *server.Proxy
+	Proxy     *proxy.Proxy
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
@@ -406,7 +406,7 @@ func (d *Daemon) startListeners() error {
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager},
 		Logger:       d.log,
 	})
-	d.Proxy = server.NewProxy(d.Manager, d.log)
+	d.Proxy = proxy.New(d.Manager, d.log)
 	// The API listener also serves MCP (/mcp), whose tools call this
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()

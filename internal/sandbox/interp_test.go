@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -47,9 +47,9 @@ func TestCodeInterpreterWarmPoolEnv(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	info := create(t, m, time.Minute)
-	proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
-	defer proxy.Close()
-	st, body := interpDo(t, proxy.URL, info.ID, "POST", "/execute", `{"code":"echo \"foo=$FOO\"","language":"bash"}`, info.AccessToken)
+	srv := testenv.NewHTTPServer(t, proxy.New(m, nil))
+	defer srv.Close()
+	st, body := interpDo(t, srv.URL, info.ID, "POST", "/execute", `{"code":"echo \"foo=$FOO\"","language":"bash"}`, info.AccessToken)
 	// stdout may arrive in several chunks: join them.
 	var stdout strings.Builder
 	for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
@@ -71,12 +71,12 @@ func TestCodeInterpreterThroughProxy(t *testing.T) {
 	r.tpl.Kernels = []string{"bash"}
 	m := r.manager(t, 0)
 	info := create(t, m, time.Minute)
-	proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
-	defer proxy.Close()
+	srv := testenv.NewHTTPServer(t, proxy.New(m, nil))
+	defer srv.Close()
 
 	do := func(method, path, body, token string) (int, string) {
 		t.Helper()
-		return interpDo(t, proxy.URL, info.ID, method, path, body, token)
+		return interpDo(t, srv.URL, info.ID, method, path, body, token)
 	}
 	if st, body := do("GET", "/health", "", ""); st != 200 || strings.TrimSpace(body) != `"OK"` {
 		t.Fatalf("health: %d %q", st, body)

@@ -25,7 +25,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -303,10 +303,10 @@ func TestNetworkEgressPolicy(t *testing.T) {
 		mustNotReach(t, m, onlyIP, url)
 		mustNotReach(t, m, closed, url)
 
-		proxy := testenv.NewHTTPServer(t, server.NewProxy(m, nil))
-		defer proxy.Close()
+		srv := testenv.NewHTTPServer(t, proxy.New(m, nil))
+		defer srv.Close()
 		get := func(host string, hdr map[string]string) (int, string) {
-			req, _ := http.NewRequest("GET", proxy.URL+"/", nil)
+			req, _ := http.NewRequest("GET", srv.URL+"/", nil)
 			req.Host = host
 			for k, v := range hdr {
 				req.Header.Set(k, v)

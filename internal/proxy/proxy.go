@@ -1,7 +1,8 @@
-// Package server holds Airlock's HTTP listeners: the control-plane API and the
-// sandbox-traffic proxy that routes every SDK request for a sandbox to the
-// envd inside it (spec/e2b-compat.md §1.4, §1.5).
-package server
+// Package proxy is the sandbox-traffic proxy: it routes every SDK request for
+// a sandbox (by its E2b-Sandbox-Id/Port headers, a <port>-<id>.<domain> Host,
+// or a signed /files URL) to envd, the code interpreter or a user port inside
+// it (spec §1). The listeners it serves on are set up by internal/daemon.
+package proxy
 
 import (
 	"context"
@@ -68,8 +69,8 @@ type Proxy struct {
 	ports *http.Transport
 }
 
-// NewProxy returns the sandbox-traffic handler.
-func NewProxy(s Sandboxes, log *slog.Logger) *Proxy {
+// New returns the sandbox-traffic handler.
+func New(s Sandboxes, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}

@@ -1,4 +1,4 @@
-package server_test
+package proxy_test
 
 import (
 	"bufio"
@@ -32,7 +32,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/server"
+	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
@@ -102,7 +102,7 @@ func startProxy(t *testing.T, m *sandbox.Manager) string {
 	t.Helper()
 	logs := testenv.NewServerLog(t)
 	srv := &http.Server{
-		Handler:           h2c.NewHandler(server.NewProxy(m, logs.Slog()), &http2.Server{}),
+		Handler:           h2c.NewHandler(proxy.New(m, logs.Slog()), &http2.Server{}),
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          logs.ErrorLog(),
 	}
