@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // Defaults for Options fields left zero.
@@ -49,7 +51,7 @@ type Options struct {
 	Limits Limits
 	// Templates serves the template endpoints (templates.go); nil makes them
 	// answer 404 with a JSON message.
-	Templates Templates
+	Templates TemplateCatalog
 	Logger    *slog.Logger
 }
 
@@ -76,7 +78,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 		opts.MaxBodySize = DefaultMaxBodySize
 	}
 	if opts.EnvdVersion == "" {
-		opts.EnvdVersion = "0.6.4"
+		opts.EnvdVersion = envdapi.Version
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

@@ -25,9 +25,9 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
-// Templates is what the template endpoints need from the template store.
+// TemplateCatalog is what the template endpoints need from the template store.
 // Every method takes a template id or any of its aliases.
-type Templates interface {
+type TemplateCatalog interface {
 	// List returns every template a sandbox can be created from.
 	List(ctx context.Context) ([]TemplateInfo, error)
 	// Get returns one template; unknown names wrap ErrTemplateNotFound.

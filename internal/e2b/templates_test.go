@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -156,7 +157,7 @@ func TestTemplateListV1Shape(t *testing.T) {
 	want := map[string]any{
 		"templateID": baseID, "buildID": "241d4834bd595da2", "cpuCount": 2.0, "memoryMB": 512.0,
 		"diskSizeMB": 2048.0, "public": true, "createdAt": "2025-03-04T05:06:07Z",
-		"createdBy": nil, "spawnCount": 2.0, "buildCount": 1.0, "envdVersion": "0.6.4",
+		"createdBy": nil, "spawnCount": 2.0, "buildCount": 1.0, "envdVersion": envdapi.Version,
 		"buildStatus": "ready", "lastSpawnedAt": fakeEpoch.Add(time.Minute).Format(time.RFC3339Nano),
 	}
 	for k, v := range want {
@@ -272,7 +273,7 @@ func TestTemplateGetWithBuilds(t *testing.T) {
 	}
 	first := builds[0].(map[string]any)
 	wantKeys(t, first, "buildID", "status", "createdAt", "updatedAt", "cpuCount", "memoryMB", "finishedAt", "diskSizeMB", "envdVersion")
-	if first["buildID"] != "b3" || first["status"] != "ready" || first["finishedAt"] != "2025-03-04T07:07:07Z" || first["envdVersion"] != "0.6.4" {
+	if first["buildID"] != "b3" || first["status"] != "ready" || first["finishedAt"] != "2025-03-04T07:07:07Z" || first["envdVersion"] != envdapi.Version {
 		t.Errorf("newest build = %v", first)
 	}
 	if second := builds[1].(map[string]any); second["status"] != "error" || second["finishedAt"] != nil {

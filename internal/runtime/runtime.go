@@ -1,6 +1,9 @@
-// Package runtime defines what an isolation backend must do for Airlock. It holds
-// only the contract; backends live in sub-packages (runtime/linux) and all of them
-// must pass the conformance suite in runtime/runtimetest.
+// Package runtime defines what an isolation backend must do for Airlock (the
+// Runtime and Sandbox interfaces, Spec, Resources) and holds what every
+// backend shares in carrying it out: the OCI spec fields of a Spec
+// (ApplyToOCI), the host CPUs a sandbox runs on (CPUPicker) and disk usage
+// (diskusage.go). Backends live in sub-packages (runtime/linux, runtime/gvisor)
+// and all of them must pass the conformance suite in runtime/runtimetest.
 //
 // Lifecycle of one sandbox, as the sandbox manager drives it:
 //
@@ -11,9 +14,12 @@
 //	Stats   -> resource usage, any number of times while it runs.
 //	Pause / Resume -> freeze and thaw every process (optional for a backend:
 //	           ErrNotSupported).
-//	Destroy -> ordered teardown: processes, mounts, cgroups, namespaces, then the
-//	           sandbox directory. Destroy is idempotent and must leave nothing behind
-//	           even if Create failed half-way.
+//	Destroy -> ordered teardown: every process is killed (the namespaces they
+//	           held go with them) and the cgroup removed, then the mounts
+//	           (the overlay and the views bound into it), then the sandbox
+//	           directory; a Spec.Upper outside it and a prepared network
+//	           namespace (Spec.NetNS, the caller's) stay. Destroy is idempotent
+//	           and must leave nothing behind even if Create failed half-way.
 //
 // A backend must survive the restart of the process that drives it: Load finds a
 // sandbox created by an earlier process (for re-adoption), and List reports every
