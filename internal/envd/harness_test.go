@@ -221,7 +221,7 @@ func (e *env) rawStream(ctx context.Context, procedure string, body any, hdr map
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.ts.URL+procedure, &buf)
 	must(e.t, err)
 	req.Header.Set("Content-Type", "application/connect+json")
-	req.Header.Set("Connect-Protocol-envdapi.Version", "1")
+	req.Header.Set("Connect-Protocol-Version", "1")
 	req.Header.Set("X-Access-Token", testToken)
 	for k, v := range hdr {
 		req.Header.Set(k, v)

@@ -116,7 +116,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	if envChanged {
 		s.refreshKernels()
 	}
-	w.Header().Set("X-Envd-envdapi.Version", envdapi.Version)
+	w.Header().Set("X-Envd-Version", envdapi.Version)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -254,7 +254,7 @@ func TestAwaitInit(t *testing.T) {
 		t.Fatalf("init over tcp: %d", resp.StatusCode)
 	}
 	resp, body := do(uc, "POST", "http://envd/init", initBody, nil)
-	if resp.StatusCode != 204 || resp.Header.Get("X-Envd-envdapi.Version") != envdapi.Version {
+	if resp.StatusCode != 204 || resp.Header.Get("X-Envd-Version") != envdapi.Version {
 		t.Fatalf("init: %d %s", resp.StatusCode, body)
 	}
 	if resp, _ := do(uc, "POST", "http://envd/init", `{"accessToken":"stolen"}`, nil); resp.StatusCode != 409 {

@@ -320,9 +320,9 @@ func cors(next http.Handler) http.Handler {
 		h := w.Header()
 		h.Set("Access-Control-Allow-Origin", "*")
 		h.Set("Access-Control-Expose-Headers", strings.Join([]string{
-			"Connect-Protocol-envdapi.Version", "Connect-Timeout-Ms", "Connect-Content-Encoding",
+			"Connect-Protocol-Version", "Connect-Timeout-Ms", "Connect-Content-Encoding",
 			"Connect-Accept-Encoding", "Grpc-Status", "Grpc-Message", "Grpc-Status-Details-Bin",
-			"Content-Encoding", "Content-Disposition", "Content-Length", "X-Envd-envdapi.Version",
+			"Content-Encoding", "Content-Disposition", "Content-Length", "X-Envd-Version",
 		}, ", "))
 		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 			h.Set("Access-Control-Allow-Methods", "HEAD, GET, POST, PUT, PATCH, DELETE")
