@@ -55,7 +55,7 @@ type Options struct {
 	Logger    *slog.Logger
 }
 
-// Handler serves the E2B control-plane REST API (spec §2) over a Manager.
+// Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
 type Handler struct {
 	m    Manager
 	opts Options

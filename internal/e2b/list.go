@@ -140,7 +140,7 @@ func parseStates(values []string) ([]sandbox.State, error) {
 	return states, nil
 }
 
-// parseMetadataFilter undoes the JS SDK's encoding (spec §2.5): each key and
+// parseMetadataFilter undoes the JS SDK's encoding (docs/E2B-WIRE.md §2.5): each key and
 // value is encodeURIComponent'ed, the pairs are joined as a query string, and
 // the whole is escaped once more as a parameter. net/url has removed the
 // outer layer; one QueryUnescape removes the query-string layer, and each key

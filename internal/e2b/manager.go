@@ -1,4 +1,4 @@
-// Package e2b serves the E2B control-plane REST API (spec/e2b-compat.md §2) over the
+// Package e2b serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over the
 // sandbox manager: request decoding and validation, list filters and pagination,
 // and the one error body shape {"code": <status>, "message": ...}.
 package e2b

@@ -195,7 +195,7 @@ func replaceMetadata(f *os.File, meta map[string]string) error {
 }
 
 // mkdirAllOwned creates dir and its missing parents, handing each created
-// directory to the user so they own what they asked for (spec §3.6).
+// directory to the user so they own what they asked for (docs/E2B-WIRE.md §3.6).
 func mkdirAllOwned(dir string, u *unixuser.User) error {
 	var missing []string
 	for p := dir; ; p = filepath.Dir(p) {

@@ -23,7 +23,7 @@ import (
 )
 
 const (
-	// Metadata limits of spec §3.7.3: 246 = 255 (xattr name limit) - len("user.e2b.").
+	// Metadata limits of docs/E2B-WIRE.md §3.7.3: 246 = 255 (xattr name limit) - len("user.e2b.").
 	maxMetadataKey   = 246
 	maxMetadataTotal = 4096
 )
@@ -75,7 +75,7 @@ func (s *Server) handleFiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, results)
 }
 
-// checkFilesAuth implements spec §3.7.3: the access token header, or else a URL
+// checkFilesAuth implements docs/E2B-WIRE.md §3.7.3: the access token header, or else a URL
 // signature (optionally expiring) made with the token.
 func (s *Server) checkFilesAuth(r *http.Request, q url.Values, op string) *filesError {
 	token := s.id.accessToken()
@@ -344,7 +344,7 @@ func (s *Server) upload(r *http.Request, pathParam string, u *unixuser.User) ([]
 
 // partFileName reads a part's filename from its Content-Disposition. Go's
 // Part.FileName() keeps only the base name, but the SDKs put the full target path
-// there (spec §3.7.3). Browsers and undici follow the HTML form encoding, which
+// there (docs/E2B-WIRE.md §3.7.3). Browsers and undici follow the HTML form encoding, which
 // escapes only '"', CR and LF (as %22, %0D, %0A) and leaves backslashes alone, so
 // the quoted value is read literally rather than as an RFC 2616 quoted-string.
 func partFileName(p *multipart.Part) (name string, isFile bool) {

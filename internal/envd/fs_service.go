@@ -28,7 +28,7 @@ type filesystemService struct {
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
 // fsError maps an OS error to the Connect code the SDKs turn into their own error
-// types (spec §3.8).
+// types (docs/E2B-WIRE.md §3.8).
 func fsError(err error) error {
 	var code connect.Code
 	switch {

@@ -11,7 +11,7 @@ import (
 
 // legacyClientInterceptor serves old Python SDKs, which identify themselves with
 // the User-Agent "connect-python" and fail on any response field their generated
-// code does not know (spec §3.2). For them, EntryInfo is cut back to name, type
+// code does not know (docs/E2B-WIRE.md §3.2). For them, EntryInfo is cut back to name, type
 // and path (no symlink type) and filesystem events lose their entry, which is
 // everything those SDKs understood. Process responses never changed shape.
 type legacyClientInterceptor struct{}

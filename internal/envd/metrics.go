@@ -16,7 +16,7 @@ import (
 )
 
 // Metrics is the body of GET /metrics; the host serves it as the sandbox's
-// metrics (spec §3.7.4).
+// metrics (docs/E2B-WIRE.md §3.7.4).
 type Metrics struct {
 	Timestamp   int64   `json:"ts"`
 	CPUCount    int     `json:"cpu_count"`

@@ -17,7 +17,7 @@ const (
 )
 
 const (
-	// Chunk limits of spec §3.4: the SDKs decode each chunk incrementally and upstream
+	// Chunk limits of docs/E2B-WIRE.md §3.4: the SDKs decode each chunk incrementally and upstream
 	// never sends larger ones.
 	maxPipeChunk = 32 << 10
 	maxPTYChunk  = 16 << 10

@@ -20,7 +20,7 @@ import (
 )
 
 const (
-	// exitedRetention is how long a finished process stays connectable (spec §3.4).
+	// exitedRetention is how long a finished process stays connectable (docs/E2B-WIRE.md §3.4).
 	exitedRetention = 30 * time.Second
 	// exitDrainGrace bounds how long the end event waits for output still in the
 	// pipes after the process exited. A background grandchild that inherited stdout

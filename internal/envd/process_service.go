@@ -50,7 +50,7 @@ func ctxError(ctx context.Context) error {
 	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }
 
-// processEnv builds the environment in the order of spec §3.4: identity first, then
+// processEnv builds the environment in the order of docs/E2B-WIRE.md §3.4: identity first, then
 // sandbox-level variables, then the request's own, later entries winning.
 func (s *Server) processEnv(u *unixuser.User, reqEnv map[string]string) []string {
 	vals := map[string]string{}
@@ -204,7 +204,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	}
 	p.pid = uint32(cmd.Process.Pid)
 	if deadline, ok := ctx.Deadline(); ok {
-		// The stream's deadline is the process's lifetime limit (spec §3.4); it holds
+		// The stream's deadline is the process's lifetime limit (docs/E2B-WIRE.md §3.4); it holds
 		// even after the client detaches.
 		p.mu.Lock()
 		p.timer = time.AfterFunc(time.Until(deadline), func() {

@@ -1,4 +1,4 @@
-// Package envd is the in-sandbox agent: it serves the E2B envd protocol (spec §3)
+// Package envd is the in-sandbox agent: it serves the E2B envd protocol (docs/E2B-WIRE.md §3)
 // — Connect RPC process and filesystem services plus /files, /health, /envs and
 // /metrics — over the listeners the host asks for.
 //
@@ -118,7 +118,7 @@ func NewServer(cfg envdapi.Config, logger *slog.Logger, opts ...Option) (*Server
 // Handler serves the whole envd protocol; tests mount it on httptest servers.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// InterpHandler serves the code interpreter (spec §4); tests mount it on
+// InterpHandler serves the code interpreter (docs/E2B-WIRE.md §4); tests mount it on
 // httptest servers.
 func (s *Server) InterpHandler() http.Handler { return s.interpHandler() }
 
@@ -314,7 +314,7 @@ func (s *Server) recoverHTTP(next http.Handler) http.Handler {
 	})
 }
 
-// cors lets browser SDKs talk to envd directly (spec §3.7).
+// cors lets browser SDKs talk to envd directly (docs/E2B-WIRE.md §3.7).
 func cors(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
@@ -434,7 +434,7 @@ func (s *Server) requestUser(h http.Header) (*unixuser.User, error) {
 	return u, nil
 }
 
-// resolvePath applies spec §3.6: "~" is the home directory, relative paths are
+// resolvePath applies docs/E2B-WIRE.md §3.6: "~" is the home directory, relative paths are
 // relative to it, and an empty path means the default workdir.
 func (s *Server) resolvePath(p string, u *unixuser.User) string {
 	switch {

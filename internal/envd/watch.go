@@ -52,7 +52,7 @@ var networkFSMagic = map[int64]string{
 	0x65735546: "fuse",
 }
 
-// checkWatchable validates a watch request's path the way spec §3.5 orders it.
+// checkWatchable validates a watch request's path the way docs/E2B-WIRE.md §3.5 orders it.
 func checkWatchable(path string, allowNetwork bool) error {
 	fi, err := os.Stat(path)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // DefaultKeepalive is how long a stream may stay silent before a keepalive line
-// (spec §4.1: every 5 s of silence).
+// (docs/E2B-WIRE.md §4.1: every 5 s of silence).
 const DefaultKeepalive = 5 * time.Second
 
 // interruptGrace bounds how long the core waits for a kernel to honour an
@@ -36,7 +36,7 @@ type Config struct {
 }
 
 // Server is the code-interpreter core: contexts, their kernels and the HTTP
-// protocol of spec §4.
+// protocol of docs/E2B-WIRE.md §4.
 type Server struct {
 	cfg      Config
 	contexts *contextSet
@@ -63,7 +63,7 @@ func NewServer(cfg Config) *Server {
 	return s
 }
 
-// Handler serves spec §4.
+// Handler serves docs/E2B-WIRE.md §4.
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // Prewarm starts the default context of each language in the background, so the
@@ -259,7 +259,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 	st.send(map[string]any{"type": "end_of_execution"})
 }
 
-// eventLine maps a kernel Event to its NDJSON object (spec §4.1).
+// eventLine maps a kernel Event to its NDJSON object (docs/E2B-WIRE.md §4.1).
 func eventLine(e Event) map[string]any {
 	switch e.Type {
 	case "stdout", "stderr":

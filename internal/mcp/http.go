@@ -268,7 +268,7 @@ func (h *HTTPBackend) ListSandboxes(ctx context.Context, r ListSandboxesRequest)
 		q.Set("state", r.State)
 	}
 	if len(r.Metadata) > 0 {
-		// The API's metadata filter is a query string of its own (spec §2.5).
+		// The API's metadata filter is a query string of its own (docs/E2B-WIRE.md §2.5).
 		md := url.Values{}
 		for k, v := range r.Metadata {
 			md.Set(k, v)

@@ -1,7 +1,7 @@
 // Package proxy is the sandbox-traffic proxy: it routes every SDK request for
 // a sandbox (by its E2b-Sandbox-Id/Port headers, a <port>-<id>.<domain> Host,
 // or a signed /files URL) to envd, the code interpreter or a user port inside
-// it (spec §1). The listeners it serves on are set up by internal/daemon.
+// it (docs/E2B-WIRE.md §1). The listeners it serves on are set up by internal/daemon.
 package proxy
 
 import (
