@@ -43,7 +43,9 @@ type fakeProxy struct {
 	execute http.HandlerFunc
 }
 
-type fakeProcess struct{ processconnect.UnimplementedProcessHandler }
+type fakeProcess struct {
+	processconnect.UnimplementedProcessHandler
+}
 
 func (fakeProcess) Start(_ context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
 	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
