@@ -1,22 +1,17 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/airlock-sandbox/airlock/api/gen/process"
-	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 )
 
 // AttacksConfig says where the server is and how many neighbour round trips
@@ -77,7 +72,7 @@ func RunAttacks(ctx context.Context, cfg AttacksConfig) ([]AttackRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.kill(context.WithoutCancel(ctx), neighbour.SandboxID)
+	defer c.kill(context.WithoutCancel(ctx), neighbour)
 	measure := func(name string) (AttackRow, error) {
 		row := AttackRow{Name: name}
 		for i := 0; i < cfg.RoundTrips; i++ {
@@ -118,7 +113,7 @@ func (c *client) attack(ctx context.Context, a Attack, cfg AttacksConfig, measur
 	if err != nil {
 		return AttackRow{}, err
 	}
-	defer c.kill(context.WithoutCancel(ctx), attacker.SandboxID)
+	defer c.kill(context.WithoutCancel(ctx), attacker)
 	idle, err := measure(a.Name + " (idle before)")
 	if err != nil {
 		return AttackRow{}, err
@@ -170,32 +165,15 @@ func (c *client) attack(ctx context.Context, a Attack, cfg AttacksConfig, measur
 // read. It reads the raw Connect stream without decoding it: the bench runs in
 // the server's process, and decoding JSON here would charge the client's work
 // to the server.
-func (c *client) drain(ctx context.Context, sb sandboxResp, cmd string) int64 {
-	msg, err := protojson.Marshal(&process.StartRequest{
+func (c *client) drain(ctx context.Context, sb *e2bclient.Sandbox, cmd string) int64 {
+	body, err := sb.StartUndecoded(ctx, &process.StartRequest{
 		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", cmd}},
 	})
 	if err != nil {
 		return 0
 	}
-	// One Connect streaming envelope: flags byte, big-endian length, message.
-	body := make([]byte, 5, 5+len(msg))
-	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
-	body = append(body, msg...)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		strings.TrimRight(c.cfg.SandboxURL, "/")+processconnect.ProcessStartProcedure, bytes.NewReader(body))
-	if err != nil {
-		return 0
-	}
-	req.Header.Set("Content-Type", "application/connect+json")
-	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
-	req.Header.Set("E2b-Sandbox-Port", "49983")
-	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	n, _ := io.Copy(io.Discard, resp.Body)
+	defer body.Close()
+	n, _ := io.Copy(io.Discard, body)
 	return n
 }
 

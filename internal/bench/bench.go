@@ -17,15 +17,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/airlock-sandbox/airlock/api/gen/process"
-	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
 
 // Config says where the server is and how much to measure.
@@ -117,7 +115,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+	defer c.kill(context.WithoutCancel(ctx), sb)
 	if _, err := c.run(ctx, sb, "true"); err != nil {
 		return nil, err
 	}
@@ -295,65 +293,43 @@ func Percentile(sorted []time.Duration, p int) time.Duration {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
-// client speaks the E2B wire protocol the way the JS SDK does: REST to the API,
-// Connect JSON to envd through the sandbox URL with routing headers.
+// client speaks the E2B wire protocol the way the JS SDK does (REST to the API,
+// Connect JSON to envd through the sandbox URL with routing headers), through
+// e2bclient, with the calls the bench makes in its own terms.
 type client struct {
-	cfg  Config
-	http *http.Client
-	proc processconnect.ProcessClient
+	cfg Config
+	c   *e2bclient.Client
 }
 
 func newClient(cfg Config) *client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 256}
-	hc := &http.Client{Transport: tr}
-	return &client{
-		cfg:  cfg,
-		http: hc,
-		proc: processconnect.NewProcessClient(hc, strings.TrimRight(cfg.SandboxURL, "/"), connect.WithProtoJSON()),
-	}
+	// Concurrent creates each hold a connection to the proxy; the default two
+	// idle connections per host would make them dial anew every time.
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	return &client{cfg: cfg, c: e2bclient.New(e2bclient.Config{
+		APIURL: cfg.APIURL, SandboxURL: cfg.SandboxURL, APIKey: cfg.APIKey, HTTPClient: hc,
+	})}
 }
 
-type sandboxResp struct {
-	SandboxID       string `json:"sandboxID"`
-	EnvdAccessToken string `json:"envdAccessToken"`
-}
-
-func (c *client) create(ctx context.Context) (sandboxResp, error) {
-	body, _ := json.Marshal(map[string]any{"templateID": c.cfg.Template, "timeout": 300})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.APIURL+"/v2/sandboxes", bytes.NewReader(body))
-	req.Header.Set("X-API-KEY", c.cfg.APIKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
+func (c *client) create(ctx context.Context) (*e2bclient.Sandbox, error) {
+	timeout := int64(300)
+	sb, err := c.c.Create(ctx, e2bwire.NewSandbox{TemplateID: c.cfg.Template, Timeout: &timeout})
 	if err != nil {
-		return sandboxResp{}, err
+		return nil, fmt.Errorf("create: %w", err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusCreated {
-		return sandboxResp{}, fmt.Errorf("create: %s: %s", resp.Status, b)
-	}
-	var sb sandboxResp
-	return sb, json.Unmarshal(b, &sb)
+	return c.c.Sandbox(sb.SandboxID, sb.EnvdAccessToken), nil
 }
 
-func (c *client) kill(ctx context.Context, id string) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, c.cfg.APIURL+"/sandboxes/"+id, nil)
-	req.Header.Set("X-API-KEY", c.cfg.APIKey)
-	if resp, err := c.http.Do(req); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+// kill is best effort: the bench is done with the sandbox, and one that is
+// already gone is no failure of the measurement.
+func (c *client) kill(ctx context.Context, sb *e2bclient.Sandbox) {
+	_ = c.c.Kill(ctx, sb.ID())
 }
 
 // run is commands.run: Start /bin/bash -l -c cmd and read the stream to its end.
-func (c *client) run(ctx context.Context, sb sandboxResp, cmd string) (int32, error) {
-	req := connect.NewRequest(&process.StartRequest{
+func (c *client) run(ctx context.Context, sb *e2bclient.Sandbox, cmd string) (int32, error) {
+	stream, err := sb.Start(ctx, &process.StartRequest{
 		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
 	})
-	req.Header().Set("E2b-Sandbox-Id", sb.SandboxID)
-	req.Header().Set("E2b-Sandbox-Port", "49983")
-	req.Header().Set("X-Access-Token", sb.EnvdAccessToken)
-	stream, err := c.proc.Start(ctx, req)
 	if err != nil {
 		return 0, err
 	}
@@ -376,7 +352,7 @@ func (c *client) createAndRun(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+	defer c.kill(context.WithoutCancel(ctx), sb)
 	code, err := c.run(ctx, sb, "true")
 	if err != nil {
 		return 0, err

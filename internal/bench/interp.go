@@ -1,15 +1,14 @@
 package bench
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
 
 // InterpConfig says how much of the code interpreter to measure.
@@ -39,7 +38,7 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+	defer c.kill(context.WithoutCancel(ctx), sb)
 	// Warm-up: the default context exists (prewarmed) and has run once.
 	if _, err := c.execute(ctx, sb, "1+1", "python"); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
@@ -49,7 +48,7 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 	health := Row{Name: fmt.Sprintf("baseline: envd /health through the proxy, %d", n)}
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		if err := c.health(ctx, sb); err != nil {
+		if err := sb.Health(ctx); err != nil {
 			return nil, err
 		}
 		health.Samples = append(health.Samples, time.Since(start))
@@ -95,7 +94,7 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 			}
 			_, err = c.execute(ctx, sb, "1+1", "python")
 			d := time.Since(start)
-			c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+			c.kill(context.WithoutCancel(ctx), sb)
 			if err != nil {
 				return r, err
 			}
@@ -138,64 +137,19 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 
 // execute runs code through POST /execute and returns the text of its results
 // and stdout; an error event is returned as an error.
-func (c *client) execute(ctx context.Context, sb sandboxResp, code, language string) (string, error) {
-	body, _ := json.Marshal(map[string]any{"code": code, "language": language})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.cfg.SandboxURL, "/")+"/execute", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
-	req.Header.Set("E2b-Sandbox-Port", "49999")
-	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var b bytes.Buffer
-		_, _ = b.ReadFrom(resp.Body)
-		return "", fmt.Errorf("execute: %s: %s", resp.Status, b.String())
-	}
+func (c *client) execute(ctx context.Context, sb *e2bclient.Sandbox, code, language string) (string, error) {
 	var out strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		var ev struct {
-			Type  string `json:"type"`
-			Text  string `json:"text"`
-			Name  string `json:"name"`
-			Value string `json:"value"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return "", fmt.Errorf("execute: bad line %q: %w", sc.Text(), err)
-		}
+	err := sb.Execute(ctx, e2bwire.ExecuteRequest{Code: code, Language: &language}, func(ev e2bclient.Event) error {
 		switch ev.Type {
 		case "result", "stdout":
 			out.WriteString(ev.Text)
 		case "error":
-			return "", fmt.Errorf("execute: %s: %s", ev.Name, ev.Value)
-		case "end_of_execution":
-			return out.String(), nil
+			return fmt.Errorf("execute: %s: %s", ev.Name, ev.Value)
 		}
-	}
-	if err := sc.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return "", err
 	}
-	return "", errors.New("execute: stream ended without end_of_execution")
-}
-
-// health is envd's GET /health through the proxy: the floor of any request to
-// a sandbox.
-func (c *client) health(ctx context.Context, sb sandboxResp) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(c.cfg.SandboxURL, "/")+"/health", nil)
-	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
-	req.Header.Set("E2b-Sandbox-Port", "49983")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("health: %s", resp.Status)
-	}
-	return nil
+	return out.String(), nil
 }

@@ -37,7 +37,7 @@ func CompareTemplates(ctx context.Context, cfg Config, templates []string, label
 			created := time.Since(start)
 			code, err := c.run(ctx, sb, "true")
 			total := time.Since(start)
-			c.kill(context.WithoutCancel(ctx), sb.SandboxID)
+			c.kill(context.WithoutCancel(ctx), sb)
 			if err != nil {
 				return nil, err
 			}

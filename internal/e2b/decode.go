@@ -12,63 +12,12 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
 
-// Request bodies. Pointers tell "absent" from zero, because several fields
-// default differently by endpoint version. Unknown fields are accepted: the
-// SDKs grow options (autoResume, mcp, iam, volumeMounts...) faster than any
-// server, and refusing them would break creates for options we can ignore.
-
-// newSandboxBody is NewSandbox (v1) and NewSandboxV2; v2 ignores Secure.
-type newSandboxBody struct {
-	TemplateID          string         `json:"templateID"`
-	Timeout             *int64         `json:"timeout"`
-	Metadata            map[string]any `json:"metadata"`
-	EnvVars             map[string]any `json:"envVars"`
-	Secure              *bool          `json:"secure"`
-	AllowInternetAccess *bool          `json:"allow_internet_access"` // snake_case on the wire, unlike everything else
-	AutoPause           *bool          `json:"autoPause"`
-	Network             *networkBody   `json:"network"`
-	// DiskSizeMB is an Airlock extension: the size limit of the sandbox's
-	// writable layer (the template's, by default).
-	DiskSizeMB *int `json:"diskSizeMB"`
-}
-
-// connectBody is ConnectSandbox, ConnectSandboxV2 and ResumedSandbox.
-type connectBody struct {
-	Timeout *int64 `json:"timeout"`
-	Memory  *bool  `json:"memory"`
-}
-
-type timeoutBody struct {
-	Timeout *int64 `json:"timeout"`
-}
-
-type refreshBody struct {
-	Duration *int64 `json:"duration"`
-}
-
-type pauseBody struct {
-	Memory *bool `json:"memory"`
-}
-
-// networkBody is SandboxNetworkConfig and SandboxNetworkUpdateConfig.
-type networkBody struct {
-	AllowOut           []string                     `json:"allowOut"`
-	DenyOut            []string                     `json:"denyOut"`
-	AllowPublicTraffic *bool                        `json:"allowPublicTraffic"`
-	MaskRequestHost    *string                      `json:"maskRequestHost"`
-	EgressProxy        *egressProxyBody             `json:"egressProxy"`
-	Rules              map[string][]json.RawMessage `json:"rules"`
-	// Only in SandboxNetworkUpdateConfig.
-	AllowInternetAccess *bool `json:"allow_internet_access"`
-}
-
-type egressProxyBody struct {
-	Address  string  `json:"address"`
-	Username *string `json:"username"`
-	Password *string `json:"password"`
-}
+// Request bodies are e2bwire's (NewSandbox, ConnectSandbox, ...): pointers in
+// them tell "absent" from zero, and unknown fields are accepted.
 
 // allTraffic is what the SDKs' ALL_TRAFFIC constant expands to.
 const allTraffic = "0.0.0.0/0"
@@ -221,7 +170,7 @@ func (h *Handler) maxTimeoutMessage() string {
 // validate checks a network config the way upstream does, so that a body
 // that would be refused there is refused here too, even though Airlock does
 // not apply most of it yet (see the create and update handlers).
-func (n *networkBody) validate() error {
+func validateNetwork(n *e2bwire.SandboxNetworkConfig) error {
 	for _, d := range n.DenyOut {
 		if !isIPOrCIDR(d) {
 			return badRequest("network: denyOut entry %q is not an IP address or CIDR", d)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -47,19 +48,13 @@ func badRequest(format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, message: fmt.Sprintf(format, args...)}
 }
 
-// errorBody is components.schemas.Error of the upstream OpenAPI description.
-type errorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
 // writeJSON marshals before writing the status line, so a value that cannot
 // be encoded still yields a well-formed 500 body instead of a truncated 200.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		b, _ = json.Marshal(errorBody{Code: status, Message: fmt.Sprintf("encoding response: %v", err)})
+		b, _ = json.Marshal(e2bwire.Error{Code: status, Message: fmt.Sprintf("encoding response: %v", err)})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -69,7 +64,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, message string) {
-	writeJSON(w, status, errorBody{Code: status, Message: message})
+	writeJSON(w, status, e2bwire.Error{Code: status, Message: message})
 }
 
 // managerError translates a Manager error into its wire form. sandboxID and

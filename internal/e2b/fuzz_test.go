@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -22,7 +23,7 @@ func checkResponse(t *testing.T, rec *httptest.ResponseRecorder, input string) {
 	if rec.Code < 400 {
 		return
 	}
-	var body errorBody
+	var body e2bwire.Error
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Code != rec.Code || body.Message == "" {
 		t.Fatalf("input %q: status %d with malformed error body %q (%v)", input, rec.Code, rec.Body, err)
 	}
@@ -82,7 +83,7 @@ func FuzzListQuery(f *testing.F) {
 		h.ServeHTTP(rec, req)
 		checkResponse(t, rec, rawQuery)
 		if rec.Code == http.StatusOK {
-			var items []listedSandboxJSON
+			var items []e2bwire.ListedSandbox
 			if err := json.Unmarshal(rec.Body.Bytes(), &items); err != nil {
 				t.Fatalf("query %q: 200 with a body that is not a list: %v", rawQuery, err)
 			}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
@@ -217,7 +218,7 @@ func (h *Handler) unrouted(w http.ResponseWriter, r *http.Request) {
 // "Authorization: Bearer" (what the upstream CLI sends).
 func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
+		key := r.Header.Get(e2bwire.HeaderAPIKey)
 		if key == "" {
 			if scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
 				key = strings.TrimSpace(token)

@@ -11,13 +11,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 const (
 	listDefaultLimit = 100
 	listMaxLimit     = 100
-	headerNextToken  = "X-Next-Token"
+	headerNextToken  = e2bwire.HeaderNextToken
 	// headerTotalRunning is sent only when running sandboxes were asked for,
 	// so a client keying off its presence never reads a meaningless 0.
 	headerTotalRunning = "X-Total-Running"
@@ -262,7 +263,7 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		if wantRunning {
 			w.Header().Set(headerTotalRunning, "0")
 		}
-		writeJSON(w, http.StatusOK, []listedSandboxJSON{})
+		writeJSON(w, http.StatusOK, []e2bwire.ListedSandbox{})
 		return nil
 	}
 	if err != nil {
@@ -306,7 +307,7 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		entries = entries[:lq.limit]
 	}
 
-	out := make([]listedSandboxJSON, 0, len(entries))
+	out := make([]e2bwire.ListedSandbox, 0, len(entries))
 	for _, e := range entries {
 		out = append(out, h.listedJSON(e.info))
 	}
@@ -339,7 +340,7 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request) error {
 	slices.SortFunc(entries, func(a, b listEntry) int {
 		return compareEntries(a.start, a.info.ID, b.start, b.info.ID, false)
 	})
-	out := make([]listedSandboxJSON, 0, len(entries))
+	out := make([]e2bwire.ListedSandbox, 0, len(entries))
 	for _, e := range entries {
 		out = append(out, h.listedJSON(e.info))
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -35,7 +36,7 @@ func (h *Handler) createV2(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error {
-	var body newSandboxBody
+	var body e2bwire.NewSandbox
 	present, err := h.decodeBody(w, r, &body)
 	if err != nil {
 		return err
@@ -78,7 +79,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		req.DiskSizeMB = *body.DiskSizeMB
 	}
 	if body.Network != nil {
-		if err := body.Network.validate(); err != nil {
+		if err := validateNetwork(body.Network); err != nil {
 			return err
 		}
 		req.AllowInternetAccess = h.egressFromNetwork(body.Network, req.AllowInternetAccess)
@@ -105,7 +106,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 // when denyOut holds ALL_TRAFFIC, unless the client said otherwise. The rules
 // themselves go to the manager, which enforces allowOut and denyOut (allowOut
 // first) whatever this switch says.
-func (h *Handler) egressFromNetwork(n *networkBody, explicit *bool) *bool {
+func (h *Handler) egressFromNetwork(n *e2bwire.SandboxNetworkConfig, explicit *bool) *bool {
 	if explicit != nil {
 		return explicit
 	}
@@ -118,7 +119,7 @@ func (h *Handler) egressFromNetwork(n *networkBody, explicit *bool) *bool {
 
 // warnUnenforced makes the parts of a network config Airlock accepts but does
 // not apply visible to operators.
-func (h *Handler) warnUnenforced(n *networkBody) {
+func (h *Handler) warnUnenforced(n *e2bwire.SandboxNetworkConfig) {
 	if n.EgressProxy != nil {
 		h.log.Warn("network.egressProxy is not supported; egress goes direct", "address", n.EgressProxy.Address)
 	}
@@ -160,7 +161,7 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request) error {
 // 400: connect exists to bring a sandbox back, and refusing over a field the
 // v2 schema made optional helps nobody.
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
-	var body connectBody
+	var body e2bwire.ConnectSandbox
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
@@ -184,7 +185,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 // resume serves the deprecated POST /sandboxes/{id}/resume (JS 2.0–2.3),
 // which unlike connect refuses a sandbox that is not paused.
 func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
-	var body connectBody
+	var body e2bwire.ConnectSandbox
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
@@ -214,7 +215,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 // create: it means "end now", and the upstream Python suite relies on
 // set_timeout(0) to expire a sandbox on purpose.
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	var body timeoutBody
+	var body e2bwire.TimeoutRequest
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
@@ -235,7 +236,7 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
 // Get + SetTimeout rather than Connect because a refresh must not resume a
 // paused sandbox.
 func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
-	var body refreshBody
+	var body e2bwire.RefreshRequest
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
@@ -270,7 +271,7 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
 	// {"memory": false} asks for a filesystem-only snapshot; the manager has
 	// one kind of pause, so the field is read only to reject malformed bodies.
-	var body pauseBody
+	var body e2bwire.PauseRequest
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
@@ -306,7 +307,7 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return managerError(fmt.Errorf("sandbox metrics: %w", err), id, "")
 	}
-	out := make([]sandboxMetricJSON, 0, len(samples))
+	out := make([]e2bwire.SandboxMetric, 0, len(samples))
 	for _, m := range samples {
 		out = append(out, metricJSON(m))
 	}
@@ -338,12 +339,12 @@ func unixParam(v, name string, def time.Time) (time.Time, error) {
 // (SandboxNetworkUpdateConfig) and answers 204; the firewall changes
 // atomically before the answer.
 func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
-	var body networkBody
+	var body e2bwire.SandboxNetworkConfig
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
 	}
-	if err := body.validate(); err != nil {
+	if err := validateNetwork(&body); err != nil {
 		return err
 	}
 	h.warnUnenforced(&body)

@@ -1,74 +1,12 @@
 package e2b
 
 import (
-	"time"
-
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
-// Wire types, named after the upstream OpenAPI schemas. Field names and
-// presence matter more than usual here: Python's generated models raise on a
-// missing required key, and JS reads fields without checking them.
-
-// sandboxJSON is the `Sandbox` schema (create, connect, resume).
-type sandboxJSON struct {
-	SandboxID       string `json:"sandboxID"`
-	TemplateID      string `json:"templateID"`
-	Alias           string `json:"alias"`
-	ClientID        string `json:"clientID"`
-	EnvdVersion     string `json:"envdVersion"`
-	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
-	// TrafficAccessToken is set when network.allowPublicTraffic is false; the
-	// SDKs send it as E2B-Traffic-Access-Token to reach user ports.
-	TrafficAccessToken string  `json:"trafficAccessToken,omitempty"`
-	Domain             *string `json:"domain"`
-}
-
-// networkJSON is the network part of SandboxDetail, as the client set it.
-type networkJSON struct {
-	AllowOut           []string `json:"allowOut,omitempty"`
-	DenyOut            []string `json:"denyOut,omitempty"`
-	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
-}
-
-// listedSandboxJSON is the `ListedSandbox` schema (both list endpoints).
-type listedSandboxJSON struct {
-	SandboxID   string            `json:"sandboxID"`
-	TemplateID  string            `json:"templateID"`
-	Alias       string            `json:"alias"`
-	ClientID    string            `json:"clientID"`
-	StartedAt   time.Time         `json:"startedAt"`
-	EndAt       time.Time         `json:"endAt"`
-	CPUCount    int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
-	DiskSizeMB  int               `json:"diskSizeMB"`
-	State       string            `json:"state"`
-	EnvdVersion string            `json:"envdVersion"`
-	Metadata    map[string]string `json:"metadata"`
-}
-
-// sandboxDetailJSON is the `SandboxDetail` schema (GET /sandboxes/{id}).
-type sandboxDetailJSON struct {
-	listedSandboxJSON
-	EnvdAccessToken     string       `json:"envdAccessToken,omitempty"`
-	TrafficAccessToken  string       `json:"trafficAccessToken,omitempty"`
-	Domain              *string      `json:"domain"`
-	AllowInternetAccess *bool        `json:"allowInternetAccess"`
-	Network             *networkJSON `json:"network,omitempty"`
-}
-
-// sandboxMetricJSON is the `SandboxMetric` schema.
-type sandboxMetricJSON struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       int64     `json:"memUsed"`
-	MemTotal      int64     `json:"memTotal"`
-	MemCache      int64     `json:"memCache"`
-	DiskUsed      int64     `json:"diskUsed"`
-	DiskTotal     int64     `json:"diskTotal"`
-}
+// Conversions from the manager's records to the wire types. The types live in
+// e2bwire, which Airlock's own client (internal/e2bclient) reads them with.
 
 func (h *Handler) domain() *string {
 	if h.opts.Domain == "" {
@@ -92,8 +30,8 @@ func (h *Handler) envdVersion(info sandbox.Info) string {
 	return h.opts.EnvdVersion
 }
 
-func (h *Handler) sandboxJSON(info sandbox.Info) sandboxJSON {
-	return sandboxJSON{
+func (h *Handler) sandboxJSON(info sandbox.Info) e2bwire.Sandbox {
+	return e2bwire.Sandbox{
 		SandboxID:          info.ID,
 		TemplateID:         info.TemplateID,
 		Alias:              info.Alias,
@@ -115,12 +53,12 @@ func wireState(s sandbox.State) string {
 	return string(sandbox.StateRunning)
 }
 
-func (h *Handler) listedJSON(info sandbox.Info) listedSandboxJSON {
+func (h *Handler) listedJSON(info sandbox.Info) e2bwire.ListedSandbox {
 	md := info.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return listedSandboxJSON{
+	return e2bwire.ListedSandbox{
 		SandboxID:   info.ID,
 		TemplateID:  info.TemplateID,
 		Alias:       info.Alias,
@@ -136,9 +74,9 @@ func (h *Handler) listedJSON(info sandbox.Info) listedSandboxJSON {
 	}
 }
 
-func (h *Handler) detailJSON(info sandbox.Info) sandboxDetailJSON {
-	return sandboxDetailJSON{
-		listedSandboxJSON:   h.listedJSON(info),
+func (h *Handler) detailJSON(info sandbox.Info) e2bwire.SandboxDetail {
+	return e2bwire.SandboxDetail{
+		ListedSandbox:       h.listedJSON(info),
 		EnvdAccessToken:     info.AccessToken,
 		TrafficAccessToken:  info.TrafficAccessToken,
 		Domain:              h.domain(),
@@ -147,15 +85,15 @@ func (h *Handler) detailJSON(info sandbox.Info) sandboxDetailJSON {
 	}
 }
 
-func networkOf(n sandbox.NetworkConfig) *networkJSON {
+func networkOf(n sandbox.NetworkConfig) *e2bwire.SandboxNetworkConfig {
 	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil {
 		return nil
 	}
-	return &networkJSON{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
+	return &e2bwire.SandboxNetworkConfig{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
 }
 
-func metricJSON(m sandbox.Metric) sandboxMetricJSON {
-	return sandboxMetricJSON{
+func metricJSON(m sandbox.Metric) e2bwire.SandboxMetric {
+	return e2bwire.SandboxMetric{
 		Timestamp:     m.Time.UTC(),
 		TimestampUnix: m.Time.Unix(),
 		CPUCount:      m.CPUCount,

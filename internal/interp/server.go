@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
 
 // DefaultKeepalive is how long a stream may stay silent before a keepalive line
@@ -121,13 +123,6 @@ func NormalizeLanguage(l string) string {
 	return l
 }
 
-type executeRequest struct {
-	Code      string            `json:"code"`
-	ContextID *string           `json:"context_id"`
-	Language  *string           `json:"language"`
-	EnvVars   map[string]string `json:"env_vars"`
-}
-
 func plain(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
@@ -149,7 +144,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 		plain(w, http.StatusUnauthorized, "unauthorized access, please provide a valid access token")
 		return
 	}
-	var req executeRequest
+	var req e2bwire.ExecuteRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<20)).Decode(&req); err != nil {
 		plain(w, http.StatusBadRequest, fmt.Sprintf("Invalid request body: %v", err))
 		return

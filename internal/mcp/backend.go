@@ -1,7 +1,8 @@
 // Package mcp is Airlock's MCP server: typed tools for agents (create_sandbox, run_code,
 // run_command, files, metrics, ...) built on the official go-sdk. The tools call a Backend;
-// HTTPBackend implements it as a client of Airlock's own E2B wire protocol, so the stdio
-// server (`airlock mcp`) and serve's /mcp endpoint behave exactly like any E2B SDK client.
+// HTTPBackend implements it with internal/e2bclient, Airlock's client of its own E2B wire
+// protocol, so the stdio server (`airlock mcp`) and serve's /mcp endpoint behave exactly
+// like any E2B SDK client.
 package mcp
 
 import (

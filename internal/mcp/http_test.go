@@ -44,7 +44,7 @@ func mustOK(t *testing.T, res *mcp.CallToolResult) {
 func TestHTTPBackendRealServer(t *testing.T) {
 	cs := realServer(t)
 	// create_sandbox, with metadata to find it by.
-	res := airlockmcp.Call(t, cs, "create_sandbox", map[string]any{"template": "base", "metadata": map[string]string{"owner": "mcp-test"}, "envs": map[string]string{"GREETING": "hi"}})
+	res := airlockmcp.Call(t, cs, "create_sandbox", map[string]any{"template": "base", "metadata": map[string]string{"owner": "mcp test&x=1%"}, "envs": map[string]string{"GREETING": "hi"}})
 	mustOK(t, res)
 	var sb airlockmcp.SandboxOut
 	airlockmcp.Structured(t, res, &sb)
@@ -129,7 +129,7 @@ func TestHTTPBackendRealServer(t *testing.T) {
 	if len(metrics.Metrics) == 0 || metrics.Metrics[len(metrics.Metrics)-1].MemTotalMB <= 0 {
 		t.Errorf("get_metrics: %+v", metrics)
 	}
-	res = airlockmcp.Call(t, cs, "list_sandboxes", map[string]any{"metadata": map[string]string{"owner": "mcp-test"}})
+	res = airlockmcp.Call(t, cs, "list_sandboxes", map[string]any{"metadata": map[string]string{"owner": "mcp test&x=1%"}})
 	mustOK(t, res)
 	var ls airlockmcp.ListSandboxesOut
 	airlockmcp.Structured(t, res, &ls)
