@@ -13,6 +13,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	airlockmcp "github.com/airlock-sandbox/airlock/internal/mcp"
 )
@@ -29,7 +31,7 @@ func mcpCmd() *cobra.Command {
 			"It talks to a running `airlock serve` at --url with --api-key. The environment `serve`\n" +
 			"prints works as is: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, or the AIRLOCK_URL,\n" +
 			"AIRLOCK_SANDBOX_URL and AIRLOCK_API_KEY names (which win when both are set). The key defaults\n" +
-			"to <data-dir>/api-key. Without a sandbox URL the server is asked for it (" + airlockmcp.InfoPath + ").",
+			"to <data-dir>/api-key. Without a sandbox URL the server is asked for it (" + e2bwire.InfoPath + ").",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -37,7 +39,7 @@ func mcpCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b := airlockmcp.NewHTTPBackend(airlockmcp.HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key})
+			b := airlockmcp.NewHTTPBackend(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key})
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			sbx := sandboxURL

@@ -54,6 +54,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
@@ -411,7 +412,7 @@ func (d *Daemon) startListeners() error {
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()
 	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.authenticate))
-	apiMux.Handle("GET "+mcp.InfoPath, mcp.InfoHandler(lns[1].Addr()))
+	apiMux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
 	apiMux.Handle("/", api)
 	servers := []*http.Server{
 		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},

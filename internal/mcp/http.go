@@ -23,17 +23,6 @@ import (
 // model's context; more would be unreadable there anyway.
 const maxOutput = 16 << 20
 
-// HTTPConfig says where Airlock's E2B API and sandbox proxy are and which key to
-// use; an empty SandboxURL is asked of the server on first use.
-type HTTPConfig = e2bclient.Config
-
-// InfoPath is where an Airlock server says where its sandbox proxy is
-// (e2bwire's; named here too for cmd/airlock, which serves it).
-const InfoPath = e2bwire.InfoPath
-
-// ServerInfo is the answer at InfoPath.
-type ServerInfo = e2bwire.ServerInfo
-
 // NotReadyError is a 503 with Retry-After from the API: the template is still
 // being built. Message says which step it is on and for how long.
 type NotReadyError struct {
@@ -55,7 +44,7 @@ type HTTPBackend struct {
 }
 
 // NewHTTPBackend returns a Backend that talks to a running Airlock server.
-func NewHTTPBackend(cfg HTTPConfig) Backend {
+func NewHTTPBackend(cfg e2bclient.Config) Backend {
 	return &HTTPBackend{
 		c:      e2bclient.New(cfg),
 		tokens: map[string]string{},

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 )
 
 // TestHTTPBackendErrors: what the API answers reaches the tools as the Backend
@@ -32,7 +34,7 @@ func TestHTTPBackendErrors(t *testing.T) {
 		}
 	}))
 	defer api.Close()
-	b := NewHTTPBackend(HTTPConfig{APIURL: api.URL, SandboxURL: "http://127.0.0.1:1", APIKey: "k"})
+	b := NewHTTPBackend(e2bclient.Config{APIURL: api.URL, SandboxURL: "http://127.0.0.1:1", APIKey: "k"})
 	ctx := context.Background()
 
 	_, err := b.CreateSandbox(ctx, CreateSandboxRequest{Template: "python3", Timeout: time.Minute})

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	mcpsdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -33,12 +35,12 @@ func NewStreamableHandler(apiURL, sandboxURL string, authenticate func(string) b
 	streamable := mcpsdk.NewStreamableHTTPHandler(func(r *http.Request) *mcpsdk.Server {
 		info := auth.TokenInfoFromContext(r.Context())
 		key, _ := info.Extra["key"].(string)
-		return NewServer(NewHTTPBackend(HTTPConfig{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), Options{})
+		return NewServer(NewHTTPBackend(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}), Options{})
 	}, &mcpsdk.StreamableHTTPOptions{SessionTimeout: 30 * time.Minute})
 	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(streamable)
 }
 
-// InfoHandler answers InfoPath: where the sandbox proxy is, so `airlock mcp`
+// InfoHandler answers e2bwire.InfoPath: where the sandbox proxy is, so `airlock mcp`
 // (and any client) need not guess it. A proxy listening on every address is
 // reported under the host name the client used for the API.
 func InfoHandler(sandboxAddr net.Addr) http.Handler {
@@ -55,6 +57,6 @@ func InfoHandler(sandboxAddr net.Addr) http.Handler {
 			u = "http://" + net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(tcp.Port))
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(ServerInfo{SandboxURL: u})
+		_ = json.NewEncoder(w).Encode(e2bwire.ServerInfo{SandboxURL: u})
 	})
 }
