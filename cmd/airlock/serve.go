@@ -284,6 +284,7 @@ func start(ctx context.Context, c serveConfig, log *slog.Logger) (*instance, err
 		db.Close()
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
+	mgr.Start()
 	for _, name := range first {
 		if t, err := (template.Resolver{Store: tpls}).Resolve(ctx, name); err == nil {
 			mgr.SetWarmPool(t, c.warmPool)

@@ -51,6 +51,7 @@ func realServer(t *testing.T) *mcp.ClientSession {
 		Runtime: rt, Store: db, Templates: template.Resolver{Store: tpls}, DataDir: dataDir,
 		EnvdPath: envd, MaxTimeout: time.Hour,
 	})
+	mgr.Start()
 	t.Cleanup(func() {
 		mgr.KillAll(context.Background())
 		mgr.Close()

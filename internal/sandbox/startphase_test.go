@@ -303,6 +303,7 @@ func TestWarmPoolNeverReady(t *testing.T) {
 	r.tpl.ReadyCmd = "false"
 	r.tpl.ReadyTimeout = time.Second
 	m := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	m.Start()
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
@@ -410,6 +411,7 @@ func TestStartCmdOnGVisor(t *testing.T) {
 		Runtime: r.rt, Runtimes: []runtime.Runtime{gv}, Store: r.db, Templates: r,
 		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
 	})
+	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()
