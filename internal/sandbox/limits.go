@@ -105,7 +105,7 @@ func (m *Manager) diskUsed(e *entry, st runtime.Stats) int64 {
 // noteOOM records an event when the sandbox's OOM-kill counter has grown
 // since the last sample. The counter lives in the kernel; seenOOM is what the
 // events recorded so far add up to, so a restarted server does not record
-// old kills again.
+// old kills again. The caller holds e.op (the event must not outlive Kill).
 func (m *Manager) noteOOM(e *entry, st runtime.Stats) {
 	e.mu.Lock()
 	delta := st.OOMKills - e.seenOOM
@@ -114,13 +114,6 @@ func (m *Manager) noteOOM(e *entry, st runtime.Stats) {
 	}
 	e.mu.Unlock()
 	if delta <= 0 {
-		return
-	}
-	// Under op, so that the event is not written after Kill deleted the
-	// record and its events.
-	e.op.Lock()
-	defer e.op.Unlock()
-	if e.gone {
 		return
 	}
 	msg := fmt.Sprintf("out of memory: the kernel killed %d process(es) that exceeded the sandbox's memory limit", delta)

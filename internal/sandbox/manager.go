@@ -1058,6 +1058,15 @@ func (m *Manager) sampleLoop() {
 // as a percentage of the sandbox's CPUs, memory from its cgroup, and disk as the
 // size of its writable layer against its disk size.
 func (m *Manager) sample(e *entry) {
+	// Under op: the runtime's Stats must not run beside its Destroy (Kill)
+	// or Pause, and an OOM event must not be written after Kill deleted the
+	// sandbox's events. Stats reads a few cgroup files, so an operation
+	// waits for it no more than for a sample's worth of reads.
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.gone {
+		return
+	}
 	st, err := e.rt.Stats()
 	if err != nil {
 		return
