@@ -17,15 +17,17 @@
 //
 // Kill (by a client, or the timer at the end of life): mark the sandbox gone
 // and forget it (so no new traffic reaches it and no other operation acts on
-// it), then replay its cleanup stack: runtime (processes, mounts, cgroups,
-// namespaces, upper dir), log, network, dir and disk quota, record. Teardown
-// runs even if the request that asked for it goes away. Recover replays the
-// same stack for a sandbox that did not survive a restart.
+// it), then replay its cleanup stack, newest first: runtime (processes, mounts,
+// cgroups, namespaces, upper dir), log, network, dir and disk quota, record (a
+// sandbox claimed from the warm pool got its record last, so loses it first).
+// Teardown runs even if the request that asked for it goes away. Recover
+// replays the same stack for a sandbox that did not survive a restart.
 //
 // Locks, always taken in this order, each optional:
 //
 //   - entry.op, one per sandbox, serializes its lifecycle operations (Kill,
-//     Pause, Connect, SetTimeout, UpdateNetwork, the timer's expiry) and is held
+//     Pause, Connect, SetTimeout, UpdateNetwork, the timer's expiry, and a
+//     metrics sample, whose Stats must not run beside Destroy) and is held
 //     across their runtime, network and store calls. Manager.with looks a
 //     sandbox up and runs an operation under it; an entry whose Kill has begun
 //     is gone, so nothing acts on (or writes back the record of) a killed
