@@ -368,6 +368,9 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 	if err := d.Manager.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	// Timers, metrics and pools only after Recover: they act on what Recover
+	// re-adopted.
+	d.Manager.Start()
 	for _, name := range first {
 		if t, err := (template.Resolver{Store: d.Templates}).Resolve(ctx, name); err == nil {
 			d.Manager.SetWarmPool(t, d.cfg.WarmPool)

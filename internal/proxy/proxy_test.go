@@ -78,6 +78,7 @@ func newRig(t *testing.T) *rig {
 		Runtime: rt, Store: db, Templates: r, DataDir: dataDir,
 		EnvdPath: testenv.EnvdBinary(t), MaxTimeout: time.Hour,
 	})
+	m.Start()
 	r.m = m
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
@@ -634,6 +635,7 @@ func netManager(t *testing.T) *rig {
 		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir,
 		EnvdPath: testenv.EnvdBinary(t), MaxTimeout: time.Hour, Network: n,
 	})
+	m.Start()
 	r.m = m
 	t.Cleanup(func() {
 		m.KillAll(context.Background())

@@ -51,6 +51,7 @@ func attackManager(t *testing.T) (*rig, *sandbox.Manager) {
 		}
 	})
 	m := newAttackManager(r, pool)
+	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()
@@ -428,6 +429,7 @@ func TestAttackDiskQuotaSurvivesRestart(t *testing.T) {
 	if err := second.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
+	second.Start()
 	res := sh(second, info, `dd if=/dev/zero of=$HOME/fill bs=1M count=256 conv=fsync 2>&1; stat -c %s $HOME/fill`, time.Minute, nil)
 	if res.err != nil || !strings.Contains(res.out, "Disk quota exceeded") {
 		t.Fatalf("fill after restart: %+v", res)

@@ -72,6 +72,7 @@ func TestGVisorTemplate(t *testing.T) {
 		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
 	}
 	first := sandbox.New(opts)
+	first.Start()
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
@@ -138,6 +139,7 @@ func TestGVisorTemplate(t *testing.T) {
 	if err := second.Recover(ctx); err != nil {
 		t.Fatalf("Recover: %v", err)
 	}
+	second.Start()
 	if out, _ := run(t, second, info, "cat ~/down.txt"); out != "made\n" {
 		t.Fatalf("re-adopted gvisor sandbox: %q", out)
 	}

@@ -106,23 +106,22 @@ func (m *Manager) diskUsed(e *entry, st runtime.Stats) int64 {
 // noteOOM records an event when the sandbox's OOM-kill counter has grown
 // since the last sample. The counter lives in the kernel; seenOOM is what the
 // events recorded so far add up to, so a restarted server does not record
-// old kills again.
+// old kills again. The caller holds e.op (the event must not outlive Kill).
 func (m *Manager) noteOOM(e *entry, st runtime.Stats) {
-	m.mu.Lock()
+	e.mu.Lock()
 	delta := st.OOMKills - e.seenOOM
 	if delta > 0 {
 		e.seenOOM = st.OOMKills
 	}
-	id := e.info.ID
-	m.mu.Unlock()
+	e.mu.Unlock()
 	if delta <= 0 {
 		return
 	}
 	msg := fmt.Sprintf("out of memory: the kernel killed %d process(es) that exceeded the sandbox's memory limit", delta)
-	m.log.Warn("sandbox OOM kill", "id", id, "killed", delta, "total", st.OOMKills)
-	ev := store.Event{SandboxID: id, Time: st.Time, Kind: EventOOM, Count: delta, Message: msg}
+	m.log.Warn("sandbox OOM kill", "id", e.id, "killed", delta, "total", st.OOMKills)
+	ev := store.Event{SandboxID: e.id, Time: st.Time, Kind: EventOOM, Count: delta, Message: msg}
 	if err := m.opts.Store.AddEvent(context.Background(), ev); err != nil {
-		m.log.Error("record OOM event", "id", id, "err", err)
+		m.log.Error("record OOM event", "id", e.id, "err", err)
 	}
 }
 
@@ -144,7 +143,7 @@ func (m *Manager) seenOOMOf(ctx context.Context, id string) int64 {
 // Logs returns a sandbox's events as log entries, oldest first, from start on
 // (zero: all).
 func (m *Manager) Logs(ctx context.Context, id string, start time.Time) ([]LogEntry, error) {
-	if _, err := m.lookup(id); err != nil {
+	if _, _, err := m.view(id); err != nil {
 		return nil, err
 	}
 	evs, err := m.opts.Store.Events(ctx, id)

@@ -2,14 +2,47 @@
 // metrics sampling and re-adoption after a restart. It is the only writer of
 // sandbox state; the API layers call it and never touch the runtime directly.
 //
+// A sandbox goes create -> running <-> paused -> killed:
+//
 // Create: resolve the template, persist a "creating" record, start the runtime
 // sandbox with envd as its first process, wait until envd answers on its socket,
-// persist "running", arm the end-of-life timer.
+// run the template's start phase, persist "running", publish the sandbox (the
+// live map) and arm its end-of-life timer. Until it is published no one else can
+// reach it. Every step that acquires something (record, dir and disk quota,
+// network, log, runtime sandbox) pushes the closer that releases it onto the
+// sandbox's cleanup stack (cleanup.go); a failed create replays that stack.
 //
-// Kill (by a client or the timer): forget the sandbox (so no new traffic reaches
-// it), destroy it in the runtime (processes, mounts, cgroups, namespaces, upper
-// dir, in that order), delete the record. Teardown runs even if the request that
-// asked for it goes away.
+// Pause freezes the sandbox (traffic gets "not found", the timer stops);
+// Connect thaws a paused one and extends the end of life of either.
+//
+// Kill (by a client, or the timer at the end of life): mark the sandbox gone
+// and forget it (so no new traffic reaches it and no other operation acts on
+// it), then replay its cleanup stack, newest first: runtime (its Destroy: every
+// process and the namespaces they held, the cgroup, the mounts, the sandbox's
+// runtime files), log, network, dir and disk quota, record (a
+// sandbox claimed from the warm pool got its record last, so loses it first).
+// Teardown runs even if the request that asked for it goes away. Recover
+// replays the same stack for a sandbox that did not survive a restart.
+//
+// Locks, always taken in this order, each optional:
+//
+//   - entry.op, one per sandbox, serializes its lifecycle operations (Kill,
+//     Pause, Connect, SetTimeout, UpdateNetwork, the timer's expiry, and a
+//     metrics sample, whose Stats must not run beside Destroy) and is held
+//     across their runtime, network and store calls. Manager.with looks a
+//     sandbox up and runs an operation under it; an entry whose Kill has begun
+//     is gone, so nothing acts on (or writes back the record of) a killed
+//     sandbox.
+//   - Manager.mu guards the live map, the warm pool and the per-owner counts,
+//     and is held only to read or change them: never across a call to the
+//     runtime, the network or the store, so a slow sandbox holds up no other.
+//   - entry.mu guards what readers see of a sandbox (its Info, timer and
+//     metrics) and is held only to copy or change them; the proxy's look-ups
+//     take it, never entry.op.
+//
+// Manager.New only builds a manager; Recover re-adopts what a previous server
+// left, then Start starts the background work (end-of-life timers of re-adopted
+// sandboxes, metrics sampling, warm pool refills); Close stops it.
 package sandbox
 
 import (
@@ -32,6 +65,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -70,9 +104,9 @@ type Template struct {
 	Kernels []string
 }
 
-// Templates resolves a template id or alias to a built template. It returns an
-// error wrapping ErrTemplateNotFound for a name it does not know.
-type Templates interface {
+// TemplateResolver resolves a template id or alias to a built template. It
+// returns an error wrapping ErrTemplateNotFound for a name it does not know.
+type TemplateResolver interface {
 	Resolve(ctx context.Context, name string) (Template, error)
 }
 
@@ -83,7 +117,7 @@ type Options struct {
 	Runtime   runtime.Runtime
 	Runtimes  []runtime.Runtime
 	Store     store.Store
-	Templates Templates
+	Templates TemplateResolver
 	// DataDir holds one directory per sandbox under DataDir/sandboxes.
 	DataDir string
 	// EnvdPath is the host path of the static envd binary, bound read-only into
@@ -117,6 +151,8 @@ type Manager struct {
 	opts Options
 	log  *slog.Logger
 
+	// mu is held only for access to the fields below it (see the package
+	// doc for the lock order).
 	mu        sync.Mutex
 	sandboxes map[string]*entry
 	// pool holds warm, unclaimed sandboxes per template id (see pool.go).
@@ -124,6 +160,7 @@ type Manager struct {
 	poolTarget map[string]poolWant
 	poolKick   chan struct{}
 	lastClaim  time.Time
+	started    bool
 	closed     bool
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
@@ -141,21 +178,34 @@ type Manager struct {
 	netWG sync.WaitGroup
 }
 
-// entry is a live sandbox. Fields other than the immutable ones are guarded by
-// Manager.mu.
+// entry is a sandbox: live (in Manager.sandboxes), pooled, or being created
+// or torn down by whoever holds it alone.
 type entry struct {
-	info Info
-	rt   runtime.Sandbox
-	dir  string
-	// started is what the sandbox was started from (template rootfs, env,
-	// start and ready commands); a pooled sandbox whose template changed
-	// since is not claimed.
+	// Set before the entry is published, then only read.
+	id  string
+	rt  runtime.Sandbox
+	dir string
+	// started is what the sandbox was started from (a digest of its
+	// template); a pooled sandbox whose template changed since is not
+	// claimed.
 	started   startedFrom
 	transport *http.Transport
 	// interp reaches the code interpreter (port 49999) over its socket.
 	interp *http.Transport
 	// net is the sandbox's network (nil without Options.Network).
-	net     *netpolicy.Sandbox
+	net *netpolicy.Sandbox
+
+	// op serializes the sandbox's lifecycle operations and guards gone and
+	// undo; it is held across runtime, network and store calls.
+	op sync.Mutex
+	// gone is set when Kill begins: no operation acts on the entry after.
+	gone bool
+	// undo is the cleanup stack (cleanup.go).
+	undo undo
+
+	// mu guards the fields below; it is a leaf, held for memory access only.
+	mu      sync.Mutex
+	info    Info
 	timer   *time.Timer
 	metrics []Metric
 	lastCPU time.Duration
@@ -164,7 +214,19 @@ type entry struct {
 	seenOOM int64
 }
 
-// New returns a manager; call Recover before serving, and Close at shutdown.
+// newEntry returns an unpublished entry for info, which its creator owns
+// alone until it publishes it.
+func (m *Manager) newEntry(info Info) *entry {
+	dir := m.sandboxDir(info.ID)
+	return &entry{
+		id: info.ID, info: info, dir: dir,
+		transport: envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.SocketName)),
+		interp:    envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.InterpSocketName)),
+	}
+}
+
+// New returns a manager. It starts nothing: call Recover, then Start before
+// serving, and Close at shutdown.
 func New(opts Options) *Manager {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -189,14 +251,47 @@ func New(opts Options) *Manager {
 		creating:   map[string]int{},
 	}
 	m.life, m.endLife = context.WithCancel(context.Background())
-	m.wg.Add(2)
-	go m.sampleLoop()
-	go m.poolLoop()
 	return m
 }
 
+// Start starts the background work: the end-of-life timers of the sandboxes
+// Recover re-adopted, metrics sampling and the warm pool's refills (a
+// SetWarmPool made before Start takes effect now). Call it once, after
+// Recover; later calls, and calls after Close, do nothing.
+func (m *Manager) Start() {
+	m.mu.Lock()
+	if m.started || m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.started = true
+	// Under mu, so that Close (which sets closed under mu, then waits)
+	// either sees these or is seen above.
+	m.wg.Add(2)
+	live := m.liveLocked()
+	m.mu.Unlock()
+	for _, e := range live {
+		e.mu.Lock()
+		if e.info.State == StateRunning && e.timer == nil {
+			m.armTimerLocked(e)
+		}
+		e.mu.Unlock()
+	}
+	go m.sampleLoop()
+	go m.poolLoop()
+}
+
+// liveLocked returns the live entries; m.mu is held.
+func (m *Manager) liveLocked() []*entry {
+	out := make([]*entry, 0, len(m.sandboxes))
+	for _, e := range m.sandboxes {
+		out = append(out, e)
+	}
+	return out
+}
+
 func (m *Manager) sandboxDir(id string) string {
-	return filepath.Join(m.opts.DataDir, "sandboxes", id)
+	return layout.DataDir{Root: m.opts.DataDir}.Sandbox(id)
 }
 
 // Create starts a sandbox and returns when its envd answers.
@@ -254,44 +349,54 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if e != nil {
 		// Already serving: one write of the record, straight as running.
 		e.info.State = StateRunning
-		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
-			m.teardown(e)
-			return Info{}, err
+		err = m.opts.Store.Put(ctx, toRecord(e.info))
+		if err == nil {
+			m.pushRecord(e)
 		}
 	} else {
-		// The record exists before the runtime sandbox does, so a crash between
-		// the two leaves something Recover can find and clean.
-		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
-			return Info{}, err
-		}
-		e, err = m.start(context.WithoutCancel(ctx), info, tpl, false)
-		if err != nil {
-			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
-			return Info{}, err
-		}
-		// The start phase may take seconds and runs the template's code, so
-		// unlike the steps above it stops when the request goes away.
-		if err := m.startPhase(ctx, e, tpl); err != nil {
-			m.teardown(e)
-			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
-			return Info{}, err
-		}
-		e.info.State = StateRunning
-		if err := m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info)); err != nil {
-			m.teardown(e)
-			_ = m.opts.Store.Delete(context.WithoutCancel(ctx), info.ID)
-			return Info{}, err
-		}
+		e = m.newEntry(info)
+		err = m.createCold(ctx, e, tpl)
 	}
+	if err != nil {
+		_ = m.destroy(context.WithoutCancel(ctx), e)
+		return Info{}, err
+	}
+	// Published under op, so that its timer, if it fires at once, finds it
+	// in the map.
+	e.op.Lock()
 	m.mu.Lock()
-	m.sandboxes[e.info.ID] = e
+	m.sandboxes[e.id] = e
+	m.mu.Unlock()
+	e.mu.Lock()
 	m.armTimerLocked(e)
 	out := e.info
-	m.mu.Unlock()
+	e.mu.Unlock()
+	e.op.Unlock()
 	// A first sample right away, off the request path, so metrics exist before
 	// the first tick.
 	go m.sample(e)
 	return out, nil
+}
+
+// createCold makes e, not yet published, a running sandbox of tpl; on error
+// the caller replays e's cleanup stack.
+func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error {
+	// The record exists before the runtime sandbox does, so a crash between
+	// the two leaves something Recover can find and clean.
+	if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+		return err
+	}
+	m.pushRecord(e)
+	if err := m.start(context.WithoutCancel(ctx), e, tpl, false); err != nil {
+		return err
+	}
+	// The start phase may take seconds and runs the template's code, so
+	// unlike the steps above it stops when the request goes away.
+	if err := m.startPhase(ctx, e, tpl); err != nil {
+		return err
+	}
+	e.info.State = StateRunning
+	return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
 }
 
 // SetMaxPerOwner changes Options.MaxPerOwner; sandboxes already alive are
@@ -314,9 +419,11 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 	}
 	n := m.creating[owner]
 	for _, e := range m.sandboxes {
+		e.mu.Lock()
 		if e.info.Owner == owner {
 			n++
 		}
+		e.mu.Unlock()
 	}
 	if limit := m.opts.MaxPerOwner; n >= limit {
 		return nil, fmt.Errorf("%w: this API key has %d sandboxes running, paused or starting, the most it may have at once; kill one first", ErrLimit, limit)
@@ -331,20 +438,23 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 	}, nil
 }
 
-// start creates the runtime sandbox and waits for envd. A pooled sandbox's envd
-// waits for its access token and env vars (POST /init) before serving.
-func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled bool) (*entry, error) {
-	dir := m.sandboxDir(info.ID)
+// start creates the runtime sandbox of e, not yet published, and waits for
+// envd; each thing it acquires goes onto e's cleanup stack, which the caller
+// replays on error. A pooled sandbox's envd waits for its access token and env
+// vars (POST /init) before serving.
+func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool) error {
+	info := e.info
+	dir := e.dir
 	runDir := filepath.Join(dir, envdapi.HostRunDir)
 	// A pooled sandbox has no client env yet: it gets the template's alone,
 	// and the rest with POST /init at claim.
 	env, err := templateEnv(tpl, info.EnvVars)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
+	m.pushDir(e)
 	if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
-		m.releaseDisk(dir)
-		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	cfg := envdapi.Config{
 		SandboxID:      info.ID,
@@ -363,7 +473,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 	}
 	cfgJSON, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: envd config: %w", info.ID, err)
+		return fmt.Errorf("sandbox %s: envd config: %w", info.ID, err)
 	}
 	spec := runtime.Spec{
 		ID:       info.ID,
@@ -379,7 +489,7 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 			Args:    []string{envdapi.BinaryPath},
 			Env:     []string{"PATH=" + envdapi.DefaultPath},
 			Stdin:   cfgJSON,
-			LogPath: filepath.Join(m.opts.DataDir, "sandboxes", info.ID+".log"),
+			LogPath: m.logPath(info.ID),
 		},
 		Resources: runtime.Resources{
 			CPUs:     float64(tpl.CPUCount),
@@ -387,19 +497,9 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 			PidsMax:  m.opts.PidsMax,
 		},
 	}
-	var ns *netpolicy.Sandbox
-	// fail undoes what start did so far, in reverse order.
-	fail := func(err error) (*entry, error) {
-		_ = os.RemoveAll(dir)
-		m.releaseDisk(dir)
-		if ns != nil {
-			m.netTeardown(info.ID)
-		}
-		return nil, fmt.Errorf("sandbox %s: %w", info.ID, err)
-	}
 	backend, err := m.runtimeFor(tpl.Runtime)
 	if err != nil {
-		return fail(err)
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
 	if m.opts.Network != nil {
 		// A pooled sandbox has no client yet: it starts with all egress denied
@@ -408,28 +508,32 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 		if pooled {
 			p = netpolicy.Policy{DenyOut: []string{netpolicy.AllTraffic}}
 		}
-		ns, err = m.opts.Network.Setup(ctx, info.ID, p)
+		ns, err := m.opts.Network.Setup(ctx, info.ID, p)
 		if err != nil {
-			ns = nil
-			return fail(err)
+			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
+		m.pushNetwork(e)
+		e.net = ns
 		spec.NetNS = ns.NetNS
 		spec.Mounts = append(spec.Mounts,
 			runtime.Mount{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
 			runtime.Mount{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true})
-		info.Addr = ns.Addr
+		e.info.Addr = ns.Addr
 	}
+	m.pushLog(e)
 	rt, err := backend.Create(ctx, spec)
 	if err != nil {
-		return fail(err)
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
-	e := &entry{info: info, rt: rt, dir: dir, started: startedFromOf(tpl), net: ns,
-		transport: envdTransport(filepath.Join(runDir, envdapi.SocketName)), interp: envdTransport(filepath.Join(runDir, envdapi.InterpSocketName))}
+	e.rt = rt
+	if pooled {
+		e.started = startedFromOf(tpl)
+	}
+	m.pushRuntime(e, rt)
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 2048)
-		m.teardown(e)
-		return nil, fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)
+		return fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)
 	}
 	if r, ok := rt.(runtime.EnvdReadier); ok {
 		// Best effort: the sandbox works without it, less protected.
@@ -437,7 +541,12 @@ func (m *Manager) start(ctx context.Context, info Info, tpl Template, pooled boo
 			m.log.Warn("sandbox envd ready hook", "id", info.ID, "err", err)
 		}
 	}
-	return e, nil
+	return nil
+}
+
+// logPath is where envd's output goes (beside, not in, the sandbox dir).
+func (m *Manager) logPath(id string) string {
+	return layout.DataDir{Root: m.opts.DataDir}.SandboxLog(id)
 }
 
 // logTail returns up to n bytes from the end of a file.
@@ -494,21 +603,6 @@ func waitEnvd(ctx context.Context, tr *http.Transport, limit time.Duration) erro
 	return lastErr
 }
 
-// teardown destroys the runtime sandbox and its host files; errors are logged,
-// since there is no one left to tell.
-func (m *Manager) teardown(e *entry) {
-	e.transport.CloseIdleConnections()
-	e.interp.CloseIdleConnections()
-	if err := e.rt.Destroy(context.Background()); err != nil {
-		m.log.Error("sandbox teardown", "id", e.info.ID, "err", err)
-	}
-	m.releaseDisk(e.dir)
-	_ = os.Remove(filepath.Join(m.opts.DataDir, "sandboxes", e.info.ID+".log"))
-	if m.opts.Network != nil {
-		m.netTeardown(e.info.ID)
-	}
-}
-
 // netTeardown removes a sandbox's network in the background: deleting a veth
 // takes tens of milliseconds, and nothing is waiting for it. It runs only
 // after the runtime destroyed the sandbox (no process holds the netns).
@@ -549,83 +643,110 @@ func copyNetwork(n NetworkConfig) NetworkConfig {
 // UpdateNetwork replaces a running sandbox's egress rules (E2B's PUT
 // /sandboxes/{id}/network). The firewall changes in one transaction.
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate) error {
-	m.mu.Lock()
-	e, ok := m.sandboxes[id]
-	if !ok {
-		m.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	info := e.info
-	m.mu.Unlock()
-	info.Network.AllowOut = append([]string(nil), u.AllowOut...)
-	info.Network.DenyOut = append([]string(nil), u.DenyOut...)
-	if u.AllowInternetAccess != nil {
-		v := *u.AllowInternetAccess
-		info.AllowInternetAccess = &v
-	}
-	p := policyOf(info)
-	if err := p.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if m.opts.Network == nil {
-		return fmt.Errorf("%w: sandbox networking is off on this server (serve --sandbox-network)", ErrInvalid)
-	}
-	if err := m.opts.Network.Update(id, p); err != nil {
-		return fmt.Errorf("update network of %s: %w", id, err)
-	}
-	m.mu.Lock()
-	if cur, ok := m.sandboxes[id]; ok && cur == e {
+	return m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		info := e.info
+		e.mu.Unlock()
+		info.Network.AllowOut = append([]string(nil), u.AllowOut...)
+		info.Network.DenyOut = append([]string(nil), u.DenyOut...)
+		if u.AllowInternetAccess != nil {
+			v := *u.AllowInternetAccess
+			info.AllowInternetAccess = &v
+		}
+		p := policyOf(info)
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		if m.opts.Network == nil {
+			return fmt.Errorf("%w: sandbox networking is off on this server (serve --sandbox-network)", ErrInvalid)
+		}
+		if err := m.opts.Network.Update(id, p); err != nil {
+			return fmt.Errorf("update network of %s: %w", id, err)
+		}
+		e.mu.Lock()
 		e.info.Network = info.Network
 		e.info.AllowInternetAccess = info.AllowInternetAccess
 		info = e.info
-	}
+		e.mu.Unlock()
+		return m.opts.Store.Put(ctx, toRecord(info))
+	})
+}
+
+// with runs fn on the live sandbox id under its op lock, which serializes the
+// sandbox's lifecycle operations; fn may call the runtime, the network and the
+// store. The manager's lock is held only to find the entry. A sandbox whose
+// Kill has begun is ErrNotFound here, so no operation can act on a killed
+// sandbox or write its record back.
+func (m *Manager) with(id string, fn func(e *entry) error) error {
+	m.mu.Lock()
+	e, ok := m.sandboxes[id]
 	m.mu.Unlock()
-	return m.opts.Store.Put(ctx, toRecord(info))
+	if !ok {
+		return notFound(id)
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.gone {
+		return notFound(id)
+	}
+	return fn(e)
+}
+
+func notFound(id string) error { return fmt.Errorf("%w: %q", ErrNotFound, id) }
+
+// view returns a live sandbox and a copy of its info, without waiting for an
+// operation in progress on it: what readers (the API's get and list, the
+// proxy) see is the state before or after it.
+func (m *Manager) view(id string) (*entry, Info, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.sandboxes[id]
+	if !ok {
+		return nil, Info{}, notFound(id)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e, e.info, nil
+}
+
+// running returns a live, running sandbox (the proxy's look-up).
+func (m *Manager) running(id string) (*entry, Info, error) {
+	e, info, err := m.view(id)
+	if err == nil && info.State != StateRunning {
+		return nil, Info{}, notFound(id)
+	}
+	return e, info, err
 }
 
 // UserPortTarget returns where the proxy reaches a running sandbox's user
 // ports, and the traffic access token they require ("" for none).
 func (m *Manager) UserPortTarget(id string) (netip.Addr, string, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok || e.info.State != StateRunning {
-		return netip.Addr{}, "", fmt.Errorf("%w: %q", ErrNotFound, id)
+	_, info, err := m.running(id)
+	if err != nil {
+		return netip.Addr{}, "", err
 	}
-	return e.info.Addr, e.info.TrafficAccessToken, nil
-}
-
-func (m *Manager) lookup(id string) (*entry, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	return e, nil
+	return info.Addr, info.TrafficAccessToken, nil
 }
 
 // Get returns a sandbox's current info.
 func (m *Manager) Get(_ context.Context, id string) (Info, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok {
-		return Info{}, fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	return e.info, nil
+	_, info, err := m.view(id)
+	return info, err
 }
 
 // List returns the sandboxes matching f, oldest first.
 func (m *Manager) List(_ context.Context, f ListFilter) ([]Info, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	var out []Info
 	for _, e := range m.sandboxes {
-		if matches(e.info, f) {
-			out = append(out, e.info)
+		e.mu.Lock()
+		info := e.info
+		e.mu.Unlock()
+		if matches(info, f) {
+			out = append(out, info)
 		}
 	}
+	m.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].StartedAt.Equal(out[j].StartedAt) {
 			return out[i].StartedAt.Before(out[j].StartedAt)
@@ -661,26 +782,38 @@ func matches(info Info, f ListFilter) bool {
 
 // Kill destroys a sandbox.
 func (m *Manager) Kill(ctx context.Context, id string) error {
+	return m.with(id, func(e *entry) error {
+		m.kill(ctx, e)
+		return nil
+	})
+}
+
+// kill ends a live sandbox; the caller holds e.op. The sandbox is gone and out
+// of the map (so no new traffic reaches it) before its teardown starts, and
+// op stays held until the teardown ends, so whoever waits for the sandbox
+// finds it gone only once nothing of it is left. Teardown runs even when ctx
+// ends.
+func (m *Manager) kill(ctx context.Context, e *entry) {
+	e.gone = true
 	m.mu.Lock()
-	e, ok := m.sandboxes[id]
-	if ok {
-		delete(m.sandboxes, id)
-		if e.timer != nil {
-			e.timer.Stop()
-		}
+	delete(m.sandboxes, e.id)
+	// Close waits for kills in flight; one that starts after Close began
+	// is not counted (Add must not race with Wait).
+	tracked := !m.closed
+	if tracked {
 		m.wg.Add(1)
 	}
 	m.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	if tracked {
+		defer m.wg.Done()
 	}
-	defer m.wg.Done()
-	m.teardown(e)
-	if err := m.opts.Store.Delete(context.WithoutCancel(ctx), id); err != nil {
-		m.log.Error("forget killed sandbox", "id", id, "err", err)
+	e.mu.Lock()
+	if e.timer != nil {
+		e.timer.Stop()
 	}
-	m.log.Info("sandbox killed", "id", id)
-	return nil
+	e.mu.Unlock()
+	_ = m.destroy(context.WithoutCancel(ctx), e)
+	m.log.Info("sandbox killed", "id", e.id)
 }
 
 // checkTimeout enforces the bounds every timeout shares: positive (or zero
@@ -704,92 +837,107 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	if err := m.checkTimeout(d, true); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	e, ok := m.sandboxes[id]
-	if !ok {
-		m.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrNotFound, id)
-	}
-	e.info.EndAt = time.Now().Add(d)
-	m.armTimerLocked(e)
-	rec := toRecord(e.info)
-	m.mu.Unlock()
-	return m.opts.Store.Put(ctx, rec)
+	return m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		e.info.EndAt = time.Now().Add(d)
+		m.armTimerLocked(e)
+		rec := toRecord(e.info)
+		e.mu.Unlock()
+		return m.opts.Store.Put(ctx, rec)
+	})
 }
 
 // Connect returns a running sandbox, resuming it if paused, and extends its
 // life to at least timeout from now.
-func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (Info, bool, error) {
+func (m *Manager) Connect(ctx context.Context, id string, timeout time.Duration) (info Info, resumed bool, err error) {
 	if err := m.checkTimeout(timeout, false); err != nil {
 		return Info{}, false, err
 	}
-	e, err := m.lookup(id)
-	if err != nil {
-		return Info{}, false, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	resumed := false
-	if e.info.State == StatePaused {
+	err = m.with(id, func(e *entry) error {
+		info, resumed, err = m.connect(ctx, e, timeout)
+		return err
+	})
+	return info, resumed, err
+}
+
+// connect is Connect on a sandbox whose op lock the caller holds.
+func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) (Info, bool, error) {
+	e.mu.Lock()
+	paused := e.info.State == StatePaused
+	e.mu.Unlock()
+	if paused {
 		if err := e.rt.Resume(); err != nil {
-			return Info{}, false, fmt.Errorf("resume %s: %w", id, err)
+			return Info{}, false, fmt.Errorf("resume %s: %w", e.id, err)
 		}
-		e.info.State = StateRunning
-		resumed = true
 	}
-	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || resumed {
+	e.mu.Lock()
+	if paused {
+		e.info.State = StateRunning
+	}
+	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || paused {
 		e.info.EndAt = end
 	}
 	m.armTimerLocked(e)
-	if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+	info := e.info
+	e.mu.Unlock()
+	if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
 		return Info{}, false, err
 	}
-	return e.info, resumed, nil
+	return info, paused, nil
 }
 
 // Pause freezes every process of the sandbox; its memory stays resident. A
 // paused sandbox does not time out.
 func (m *Manager) Pause(ctx context.Context, id string) error {
-	e, err := m.lookup(id)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e.info.State == StatePaused {
-		return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, id)
-	}
-	if err := e.rt.Pause(); err != nil {
-		return fmt.Errorf("pause %s: %w", id, err)
-	}
-	e.info.State = StatePaused
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	return m.opts.Store.Put(ctx, toRecord(e.info))
+	return m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		paused := e.info.State == StatePaused
+		e.mu.Unlock()
+		if paused {
+			return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, id)
+		}
+		if err := e.rt.Pause(); err != nil {
+			return fmt.Errorf("pause %s: %w", id, err)
+		}
+		e.mu.Lock()
+		e.info.State = StatePaused
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+		rec := toRecord(e.info)
+		e.mu.Unlock()
+		return m.opts.Store.Put(ctx, rec)
+	})
 }
 
 // Resume is Connect for the older resume endpoint: it fails unless paused.
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (Info, error) {
-	info, err := m.Get(ctx, id)
-	if err != nil {
-		return Info{}, err
-	}
-	if info.State != StatePaused {
-		return Info{}, fmt.Errorf("%w: sandbox %q is not paused", ErrConflict, id)
-	}
-	info, _, err = m.Connect(ctx, id, timeout)
+	var info Info
+	err := m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		paused := e.info.State == StatePaused
+		e.mu.Unlock()
+		if !paused {
+			return fmt.Errorf("%w: sandbox %q is not paused", ErrConflict, id)
+		}
+		if err := m.checkTimeout(timeout, false); err != nil {
+			return err
+		}
+		var err error
+		info, _, err = m.connect(ctx, e, timeout)
+		return err
+	})
 	return info, err
 }
 
 // Metrics returns the retained samples in [start, end]; zero bounds are open.
 func (m *Manager) Metrics(_ context.Context, id string, start, end time.Time) ([]Metric, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	e, _, err := m.view(id)
+	if err != nil {
+		return nil, err
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	out := []Metric{}
 	for _, s := range e.metrics {
 		if (!start.IsZero() && s.Time.Before(start)) || (!end.IsZero() && s.Time.After(end)) {
@@ -803,11 +951,9 @@ func (m *Manager) Metrics(_ context.Context, id string, start, end time.Time) ([
 // EnvdTransport returns the transport to a running sandbox's envd, for the
 // sandbox-traffic proxy. A paused sandbox has none: its envd cannot answer.
 func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok || e.info.State != StateRunning {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	e, _, err := m.running(id)
+	if err != nil {
+		return nil, err
 	}
 	return e.transport, nil
 }
@@ -815,11 +961,9 @@ func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
 // InterpTransport returns the transport to a running sandbox's code
 // interpreter (in-sandbox port 49999), for the sandbox-traffic proxy.
 func (m *Manager) InterpTransport(id string) (http.RoundTripper, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.sandboxes[id]
-	if !ok || e.info.State != StateRunning {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, id)
+	e, _, err := m.running(id)
+	if err != nil {
+		return nil, err
 	}
 	return e.interp, nil
 }
@@ -828,37 +972,53 @@ func (m *Manager) InterpTransport(id string) (http.RoundTripper, error) {
 // true; the proxy routes header-less signed /files URLs with it.
 func (m *Manager) MatchToken(accept func(token string) bool) []string {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	var ids []string
+	type cand struct{ id, token string }
+	var cands []cand
 	for id, e := range m.sandboxes {
-		if e.info.State == StateRunning && e.info.AccessToken != "" && accept(e.info.AccessToken) {
-			ids = append(ids, id)
+		e.mu.Lock()
+		if e.info.State == StateRunning && e.info.AccessToken != "" {
+			cands = append(cands, cand{id, e.info.AccessToken})
+		}
+		e.mu.Unlock()
+	}
+	m.mu.Unlock()
+	var ids []string
+	for _, c := range cands {
+		if accept(c.token) {
+			ids = append(ids, c.id)
 		}
 	}
 	return ids
 }
 
-// armTimerLocked (re)schedules the kill at EndAt.
+// armTimerLocked (re)schedules the kill at EndAt; e.mu is held.
 func (m *Manager) armTimerLocked(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	id := e.info.ID
-	e.timer = time.AfterFunc(time.Until(e.info.EndAt), func() { m.expire(id) })
+	e.timer = time.AfterFunc(time.Until(e.info.EndAt), func() { m.expire(e) })
 }
 
-func (m *Manager) expire(id string) {
-	m.mu.Lock()
-	e, ok := m.sandboxes[id]
-	due := ok && e.info.State == StateRunning && !time.Now().Before(e.info.EndAt)
-	m.mu.Unlock()
-	if !due {
+// expire kills e if its end of life has come. It decides under e's op lock,
+// so a Connect or SetTimeout that extended the life first wins.
+func (m *Manager) expire(e *entry) {
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.gone {
 		return
 	}
-	m.log.Info("sandbox timed out", "id", id)
-	if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, ErrNotFound) {
-		m.log.Error("kill at timeout", "id", id, "err", err)
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	e.mu.Lock()
+	due := e.info.State == StateRunning && !time.Now().Before(e.info.EndAt)
+	e.mu.Unlock()
+	// After Close the sandbox is the next server's: its Recover ends it.
+	if !due || closed {
+		return
 	}
+	m.log.Info("sandbox timed out", "id", e.id)
+	m.kill(context.Background(), e)
 }
 
 func (m *Manager) sampleLoop() {
@@ -873,9 +1033,11 @@ func (m *Manager) sampleLoop() {
 			m.mu.Lock()
 			entries := make([]*entry, 0, len(m.sandboxes))
 			for _, e := range m.sandboxes {
+				e.mu.Lock()
 				if e.info.State == StateRunning {
 					entries = append(entries, e)
 				}
+				e.mu.Unlock()
 			}
 			m.mu.Unlock()
 			for _, e := range entries {
@@ -889,14 +1051,23 @@ func (m *Manager) sampleLoop() {
 // as a percentage of the sandbox's CPUs, memory from its cgroup, and disk as the
 // size of its writable layer against its disk size.
 func (m *Manager) sample(e *entry) {
+	// Under op: the runtime's Stats must not run beside its Destroy (Kill)
+	// or Pause, and an OOM event must not be written after Kill deleted the
+	// sandbox's events. Stats reads a few cgroup files, so an operation
+	// waits for it no more than for a sample's worth of reads.
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.gone {
+		return
+	}
 	st, err := e.rt.Stats()
 	if err != nil {
 		return
 	}
 	m.noteOOM(e, st)
 	diskUsed := m.diskUsed(e, st)
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	prevCPU, prevAt := e.lastCPU, e.lastAt
 	if prevAt.IsZero() {
 		prevAt = e.info.StartedAt
@@ -928,8 +1099,14 @@ func (m *Manager) sample(e *entry) {
 
 // Recover re-adopts the sandboxes a previous server left running and cleans up
 // everything else it left: records of dead sandboxes, runtime sandboxes with no
-// record, and stray sandbox directories.
+// record, and stray sandbox directories. It runs before Start.
 func (m *Manager) Recover(ctx context.Context) error {
+	m.mu.Lock()
+	started := m.started
+	m.mu.Unlock()
+	if started {
+		return errors.New("sandbox: Recover after Start")
+	}
 	recs, err := m.opts.Store.List(ctx)
 	if err != nil {
 		return err
@@ -937,24 +1114,30 @@ func (m *Manager) Recover(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
-		info := fromRecord(rec)
+		e := m.newEntry(fromRecord(rec))
+		// What a sandbox of this record may hold, in the order create
+		// acquires it; what it does not hold (any more) releases as a no-op.
+		m.pushRecord(e)
+		m.pushDir(e)
+		if m.opts.Network != nil {
+			m.pushNetwork(e)
+		}
+		m.pushLog(e)
 		rt, err := m.loadAny(rec.ID)
 		alive := err == nil
 		var st runtime.Status
 		if alive {
+			e.rt = rt
+			m.pushRuntime(e, rt)
 			st, err = rt.Status()
 			alive = err == nil && (st == runtime.StatusRunning || st == runtime.StatusPaused)
 		}
-		if alive && info.State == StateCreating {
+		if alive && e.info.State == StateCreating {
 			alive = false
 		}
-		if alive && st == runtime.StatusRunning && !time.Now().Before(info.EndAt) {
+		if alive && st == runtime.StatusRunning && !time.Now().Before(e.info.EndAt) {
 			alive = false
 		}
-		e := &entry{info: info, rt: rt, dir: m.sandboxDir(rec.ID),
-			transport: envdTransport(filepath.Join(m.sandboxDir(rec.ID), envdapi.HostRunDir, envdapi.SocketName)),
-			interp:    envdTransport(filepath.Join(m.sandboxDir(rec.ID), envdapi.HostRunDir, envdapi.InterpSocketName)),
-			seenOOM:   m.seenOOMOf(ctx, rec.ID)}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
 				alive = false
@@ -963,7 +1146,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if alive && m.opts.Network != nil {
 			// The firewall was rebuilt empty at start; put this sandbox's
 			// policy back before it is reachable again.
-			ns, err := m.opts.Network.Adopt(rec.ID, policyOf(info))
+			ns, err := m.opts.Network.Adopt(rec.ID, policyOf(e.info))
 			if err != nil {
 				m.log.Warn("sandbox network could not be re-adopted", "id", rec.ID, "err", err)
 				alive = false
@@ -974,32 +1157,22 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		if !alive {
 			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID)
-			if rt != nil {
-				m.teardown(e)
-			} else {
-				_ = removeSandboxDir(e.dir)
-				m.releaseDisk(e.dir)
-				if m.opts.Network != nil {
-					m.netTeardown(rec.ID)
-				}
-			}
-			if err := m.opts.Store.Delete(ctx, rec.ID); err != nil {
+			if err := m.destroy(context.WithoutCancel(ctx), e); stepFailed(err, stepRecord) {
 				return err
 			}
 			continue
 		}
+		e.seenOOM = m.seenOOMOf(ctx, rec.ID)
 		if st == runtime.StatusPaused {
 			e.info.State = StatePaused
 		} else {
 			e.info.State = StateRunning
 		}
+		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
+		// Its timer is armed by Start.
 		m.mu.Lock()
 		m.sandboxes[rec.ID] = e
-		if e.info.State == StateRunning {
-			m.armTimerLocked(e)
-		}
 		m.mu.Unlock()
-		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
 	}
 	for _, backend := range m.runtimes() {
 		ids, err := backend.List()
@@ -1026,12 +1199,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Unlock()
 		m.opts.Network.Sweep(keep)
 	}
-	dirs, _ := os.ReadDir(filepath.Join(m.opts.DataDir, "sandboxes"))
+	dirs, _ := os.ReadDir(layout.DataDir{Root: m.opts.DataDir}.Sandboxes())
 	for _, d := range dirs {
 		id := d.Name()
 		if d.IsDir() && !known[id] {
-			_ = removeSandboxDir(filepath.Join(m.opts.DataDir, "sandboxes", id))
-			m.releaseDisk(filepath.Join(m.opts.DataDir, "sandboxes", id))
+			_ = removeSandboxDir(m.sandboxDir(id))
+			m.releaseDisk(m.sandboxDir(id))
 		}
 	}
 	return nil
@@ -1099,14 +1272,17 @@ func (m *Manager) Close() {
 	m.wg.Wait()
 	m.drainPool()
 	m.mu.Lock()
-	for _, e := range m.sandboxes {
+	live := m.liveLocked()
+	m.mu.Unlock()
+	for _, e := range live {
+		e.mu.Lock()
 		if e.timer != nil {
 			e.timer.Stop()
 		}
+		e.mu.Unlock()
 		e.transport.CloseIdleConnections()
 		e.interp.CloseIdleConnections()
 	}
-	m.mu.Unlock()
 	m.netWG.Wait()
 }
 

@@ -63,7 +63,13 @@ func (r *rig) Resolve(_ context.Context, name string) (sandbox.Template, error) 
 	return r.tpl, nil
 }
 
+// manager is a started manager over the rig.
 func (r *rig) manager(t *testing.T, metricsEvery time.Duration) *sandbox.Manager {
+	t.Helper()
+	return r.newManager(t, metricsEvery, false)
+}
+
+func (r *rig) newManager(t *testing.T, metricsEvery time.Duration, readopt bool) *sandbox.Manager {
 	t.Helper()
 	m := sandbox.New(sandbox.Options{
 		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
@@ -73,7 +79,20 @@ func (r *rig) manager(t *testing.T, metricsEvery time.Duration) *sandbox.Manager
 		m.KillAll(context.Background())
 		m.Close()
 	})
+	if readopt {
+		if err := m.Recover(context.Background()); err != nil {
+			t.Fatalf("Recover: %v", err)
+		}
+	}
+	m.Start()
 	return m
+}
+
+// recovered is a started manager that first re-adopted what an earlier one
+// left, as a server restart does.
+func (r *rig) recovered(t *testing.T) *sandbox.Manager {
+	t.Helper()
+	return r.newManager(t, 0, true)
 }
 
 // run executes a command in the sandbox the way commands.run does.
@@ -229,10 +248,7 @@ func TestRestartReadopts(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := r.manager(t, 0)
-	if err := second.Recover(ctx); err != nil {
-		t.Fatal(err)
-	}
+	second := r.recovered(t)
 	if out, _ := run(t, second, alive, "cat /tmp/mark"); out != "kept\n" {
 		t.Fatalf("re-adopted sandbox lost state: %q", out)
 	}
@@ -255,6 +271,7 @@ func TestRestartReadopts(t *testing.T) {
 func TestWarmPoolClaim(t *testing.T) {
 	r := newRig(t)
 	m := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	m.Start()
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
@@ -307,8 +324,5 @@ func TestWarmPoolClaim(t *testing.T) {
 	if _, err := r.rt.Load(info.ID); err != nil {
 		t.Fatalf("claimed sandbox did not survive Close: %v", err)
 	}
-	again := r.manager(t, 0)
-	if err := again.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	r.recovered(t)
 }

@@ -164,9 +164,6 @@ func TestNetworkPrivateRangesClosed(t *testing.T) {
 	nr.stop()
 	nr.allowPrivate = []netip.Prefix{wide}
 	nr.start(t)
-	if err := nr.m.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	m = nr.m
 	t.Run("AllowPrivate opens a range for every sandbox", func(t *testing.T) {
 		expectReach(t, m, open, "default policy with "+wide.String()+" opened", all, web1, web2, p192)

@@ -65,7 +65,8 @@ func newNetRig(t *testing.T) *netRig {
 	return nr
 }
 
-// start opens the network and a manager over it, as a server start does.
+// start opens the network and a manager over it, and recovers what a stopped
+// one left, as a server start does.
 func (nr *netRig) start(t *testing.T) {
 	t.Helper()
 	n, err := netpolicy.New(netpolicy.Config{
@@ -96,6 +97,10 @@ func (nr *netRig) start(t *testing.T) {
 	})
 	nr.m, nr.net = m, n
 	nr.stop = func() { stopped = true; m.Close(); n.Close() }
+	if err := m.Recover(context.Background()); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	m.Start()
 }
 
 // TestNetworkSurvivesRestart stops the manager and the network (sandboxes keep
@@ -118,9 +123,6 @@ func TestNetworkSurvivesRestart(t *testing.T) {
 
 	nr.stop()
 	nr.start(t)
-	if err := nr.m.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	got, err := nr.m.Get(context.Background(), info.ID)
 	if err != nil {
 		t.Fatalf("sandbox not re-adopted: %v", err)

@@ -44,7 +44,7 @@ func (m *Manager) SetWarmPool(tpl Template, n int) {
 		go func() {
 			defer m.wg.Done()
 			for _, e := range excess {
-				m.teardown(e)
+				_ = m.destroy(context.Background(), e)
 			}
 		}()
 	}
@@ -90,13 +90,13 @@ func (m *Manager) poolLoop() {
 			if !ok {
 				break
 			}
-			e, err := m.start(context.Background(), Info{ID: newID(), TemplateID: want.tpl.ID}, want.tpl, true)
+			e := m.newEntry(Info{ID: newID(), TemplateID: want.tpl.ID})
+			err := m.start(context.Background(), e, want.tpl, true)
 			if err == nil {
-				if err = m.startPhase(m.life, e, want.tpl); err != nil {
-					m.teardown(e)
-				}
+				err = m.startPhase(m.life, e, want.tpl)
 			}
 			if err != nil {
+				_ = m.destroy(context.Background(), e)
 				if m.life.Err() != nil {
 					return // closing
 				}
@@ -113,7 +113,7 @@ func (m *Manager) poolLoop() {
 			}
 			m.mu.Unlock()
 			if closed {
-				m.teardown(e)
+				_ = m.destroy(context.Background(), e)
 				return
 			}
 		}
@@ -174,46 +174,46 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	if e == nil {
 		return nil
 	}
-	if !e.started.equal(startedFromOf(tpl)) {
-		// The template was rebuilt (or its env or commands changed) since
-		// this sandbox started.
-		go m.teardown(e)
+	// From here e is this claim's alone; drop hands it to a teardown off the
+	// request path, and the caller starts one cold.
+	drop := func() *entry {
+		go func() { _ = m.destroy(context.Background(), e) }()
 		return nil
+	}
+	if !e.started.equal(startedFromOf(tpl)) {
+		// The template was rebuilt (or its settings, env or commands
+		// changed) since this sandbox started.
+		return drop()
 	}
 	if m.opts.Disk != nil {
 		// Warm sandboxes start with the template's disk size; the claimer's
 		// request decides.
 		if err := m.opts.Disk.SetLimit(e.dir, int64(info.DiskSizeMB)<<20); err != nil {
-			m.log.Warn("warm pool: set disk limit failed; starting cold", "id", e.info.ID, "err", err)
-			go m.teardown(e)
-			return nil
+			m.log.Warn("warm pool: set disk limit failed; starting cold", "id", e.id, "err", err)
+			return drop()
 		}
 	}
 	// envd replaces its env with /init's, so the template's goes along.
 	env, err := templateEnv(tpl, info.EnvVars)
 	if err != nil {
-		go m.teardown(e)
-		return nil
+		return drop()
 	}
 	init := initRequest{AccessToken: info.AccessToken, EnvVars: env}
 	if err := postInit(ctx, e.transport, init); err != nil {
-		m.log.Warn("warm pool: claim failed; starting cold", "id", e.info.ID, "err", err)
-		go m.teardown(e)
-		return nil
+		m.log.Warn("warm pool: claim failed; starting cold", "id", e.id, "err", err)
+		return drop()
 	}
-	id := e.info.ID
-	addr := e.info.Addr
 	if m.opts.Network != nil {
 		// The pooled sandbox started with all egress denied; now it gets the
 		// client's policy, before any client code runs in it.
-		if err := m.opts.Network.Update(id, policyOf(info)); err != nil {
-			m.log.Warn("warm pool: applying network policy failed; starting cold", "id", id, "err", err)
-			go m.teardown(e)
-			return nil
+		if err := m.opts.Network.Update(e.id, policyOf(info)); err != nil {
+			m.log.Warn("warm pool: applying network policy failed; starting cold", "id", e.id, "err", err)
+			return drop()
 		}
 	}
+	addr := e.info.Addr
 	e.info = info
-	e.info.ID = id
+	e.info.ID = e.id
 	e.info.Addr = addr
 	return e
 }
@@ -259,6 +259,6 @@ func (m *Manager) drainPool() {
 	}
 	m.mu.Unlock()
 	for _, e := range all {
-		m.teardown(e)
+		_ = m.destroy(context.Background(), e)
 	}
 }

@@ -2,10 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -91,25 +93,50 @@ func templateEnv(tpl Template, client map[string]string) (map[string]string, err
 	return out, nil
 }
 
-// startedFrom is the part of a template that shapes a sandbox before a client
-// claims it.
+// startedFrom identifies everything a started sandbox was made from: a
+// digest of its template. A pooled sandbox is claimed only while its template
+// still has the same digest, so a rebuild that changed anything (the rootfs,
+// a setting such as memory, CPUs or runtime, the env, the start or ready
+// command) discards it rather than hand out a sandbox that getInfo would
+// misdescribe.
 type startedFrom struct {
-	rootfs, startCmd, readyCmd, workdir, user string
-	env, kernels                              []string
+	sum [sha256.Size]byte
+	// ok is false when the template could not be encoded; such a sandbox
+	// matches nothing and is never claimed.
+	ok bool
 }
 
+// startedFromOf digests the whole Template, so that a field added to it later
+// counts by default. Only the fields that provably do not shape a started
+// sandbox are left out:
+//   - Alias: only Info reports it, and a claim takes Info from the request;
+//     envd and the runtime never see it.
+//   - DiskSizeMB: a claim sets the disk quota to the request's size
+//     (Disk.SetLimit) before the sandbox is handed out.
 func startedFromOf(tpl Template) startedFrom {
-	return startedFrom{
-		rootfs: tpl.Rootfs, startCmd: tpl.StartCmd, readyCmd: tpl.ReadyCmd,
-		workdir: tpl.DefaultWorkdir, user: tpl.DefaultUser, env: slices.Clone(tpl.Env),
-		kernels: slices.Clone(tpl.Kernels),
+	tpl.Alias = ""
+	tpl.DiskSizeMB = 0
+	// An empty list and no list start the same sandbox, and a template built
+	// in this process can differ from the same one read back from the store
+	// only so (the store omits empty lists): without this, the pool that
+	// SetWarmPool filled from the first would never match the second.
+	v := reflect.ValueOf(&tpl).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanSet() && (f.Kind() == reflect.Slice || f.Kind() == reflect.Map) && f.Len() == 0 {
+			f.SetZero()
+		}
 	}
+	// encoding/json is canonical for this: struct fields in declaration
+	// order, map keys sorted.
+	b, err := json.Marshal(tpl)
+	if err != nil {
+		return startedFrom{}
+	}
+	return startedFrom{sum: sha256.Sum256(b), ok: true}
 }
 
 func (a startedFrom) equal(b startedFrom) bool {
-	return a.rootfs == b.rootfs && a.startCmd == b.startCmd && a.readyCmd == b.readyCmd &&
-		a.workdir == b.workdir && a.user == b.user && slices.Equal(a.env, b.env) &&
-		slices.Equal(a.kernels, b.kernels)
+	return a.ok && b.ok && a.sum == b.sum
 }
 
 // startPhase brings a sandbox whose envd answers to the "started" state: the

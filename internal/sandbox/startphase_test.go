@@ -303,6 +303,7 @@ func TestWarmPoolNeverReady(t *testing.T) {
 	r.tpl.ReadyCmd = "false"
 	r.tpl.ReadyTimeout = time.Second
 	m := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	m.Start()
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
@@ -410,6 +411,7 @@ func TestStartCmdOnGVisor(t *testing.T) {
 		Runtime: r.rt, Runtimes: []runtime.Runtime{gv}, Store: r.db, Templates: r,
 		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
 	})
+	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()
@@ -469,5 +471,91 @@ func TestWarmPoolSkipsChangedStartCmd(t *testing.T) {
 	}
 	if got := startArgs(); got != "-l -c sleep 2000" {
 		t.Fatalf("start command of the created sandbox: %q, want the template's current one", got)
+	}
+}
+
+// TestWarmPoolSkipsChangedSettings: a rebuild that changes only settings
+// (same rootfs) discards the pooled sandbox, and the one created instead has
+// the new limits, both in what the manager reports and in its cgroups. A
+// change that does not shape a started sandbox (alias, disk size, an empty
+// list for none) keeps it claimable.
+func TestWarmPoolSkipsChangedSettings(t *testing.T) {
+	r := newRig(t)
+	m := r.manager(t, 0)
+	ctx := context.Background()
+	// pooled waits for the pool to hold one sandbox of the current template
+	// and returns its id.
+	pooled := func() string {
+		t.Helper()
+		m.SetWarmPool(r.tpl, 1)
+		for deadline := time.Now().Add(60 * time.Second); m.WarmCount(r.tpl.ID) < 1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("warm pool did not fill")
+			}
+		}
+		live := map[string]bool{}
+		list, _ := m.List(ctx, sandbox.ListFilter{})
+		for _, info := range list {
+			live[info.ID] = true
+		}
+		var ids []string
+		entries, _ := os.ReadDir(filepath.Join(r.dataDir, "sandboxes"))
+		for _, e := range entries {
+			if e.IsDir() && !live[e.Name()] {
+				ids = append(ids, e.Name())
+			}
+		}
+		if len(ids) != 1 {
+			t.Fatalf("sandbox dirs %v besides the live ones with one pooled sandbox", ids)
+		}
+		return ids[0]
+	}
+
+	// Not a change to a started sandbox: the pooled one is handed out.
+	id := pooled()
+	r.tpl.Alias = "renamed"
+	r.tpl.DiskSizeMB = 2048
+	r.tpl.Env, r.tpl.Kernels = []string{}, []string{}
+	if info := create(t, m, time.Minute); info.ID != id {
+		t.Fatalf("a pooled sandbox was discarded for a change that does not shape it (got %s, pooled %s)", info.ID, id)
+	}
+
+	for _, c := range []struct {
+		name   string
+		change func(*sandbox.Template)
+	}{
+		{"memory", func(tpl *sandbox.Template) { tpl.MemoryMB = 384 }},
+		{"cpus", func(tpl *sandbox.Template) { tpl.CPUCount = 1 }},
+		// The same backend under its own name: still another record.
+		{"runtime", func(tpl *sandbox.Template) { tpl.Runtime = "linux" }},
+		{"ready timeout", func(tpl *sandbox.Template) { tpl.ReadyTimeout = 42 * time.Second }},
+	} {
+		id := pooled()
+		c.change(&r.tpl)
+		info := create(t, m, time.Minute)
+		if info.ID == id {
+			t.Fatalf("%s: the pooled sandbox of the old settings was handed out", c.name)
+		}
+		if info.MemoryMB != r.tpl.MemoryMB || info.CPUCount != r.tpl.CPUCount {
+			t.Fatalf("%s: created with %d MiB and %d CPUs, template has %d and %d", c.name, info.MemoryMB, info.CPUCount, r.tpl.MemoryMB, r.tpl.CPUCount)
+		}
+		if got := readCgroupInt(t, "memory", info.ID, "memory.limit_in_bytes"); got != int64(r.tpl.MemoryMB)<<20 {
+			t.Fatalf("%s: memory limit %d, want %d MiB", c.name, got, r.tpl.MemoryMB)
+		}
+		if got := readCgroupInt(t, "cpu", info.ID, "cpu.cfs_quota_us"); got != int64(r.tpl.CPUCount)*100000 {
+			t.Fatalf("%s: CPU quota %d µs per 100 ms, want %d CPUs", c.name, got, r.tpl.CPUCount)
+		}
+		// The claim found it stale and destroys it in the background.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(r.dataDir, "sandboxes", id)); os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the stale pooled sandbox was neither claimed nor destroyed", c.name)
+			}
+		}
+		if err := m.Kill(ctx, info.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

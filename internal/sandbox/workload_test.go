@@ -103,6 +103,7 @@ func workloadManager(t *testing.T, withGVisor bool) *sandbox.Manager {
 		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
 		MetricsInterval: time.Second, PidsMax: workloadPidsMax, Disk: pool,
 	})
+	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()

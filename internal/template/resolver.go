@@ -12,7 +12,7 @@ import (
 // to a built template's rootfs, limits, image config and start/ready commands.
 type Resolver struct{ Store *Store }
 
-// Resolve implements sandbox.Templates.
+// Resolve implements sandbox.TemplateResolver.
 func (r Resolver) Resolve(_ context.Context, name string) (sandbox.Template, error) {
 	t, err := r.Store.Get(name)
 	if errors.Is(err, ErrNotFound) {

@@ -116,6 +116,7 @@ func sandboxes(t *testing.T, s *template.Store) *sandbox.Manager {
 		Runtime: rt, Store: db, Templates: template.Resolver{Store: s}, DataDir: dataDir,
 		EnvdPath: testenv.EnvdBinary(t), MaxTimeout: time.Hour,
 	})
+	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()

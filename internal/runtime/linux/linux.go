@@ -439,15 +439,24 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 		s.Linux.Resources.CPU.Cpus = cpuset
 	}
 	s.Linux.CgroupsPath = CgroupParent + "/" + spec.ID
+	// specconv puts its package-level device nodes (AllowedDevices) into
+	// every config and sets their owner on those shared nodes: concurrent
+	// creates would write them at once, and each config would see the
+	// others' writes. So configs are made one at a time, and each keeps
+	// copies of its nodes (restrictDevices).
+	specconvMu.Lock()
 	cfg, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName:   spec.ID,
 		NoNewKeyring: true,
 		Spec:         s,
 	})
+	if err == nil {
+		restrictDevices(cfg)
+	}
+	specconvMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: config: %w", err)
 	}
-	restrictDevices(cfg)
 	// specconv leaves the spec's process rlimits to its caller (runc's CLI
 	// copies them), so they go on the config, which libcontainer applies to
 	// the init process from the host with prlimit(2).
@@ -497,9 +506,12 @@ func rlimits() []configs.Rlimit {
 	}
 }
 
+// specconvMu makes one libcontainer config at a time (see containerConfig).
+var specconvMu sync.Mutex
+
 // restrictDevices replaces what specconv adds on its own (mknod of any device,
 // /dev/net/tun) with allowedDevices: those nodes only, readable and writable,
-// never creatable.
+// never creatable. The nodes it keeps are copies, the config's own.
 func restrictDevices(cfg *configs.Config) {
 	allowed := func(major, minor int64) bool {
 		for _, d := range allowedDevices {
@@ -512,7 +524,8 @@ func restrictDevices(cfg *configs.Config) {
 	var nodes []*devices.Device
 	for _, d := range cfg.Devices {
 		if d.Type == devices.CharDevice && allowed(d.Major, d.Minor) {
-			nodes = append(nodes, d)
+			own := *d
+			nodes = append(nodes, &own)
 		}
 	}
 	cfg.Devices = nodes
