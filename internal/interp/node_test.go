@@ -11,21 +11,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-func missingDep(t testing.TB, why string) {
-	t.Helper()
-	if os.Getenv("AIRLOCK_TEST_REQUIRE") == "1" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
-}
+	"github.com/airlock-sandbox/airlock/internal/testenv"
+)
 
 func hostNodeOptions(t testing.TB) Options {
 	t.Helper()
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "LANG=C.UTF-8"}
 	if lookPath(env, "node") == "" {
-		missingDep(t, "no node on this host")
+		testenv.Missing(t, "no node on this host")
 	}
 	dir := t.TempDir()
 	return Options{
@@ -60,7 +54,7 @@ func templateTypeScript(t testing.TB) string {
 		_, err = os.Stat(filepath.Join(dir, "package.json"))
 	}
 	if err != nil || rec.Key == "" {
-		missingDep(t, "code-interpreter-v1 template not built in "+dataDir+" (its TypeScript compiler is needed): "+errString(err))
+		testenv.Missing(t, "code-interpreter-v1 template not built in "+dataDir+" (its TypeScript compiler is needed): "+errString(err))
 	}
 	return dir
 }
@@ -312,7 +306,7 @@ func TestNodeKernelCloseKillsGroup(t *testing.T) {
 
 func TestNodeKernelUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		missingDep(t, "test needs root to run the kernel as another user")
+		testenv.Missing(t, "test needs root to run the kernel as another user")
 	}
 	opts := hostNodeOptions(t)
 	// t.TempDir's parent is 0700: the other user needs a reachable directory.

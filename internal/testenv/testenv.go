@@ -23,6 +23,13 @@ func NeedRoot(t testing.TB) {
 	}
 }
 
+// Missing stops a test whose prerequisite (a language runtime, a built
+// template) is absent: a skip locally, a failure in CI.
+func Missing(t testing.TB, why string) {
+	t.Helper()
+	missing(t, why)
+}
+
 func missing(t testing.TB, why string) {
 	t.Helper()
 	if os.Getenv("AIRLOCK_TEST_REQUIRE") == "1" {
