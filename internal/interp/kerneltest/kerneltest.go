@@ -270,8 +270,17 @@ func (h Harness) startWith(t *testing.T, opts interp.Options) *kernel {
 	}
 	kk := &kernel{Kernel: k}
 	t.Cleanup(func() {
-		if err := kk.Close(); err != nil {
-			t.Errorf("Close: %v", err)
+		closed := make(chan error, 1)
+		go func() { closed <- kk.Close() }()
+		select {
+		case err := <-closed:
+			if err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		case <-time.After(patience):
+			// Say so rather than hang the test binary (a Close that waits
+			// for an Execute which never returns).
+			t.Errorf("Close did not return within %v", patience)
 		}
 	})
 	return kk
@@ -601,7 +610,8 @@ func testInterruptReachesChildren(t *testing.T, h Harness) {
 	mustRun(t, k, h.Set("airlock_state", "kept"), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := runUntil(t, ctx, k, cell(h.Print("started"), h.Shell("sleep 3600"), h.Print("not-reached")), "started", cancel)
+	// The child writes the mark itself: the interrupt comes while it runs.
+	r := runUntil(t, ctx, k, cell(h.Shell("echo started; sleep 3600"), h.Print("not-reached")), "started", cancel)
 	if !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("interrupted: %v, want context.Canceled", r)
 	}
