@@ -1,7 +1,8 @@
 // Package interp serves the E2B code-interpreter protocol (POST /execute streaming NDJSON,
 // /contexts, /health) inside a sandbox. The core (this file, server.go, context.go) owns the
 // HTTP protocol, the contexts and the MIME-bundle → E2B result mapping; language backends
-// (python, javascript/typescript, bash, r) implement Kernel and register a Starter.
+// (python, javascript/typescript, bash, r) implement Kernel, register a Starter, and pass the
+// conformance suite in interp/kerneltest.
 package interp
 
 import (

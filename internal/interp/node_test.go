@@ -8,24 +8,17 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-)
 
-func missingDep(t testing.TB, why string) {
-	t.Helper()
-	if os.Getenv("AIRLOCK_TEST_REQUIRE") == "1" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
-}
+	"github.com/airlock-sandbox/airlock/internal/testenv"
+)
 
 func hostNodeOptions(t testing.TB) Options {
 	t.Helper()
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=/root", "LANG=C.UTF-8"}
 	if lookPath(env, "node") == "" {
-		missingDep(t, "no node on this host")
+		testenv.Missing(t, "no node on this host")
 	}
 	dir := t.TempDir()
 	return Options{
@@ -60,7 +53,7 @@ func templateTypeScript(t testing.TB) string {
 		_, err = os.Stat(filepath.Join(dir, "package.json"))
 	}
 	if err != nil || rec.Key == "" {
-		missingDep(t, "code-interpreter-v1 template not built in "+dataDir+" (its TypeScript compiler is needed): "+errString(err))
+		testenv.Missing(t, "code-interpreter-v1 template not built in "+dataDir+" (its TypeScript compiler is needed): "+errString(err))
 	}
 	return dir
 }
@@ -86,18 +79,7 @@ func startTestNode(t testing.TB, opts Options, cfg nodeConfig) Kernel {
 
 type cell struct {
 	events []Event
-	count  int
 	err    error
-}
-
-func (c cell) stdout() string {
-	var b strings.Builder
-	for _, e := range c.events {
-		if e.Type == "stdout" {
-			b.WriteString(e.Text)
-		}
-	}
-	return b.String()
 }
 
 func (c cell) main() string {
@@ -124,7 +106,7 @@ func runNode(t testing.TB, k Kernel, code string, env map[string]string) cell {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var c cell
-	c.count, c.err = k.Execute(ctx, code, env, func(e Event) { c.events = append(c.events, e) })
+	_, c.err = k.Execute(ctx, code, env, func(e Event) { c.events = append(c.events, e) })
 	return c
 }
 
@@ -144,13 +126,11 @@ func want(t *testing.T, k Kernel, code, value string) cell {
 	return c
 }
 
+// What is the node driver's own; the shared contract is kerneltest's, run by
+// TestJavaScriptConformance and TestTypeScriptConformance.
 func TestNodeKernelSemantics(t *testing.T) {
 	k := startTestNode(t, hostNodeOptions(t), nodeConfig{})
 
-	t.Run("state", func(t *testing.T) {
-		want(t, k, "var s1 = 40; function inc(v) { return v + 1 }", "<no result>")
-		want(t, k, "inc(s1) + 1", "42")
-	})
 	t.Run("redeclare", func(t *testing.T) {
 		for range 2 {
 			want(t, k, "const c1 = 1; let l1 = 2; class K1 { v() { return 3 } }", "<no result>")
@@ -178,28 +158,6 @@ func TestNodeKernelSemantics(t *testing.T) {
 			t.Fatalf("events %v, want %v", got, w)
 		}
 	})
-	t.Run("raw output", func(t *testing.T) {
-		// A child writing to the inherited fd 1 bypasses the driver; the end
-		// marker still attributes it to this execution (its order relative
-		// to the driver's events is not defined: two pipes).
-		c := want(t, k, "require('child_process').execSync('echo from-child; echo err-child >&2', {stdio: 'inherit'}); 1", "1")
-		if !strings.Contains(c.stdout(), "from-child\n") {
-			t.Fatalf("stdout %q lacks the child's output", c.stdout())
-		}
-		var stderr string
-		for _, e := range c.events {
-			if e.Type == "stderr" {
-				stderr += e.Text
-			}
-		}
-		if stderr != "err-child\n" {
-			t.Fatalf("stderr %q", stderr)
-		}
-		// Nothing leaks into the next execution.
-		if c := want(t, k, "2", "2"); len(c.events) != 1 {
-			t.Fatalf("events %+v", c.events)
-		}
-	})
 	t.Run("error", func(t *testing.T) {
 		c := runNode(t, k, "function boom() { throw new TypeError('bad thing') }\nboom()", nil)
 		e := c.errorEvent()
@@ -213,7 +171,6 @@ func TestNodeKernelSemantics(t *testing.T) {
 		if e := c.errorEvent(); e == nil || e.Name != "SyntaxError" {
 			t.Fatalf("syntax error: %+v", c.events)
 		}
-		want(t, k, "s1", "40") // still alive
 	})
 	t.Run("display", func(t *testing.T) {
 		c := want(t, k, "display('<b>hi</b>', 'text/html'); display({toHTML() { return '<i>o</i>' }}); 3", "3")
@@ -232,22 +189,11 @@ func TestNodeKernelSemantics(t *testing.T) {
 			t.Fatalf("png %v", png)
 		}
 	})
-	t.Run("env", func(t *testing.T) {
-		c := runNode(t, k, "process.env.AIRLOCK_X + ':' + process.env.LANG", map[string]string{"AIRLOCK_X": "one", "LANG": "C"})
-		if c.main() != "'one:C'" {
-			t.Fatalf("env: %+v %v", c.events, c.err)
-		}
-		want(t, k, "[process.env.AIRLOCK_X, process.env.LANG]", "[ undefined, 'C.UTF-8' ]")
-	})
-	t.Run("count", func(t *testing.T) {
-		a := runNode(t, k, "1", nil)
-		b := runNode(t, k, "1", nil)
-		if b.count != a.count+1 {
-			t.Fatalf("counts %d then %d", a.count, b.count)
-		}
-	})
 }
 
+// Interrupts that land well into a cell. The conformance suite's interrupt
+// points are known bugs of this backend (nodeKnownBugs in
+// conformance_test.go); this test goes once they pass.
 func TestNodeKernelInterrupt(t *testing.T) {
 	k := startTestNode(t, hostNodeOptions(t), nodeConfig{})
 	want(t, k, "var keep = 7", "<no result>")
@@ -270,64 +216,6 @@ func TestNodeKernelInterrupt(t *testing.T) {
 func deadlineOf(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
-}
-
-func TestNodeKernelExit(t *testing.T) {
-	opts := hostNodeOptions(t)
-	k := startTestNode(t, opts, nodeConfig{})
-	c := runNode(t, k, "console.log('bye'); process.exit(3)", nil)
-	if !errors.Is(c.err, ErrKernelDied) {
-		t.Fatalf("err %v", c.err)
-	}
-	if c.stdout() != "bye\n" {
-		t.Fatalf("stdout %q", c.stdout())
-	}
-	if c := runNode(t, k, "1", nil); !errors.Is(c.err, ErrKernelDied) {
-		t.Fatalf("after death: %v", c.err)
-	}
-}
-
-func TestNodeKernelCloseKillsGroup(t *testing.T) {
-	k := startTestNode(t, hostNodeOptions(t), nodeConfig{})
-	want(t, k, "require('child_process').spawn('sleep', ['300'], {stdio: 'ignore'}).pid > 0", "true")
-	c := runNode(t, k, "require('child_process').execSync('pgrep -P ' + process.pid + ' sleep').toString().trim()", nil)
-	var pid int
-	if err := json.Unmarshal([]byte(strings.Trim(c.main(), "'")), &pid); err != nil || pid == 0 {
-		t.Fatalf("child pid %q: %v", c.main(), err)
-	}
-	k.Close()
-	for i := 0; ; i++ {
-		// Gone, or a zombie waiting for init.
-		stat, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(c.main()[1:len(c.main())-1]), "stat"))
-		if err != nil || strings.Contains(string(stat), ") Z ") {
-			break
-		}
-		if i > 50 {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("child %d survived Close", pid)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func TestNodeKernelUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		missingDep(t, "test needs root to run the kernel as another user")
-	}
-	opts := hostNodeOptions(t)
-	// t.TempDir's parent is 0700: the other user needs a reachable directory.
-	dir, err := os.MkdirTemp("", "airlock-node-user-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	opts.Cwd, opts.RunDir = dir, dir
-	opts.UID, opts.GID, opts.Groups = 65534, 65534, []uint32{65534}
-	k := startTestNode(t, opts, nodeConfig{})
-	want(t, k, "[process.getuid(), process.getgid(), process.getgroups()]", "[ 65534, 65534, [ 65534 ] ]")
 }
 
 func TestNodeKernelUnavailable(t *testing.T) {

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,7 +74,6 @@ func startPyBackend(t *testing.T, b pyBackend) Kernel {
 
 type pyRunOut struct {
 	events []Event
-	count  int
 	err    error
 }
 
@@ -116,7 +113,7 @@ func pyRun(t *testing.T, k Kernel, code string, env map[string]string) pyRunOut 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out pyRunOut
-	out.count, out.err = k.Execute(ctx, code, env, func(e Event) { out.events = append(out.events, e) })
+	_, out.err = k.Execute(ctx, code, env, func(e Event) { out.events = append(out.events, e) })
 	return out
 }
 
@@ -134,6 +131,8 @@ func pyMustRun(t *testing.T, k Kernel, code string) pyRunOut {
 	return out
 }
 
+// What is Python's own (rich results, charts, tracebacks, top-level await);
+// the shared contract is kerneltest's, run by TestPythonConformance.
 func TestPythonBackends(t *testing.T) {
 	for _, b := range pyBackends {
 		t.Run(b.name, func(t *testing.T) {
@@ -141,26 +140,9 @@ func TestPythonBackends(t *testing.T) {
 			hasMPL := havePyModules(t, "matplotlib")
 			hasPandas := havePyModules(t, "pandas")
 
-			t.Run("state", func(t *testing.T) {
-				first := pyMustRun(t, k, "x = 41")
-				if len(first.results()) != 0 {
-					t.Errorf("assignment produced results: %+v", first.events)
-				}
-				second := pyMustRun(t, k, "x + 1")
-				if got := second.main(t)["text/plain"]; got != "42" {
+			t.Run("main result", func(t *testing.T) {
+				if got := pyMustRun(t, k, "x = 41\nx + 1").main(t)["text/plain"]; got != "42" {
 					t.Errorf("x + 1 = %v, want 42", got)
-				}
-				if second.count != first.count+1 || first.count < 1 {
-					t.Errorf("execution counts %d then %d", first.count, second.count)
-				}
-			})
-			t.Run("streams", func(t *testing.T) {
-				out := pyMustRun(t, k, "import sys, os\nprint('hello')\nprint('oops', file=sys.stderr)\nsys.stdout.flush()\nos.system('echo raw-out; echo raw-err >&2')")
-				if s := out.text("stdout"); !strings.Contains(s, "hello\n") || !strings.Contains(s, "raw-out") {
-					t.Errorf("stdout %q", s)
-				}
-				if s := out.text("stderr"); !strings.Contains(s, "oops\n") || !strings.Contains(s, "raw-err") {
-					t.Errorf("stderr %q", s)
 				}
 			})
 			t.Run("error", func(t *testing.T) {
@@ -182,10 +164,6 @@ func TestPythonBackends(t *testing.T) {
 				}
 				if !strings.Contains(e.Traceback, "return 1/0") || strings.Contains(e.Traceback, "airlock_driver") {
 					t.Errorf("traceback:\n%s", e.Traceback)
-				}
-				// State survives errors.
-				if got := pyMustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
-					t.Errorf("x after error = %v", got)
 				}
 			})
 			t.Run("await", func(t *testing.T) {
@@ -212,17 +190,6 @@ func TestPythonBackends(t *testing.T) {
 				}
 				if last := res[len(res)-1]; !last.IsMainResult || last.Data["text/plain"] != "7" {
 					t.Errorf("main result %+v", last)
-				}
-			})
-			t.Run("env", func(t *testing.T) {
-				code := "import os\nprint(os.environ.get('AIRLOCK_T1'), os.environ.get('HOME') is not None, os.popen('echo $AIRLOCK_T1').read().strip())"
-				out := pyRun(t, k, code, map[string]string{"AIRLOCK_T1": "v1"})
-				if out.err != nil || strings.TrimSpace(out.text("stdout")) != "v1 True v1" {
-					t.Errorf("with env: %q %v %+v", out.text("stdout"), out.err, out.events)
-				}
-				out = pyMustRun(t, k, code)
-				if strings.TrimSpace(out.text("stdout")) != "None True" {
-					t.Errorf("env not restored: %q", out.text("stdout"))
 				}
 			})
 			t.Run("plots", func(t *testing.T) {
@@ -316,23 +283,6 @@ func TestPythonBackends(t *testing.T) {
 					t.Errorf("DataFrame bundle: html %q text %q", html, text)
 				}
 			})
-			t.Run("interrupt", func(t *testing.T) {
-				ctx, cancel := context.WithCancel(context.Background())
-				time.AfterFunc(500*time.Millisecond, cancel)
-				start := time.Now()
-				_, err := k.Execute(ctx, "import time\ntime.sleep(30)", nil, func(Event) {})
-				took := time.Since(start)
-				t.Logf("interrupted after %v (cancel at 500ms)", took)
-				if !errors.Is(err, context.Canceled) {
-					t.Fatalf("err %v, want context.Canceled", err)
-				}
-				if took > 10*time.Second {
-					t.Errorf("interrupt took %v", took)
-				}
-				if got := pyMustRun(t, k, "x").main(t)["text/plain"]; got != "41" {
-					t.Errorf("x after interrupt = %v", got)
-				}
-			})
 			t.Run("latency", func(t *testing.T) {
 				var ds []time.Duration
 				for range 50 {
@@ -356,50 +306,6 @@ func pyKeys(m map[string]any) []string {
 	return out
 }
 
-func TestPythonKernelDeath(t *testing.T) {
-	for _, b := range pyBackends {
-		t.Run(b.name, func(t *testing.T) {
-			k := startPyBackend(t, b)
-			out := pyRun(t, k, "import os\nos._exit(3)", nil)
-			if !errors.Is(out.err, ErrKernelDied) {
-				t.Fatalf("err %v, want ErrKernelDied", out.err)
-			}
-			if out := pyRun(t, k, "1", nil); !errors.Is(out.err, ErrKernelDied) {
-				t.Fatalf("next execute: err %v, want ErrKernelDied", out.err)
-			}
-		})
-	}
-}
-
-func TestPythonCloseKillsGroup(t *testing.T) {
-	for _, b := range pyBackends {
-		t.Run(b.name, func(t *testing.T) {
-			k := startPyBackend(t, b)
-			out := pyMustRun(t, k, "import subprocess\np = subprocess.Popen(['sleep', '300'])\np.pid")
-			pid, err := strconv.Atoi(out.main(t)["text/plain"].(string))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := k.Close(); err != nil {
-				t.Fatalf("close: %v", err)
-			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				err := syscall.Kill(pid, 0)
-				stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-				if errors.Is(err, syscall.ESRCH) || strings.Contains(string(stat), ") Z ") {
-					break
-				}
-				if time.Now().After(deadline) {
-					syscall.Kill(pid, syscall.SIGKILL)
-					t.Fatalf("child sleep %d survived Close", pid)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		})
-	}
-}
-
 func TestStartPythonPicksBackend(t *testing.T) {
 	if !havePyModules(t) {
 		t.Skip("no /usr/bin/python3")
@@ -414,23 +320,6 @@ func TestStartPythonPicksBackend(t *testing.T) {
 	_, isJupyter := k.(*jupyterKernel)
 	if want := havePyModules(t, "ipykernel", "zmq"); isJupyter != want {
 		t.Errorf("StartPython gave %T with ipykernel available = %v", k, want)
-	}
-}
-
-func TestPythonCloseDuringExecute(t *testing.T) {
-	for _, b := range pyBackends {
-		t.Run(b.name, func(t *testing.T) {
-			k := startPyBackend(t, b)
-			time.AfterFunc(500*time.Millisecond, func() { k.Close() })
-			start := time.Now()
-			out := pyRun(t, k, "import time\ntime.sleep(30)", nil)
-			if !errors.Is(out.err, ErrKernelDied) {
-				t.Fatalf("err %v, want ErrKernelDied", out.err)
-			}
-			if took := time.Since(start); took > 10*time.Second {
-				t.Errorf("Execute returned %v after Close", took)
-			}
-		})
 	}
 }
 
@@ -456,59 +345,14 @@ func TestJupyterHeartbeatDeath(t *testing.T) {
 
 func pySortDurations(ds []time.Duration) { slices.Sort(ds) }
 
-// The generic kernelspec path (argv from kernel.json), exercised with Debian's python3
-// kernelspec, as IRkernel would be with "ir".
-func TestJupyterKernelspec(t *testing.T) {
-	if _, err := readKernelspec("python3"); err != nil {
-		t.Skipf("no python3 kernelspec: %v", err)
-	}
+// A kernelspec that is not installed is a language the sandbox lacks. (The
+// kernelspec path itself passes the conformance suite with Debian's python3
+// kernelspec: TestPythonConformance/kernelspec.)
+func TestJupyterKernelspecMissing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	k, err := StartKernelspec("python3")(ctx, testPyOptions(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	pyMustRun(t, k, "y = 5")
-	out := pyMustRun(t, k, "print('out')\ny * 2")
-	if out.text("stdout") != "out\n" || out.main(t)["text/plain"] != "10" {
-		t.Errorf("events %+v", out.events)
-	}
 	if _, err := StartKernelspec("no-such-kernel")(ctx, testPyOptions(t)); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("missing kernelspec: %v, want ErrUnavailable", err)
-	}
-}
-
-// Kernels run as the context's user (the sandbox's default user), not as envd's root.
-func TestPythonRunsAsUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users")
-	}
-	for _, b := range pyBackends {
-		t.Run(b.name, func(t *testing.T) {
-			if !havePyModules(t, b.need...) {
-				t.Skipf("/usr/bin/python3 lacks %v", b.need)
-			}
-			opts := testPyOptions(t)
-			const nobody = 65534
-			opts.UID, opts.GID, opts.Groups = nobody, nobody, []uint32{nobody}
-			for _, d := range []string{opts.Cwd, opts.RunDir, opts.Home} {
-				// t.TempDir makes 0700 dirs under a 0700 parent: open them up to the user.
-				os.Chmod(filepath.Dir(d), 0o755)
-				os.Chown(d, nobody, nobody)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			k, err := b.start(ctx, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer k.Close()
-			out := pyMustRun(t, k, "import os\nos.getuid(), os.getgid(), os.getcwd() == "+strconv.Quote(opts.Cwd))
-			if got := out.main(t)["text/plain"]; got != "(65534, 65534, True)" {
-				t.Errorf("uid, gid, cwd = %v", got)
-			}
-		})
 	}
 }
 
