@@ -53,7 +53,7 @@ func templateTypeScript(t testing.TB) string {
 		_, err = os.Stat(filepath.Join(dir, "package.json"))
 	}
 	if err != nil || rec.Key == "" {
-		testenv.Missing(t, "code-interpreter-v1 template not built in "+dataDir+" (its TypeScript compiler is needed): "+errString(err))
+		testenv.Missing(t, "code-interpreter-v1 template not built in %s (its TypeScript compiler is needed): %s", dataDir, errString(err))
 	}
 	return dir
 }
