@@ -72,30 +72,15 @@ type bashKernel struct {
 	count int
 }
 
-func lookupPath(file string, env []string) (string, error) {
-	path := "/usr/local/bin:/usr/bin:/bin"
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			path = v
-		}
-	}
-	for _, d := range filepath.SplitList(path) {
-		p := filepath.Join(d, file)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%w: %s not found in PATH", ErrUnavailable, file)
-}
-
 func startBash(ctx context.Context, opts Options) (Kernel, error) {
-	bin, err := lookupPath("bash", opts.Env)
-	if err != nil {
-		return nil, err
+	bin := lookPath(opts.Env, "bash")
+	if bin == "" {
+		return nil, fmt.Errorf("%w: bash not found in PATH", ErrUnavailable)
 	}
 	var mb [12]byte
 	_, _ = rand.Read(mb[:])
 	k := &bashKernel{marker: "__airlock_cell_end_" + hex.EncodeToString(mb[:]), dir: opts.RunDir, uid: int(opts.UID), gid: int(opts.GID), dead: make(chan struct{})}
+	var err error
 	if k.dir == "" {
 		if k.dir, err = os.MkdirTemp("", "airlock-bash-"); err != nil {
 			return nil, fmt.Errorf("bash kernel dir: %w", err)

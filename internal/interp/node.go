@@ -19,6 +19,9 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
 // The JavaScript/TypeScript kernel is a Node process running js/driver.js: a
@@ -70,23 +73,12 @@ type nodeConfig struct {
 	typeScriptDir string // default: the first of typeScriptDirs that exists
 }
 
-// lookPath finds a program in the PATH of env (the sandbox's, not envd's).
+// lookPath finds the first of names in the PATH of env (the sandbox's, not
+// envd's), or "".
 func lookPath(env []string, names ...string) string {
-	pathVar := "/usr/local/bin:/usr/bin:/bin"
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			pathVar = v
-		}
-	}
 	for _, name := range names {
-		for _, dir := range filepath.SplitList(pathVar) {
-			if dir == "" {
-				continue
-			}
-			p := filepath.Join(dir, name)
-			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-				return p
-			}
+		if p, err := unixuser.LookPath(name, env, "/", envdapi.DefaultPath); err == nil {
+			return p
 		}
 	}
 	return ""
