@@ -24,11 +24,13 @@
 //     in the code (a command's failure, for bash) is an error event, not an
 //     error return: the kernel lives on. The env given to Execute applies to
 //     that cell and the processes it starts, and is gone afterwards. Execute
-//     returns the execution count, one more for every cell.
+//     returns the execution count, one more for every cell. The code's stdin
+//     is empty, so nothing it starts can read what the kernel reads.
 //  3. Interrupt. There is no Interrupt method: ending Execute's context is the
-//     interrupt (the client went away, or timed out). The kernel stops the
-//     cell as ^C would, returns ctx.Err(), keeps its state, and the next
-//     Execute runs normally.
+//     interrupt (the client went away, or timed out), and it may come at any
+//     moment, even before the kernel has started the cell. The kernel stops
+//     the cell as ^C would (the processes it waits for too), returns
+//     ctx.Err(), keeps its state, and the next Execute runs normally.
 //  4. Death. When the kernel's process goes (the code exited it, or it
 //     crashed), Execute returns an error wrapping interp.ErrKernelDied, and so
 //     does every later Execute. The core then closes the kernel and starts a
@@ -49,6 +51,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,8 +88,8 @@ type Harness struct {
 	Print func(text string) string
 	// PrintErr writes text and a newline to stderr.
 	PrintErr func(text string) string
-	// Repeat writes s n times, then a newline, to stdout (s holds no '%' or
-	// '\\'), without putting the whole output in the code.
+	// Repeat writes s n times, then a newline, to stdout, without putting the
+	// whole output in the code (s holds no % and no backslash).
 	Repeat func(s string, n int) string
 	// Set assigns the string value to a top-level variable called name (a
 	// valid identifier in every language). It writes nothing.
@@ -141,45 +144,41 @@ const (
 	nobody = 65534
 )
 
+// A point is one point of the contract, a subtest of Run.
+type point struct {
+	name string
+	test func(*testing.T, Harness)
+}
+
+var points = []point{
+	{"StatePersists", testStatePersists},
+	{"ExecutionCount", testExecutionCount},
+	{"StdoutAndStderr", testStdoutAndStderr},
+	{"OutputStreamsWhileRunning", testStreamsWhileRunning},
+	{"ChildProcessOutput", testChildProcessOutput},
+	{"ChildStdinIsEmpty", testChildStdinIsEmpty},
+	{"LargeOutput", testLargeOutput},
+	{"ErrorIsAnEvent", testErrorIsAnEvent},
+	{"EnvPerExecution", testEnvPerExecution},
+	{"Cwd", testCwd},
+	{"InterruptKeepsState", testInterruptKeepsState},
+	{"InterruptReachesChildProcesses", testInterruptReachesChildren},
+	{"InterruptBeforeTheCellRuns", testInterruptBeforeTheCellRuns},
+	{"ExitIsDeathThenRestart", testExitIsDeath},
+	{"CloseDuringExecute", testCloseDuringExecute},
+	{"CloseEndsChildProcesses", testCloseEndsChildren},
+	{"RunsAsUser", testRunsAsUser},
+}
+
 // Run runs the conformance suite against h.
 func Run(t *testing.T, h Harness) {
 	h.validate(t)
-	known := map[string]bool{}
-	defer func() {
-		for name := range h.KnownBugs {
-			if !known[name] {
-				t.Errorf("kerneltest: KnownBugs names %q, which is no contract point of the suite", name)
-			}
-		}
-	}()
-	for _, c := range []struct {
-		name string
-		test func(*testing.T, Harness)
-	}{
-		{"StatePersists", testStatePersists},
-		{"ExecutionCount", testExecutionCount},
-		{"StdoutAndStderr", testStdoutAndStderr},
-		{"OutputStreamsWhileRunning", testStreamsWhileRunning},
-		{"ChildProcessOutput", testChildProcessOutput},
-		{"ChildStdinIsEmpty", testChildStdinIsEmpty},
-		{"LargeOutput", testLargeOutput},
-		{"ErrorIsAnEvent", testErrorIsAnEvent},
-		{"EnvPerExecution", testEnvPerExecution},
-		{"Cwd", testCwd},
-		{"InterruptKeepsState", testInterruptKeepsState},
-		{"InterruptReachesChildProcesses", testInterruptReachesChildren},
-		{"InterruptBeforeTheCellRuns", testInterruptBeforeTheCellRuns},
-		{"ExitIsDeathThenRestart", testExitIsDeath},
-		{"CloseDuringExecute", testCloseDuringExecute},
-		{"CloseEndsChildProcesses", testCloseEndsChildren},
-		{"RunsAsUser", testRunsAsUser},
-	} {
-		known[c.name] = true
-		t.Run(c.name, func(t *testing.T) {
-			if bug, ok := h.KnownBugs[c.name]; ok {
+	for _, p := range points {
+		t.Run(p.name, func(t *testing.T) {
+			if bug, ok := h.KnownBugs[p.name]; ok {
 				t.Skipf("known bug of this backend: %s", bug)
 			}
-			c.test(t, h)
+			p.test(t, h)
 		})
 	}
 }
@@ -201,6 +200,11 @@ func (h Harness) validate(t *testing.T) {
 	if len(lack) > 0 {
 		sort.Strings(lack)
 		t.Fatalf("kerneltest: the harness lacks %s", strings.Join(lack, ", "))
+	}
+	for name := range h.KnownBugs {
+		if !slices.ContainsFunc(points, func(p point) bool { return p.name == name }) {
+			t.Fatalf("kerneltest: KnownBugs names %q, which is no contract point of the suite", name)
+		}
 	}
 }
 
