@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/airlock-sandbox/airlock/internal/envd/stepproto"
+	"github.com/airlock-sandbox/airlock/internal/sysinfo"
 )
 
 // The step protocol's types live in stepproto, which the host side imports
@@ -216,17 +218,33 @@ func runStep(spec StepSpec) StepResult {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	// os.StartProcess, not os/exec: this process reaps every child with
-	// wait4(-1), which would steal os/exec's own Wait.
-	p, err := os.StartProcess(bin, spec.Args, &os.ProcAttr{
-		Dir:   cwd,
-		Env:   env,
-		Files: []*os.File{devnull, os.Stdout, os.Stdout},
-		Sys: &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
-			Setsid:     true,
-		},
+	// wait4(-1), which would steal os/exec's own Wait. Forked, like every
+	// user process of a sandbox, from a thread that dropped CAP_SYS_PTRACE
+	// and traps sysinfo (internal/sysinfo): a build step is no less the
+	// user's code than a command.
+	var p *os.Process
+	started := make(chan error, 1)
+	sysinfo.OnDisposableThread(func() {
+		err, filterErr := sysinfo.PrepareThread()
+		if err != nil {
+			started <- err
+			return
+		}
+		if filterErr != nil {
+			fmt.Fprintf(os.Stdout, "airlock: sysinfo shows the host's memory in this step: %v\n", filterErr)
+		}
+		p, err = os.StartProcess(bin, spec.Args, &os.ProcAttr{
+			Dir:   cwd,
+			Env:   env,
+			Files: []*os.File{devnull, os.Stdout, os.Stdout},
+			Sys: &syscall.SysProcAttr{
+				Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
+				Setsid:     true,
+			},
+		})
+		started <- err
 	})
-	if err != nil {
+	if err := <-started; err != nil {
 		return StepResult{Error: fmt.Sprintf("start %s: %v", spec.Args[0], err)}
 	}
 	go func() {
