@@ -53,19 +53,23 @@ const (
 	offArch = 4
 )
 
-// filter traps native sysinfo and allows everything else: it only adds a
+// program traps native sysinfo and allows everything else: it only adds a
 // trap to whatever filters the thread already has (the container's profile
 // still decides about every other call, and the most restrictive answer of
-// all filters wins).
+// all filters wins). Its answer depends on arch and nr alone, so the kernel's
+// per-filter action cache skips running it for every other system call.
+var program = []bpf.Instruction{
+	bpf.LoadAbsolute{Off: offArch, Size: 4},
+	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: auditArch, SkipTrue: 3},
+	bpf.LoadAbsolute{Off: offNr, Size: 4},
+	bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.SYS_SYSINFO, SkipTrue: 1},
+	bpf.RetConstant{Val: unix.SECCOMP_RET_USER_NOTIF},
+	bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
+}
+
+// filter is program as the kernel takes it.
 var filter = func() []unix.SockFilter {
-	raw, err := bpf.Assemble([]bpf.Instruction{
-		bpf.LoadAbsolute{Off: offArch, Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: auditArch, SkipTrue: 3},
-		bpf.LoadAbsolute{Off: offNr, Size: 4},
-		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: unix.SYS_SYSINFO, SkipTrue: 1},
-		bpf.RetConstant{Val: unix.SECCOMP_RET_USER_NOTIF},
-		bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
-	})
+	raw, err := bpf.Assemble(program)
 	if err != nil {
 		panic(fmt.Sprintf("sysinfo: filter: %v", err))
 	}

@@ -3,6 +3,7 @@
 package sysinfo
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -294,11 +296,43 @@ func TestFallbackContinues(t *testing.T) {
 	}
 }
 
-// TestFilterTrapsOnlySysinfo runs the filter program on sample inputs.
-func TestFilterTrapsOnlySysinfo(t *testing.T) {
-	if len(filter) != 6 {
-		t.Fatalf("filter has %d instructions", len(filter))
+// TestFilterProgram runs the filter program on sample inputs in x/net/bpf's
+// VM. The VM loads words big-endian, the kernel's seccomp native-endian, so
+// the sample struct seccomp_data is written big-endian here to read the same.
+func TestFilterProgram(t *testing.T) {
+	vm, err := bpf.NewVM(program)
+	if err != nil {
+		t.Fatal(err)
 	}
+	const auditArchI386 = 0x40000003
+	for _, tc := range []struct {
+		name     string
+		arch, nr uint32
+		want     uint32
+	}{
+		{"native sysinfo", auditArch, unix.SYS_SYSINFO, unix.SECCOMP_RET_USER_NOTIF},
+		{"native getpid", auditArch, unix.SYS_GETPID, unix.SECCOMP_RET_ALLOW},
+		// x32's numbers carry bit 30 (__X32_SYSCALL_BIT).
+		{"x32 sysinfo", auditArch, 0x40000000 | unix.SYS_SYSINFO, unix.SECCOMP_RET_ALLOW},
+		// i386's sysinfo is 116; the container's own profile refuses compat calls.
+		{"i386 sysinfo", auditArchI386, 116, unix.SECCOMP_RET_ALLOW},
+		{"i386 with the native number", auditArchI386, unix.SYS_SYSINFO, unix.SECCOMP_RET_ALLOW},
+	} {
+		data := make([]byte, 64)
+		binary.BigEndian.PutUint32(data[offNr:], tc.nr)
+		binary.BigEndian.PutUint32(data[offArch:], tc.arch)
+		got, err := vm.Run(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint32(got) != tc.want {
+			t.Errorf("%s: filter answers %#x, want %#x", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestFilterTrapsOnlySysinfo installs the filter for real.
+func TestFilterTrapsOnlySysinfo(t *testing.T) {
 	// A thread with the filter but no listener: sysinfo fails with ENOSYS
 	// (what a trapped call does when nobody listens), everything else runs.
 	err := onThread(t, func() error {
