@@ -105,11 +105,10 @@ var (
 
 // Enabled reports whether this process answers sysinfo for the processes it
 // starts: the architecture is one the filter knows, the process holds
-// CAP_SYS_PTRACE (the runtime granted it for this) and /proc/meminfo is a
-// view that differs from the kernel's own sysinfo (lxcfs). Where /proc shows
-// the kernel's numbers anyway (a host, gVisor, a sandbox without lxcfs), the
-// kernel's sysinfo already agrees with it and nothing is trapped. Decided
-// once per process.
+// CAP_SYS_PTRACE (the runtime granted it for this) and /proc/meminfo is
+// lxcfs's view. Where /proc shows the kernel's numbers anyway (a host,
+// gVisor, a sandbox without lxcfs), the kernel's sysinfo already agrees with
+// it and nothing is trapped. Decided once per process.
 func Enabled() bool {
 	enabledOnce.Do(func() {
 		if !archSupported || !HoldsPtrace() {

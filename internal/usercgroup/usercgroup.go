@@ -119,6 +119,9 @@ type placer struct {
 	next  atomic.Uint64
 	ready chan *spare // a thread readied to fork (keepSpare); nil: fork from any thread
 	mu    sync.Mutex  // serializes leaf creation and the sweep of empty leaves
+	// unborn are v2 leaves made for a start that has not forked into them
+	// yet: empty, but not to be swept (v1 leaves hold their spare thread).
+	unborn map[string]bool
 }
 
 var (
@@ -244,11 +247,16 @@ func (p *placer) startV2(sys *syscall.SysProcAttr, start func() error) (err, pla
 	if sys == nil {
 		return start(), errors.New("usercgroup: no SysProcAttr to place the process with")
 	}
-	fd, err := p.leafV2()
+	fd, name, err := p.leafV2()
 	if err != nil {
 		return start(), err
 	}
-	defer unix.Close(fd)
+	defer func() {
+		unix.Close(fd)
+		p.mu.Lock()
+		delete(p.unborn, name)
+		p.mu.Unlock()
+	}()
 	sys.UseCgroupFD, sys.CgroupFD = true, fd
 	err = start()
 	sys.UseCgroupFD, sys.CgroupFD = false, 0
@@ -256,21 +264,27 @@ func (p *placer) startV2(sys *syscall.SysProcAttr, start func() error) (err, pla
 }
 
 // leafV2 creates a leaf under the v2 "user" cgroup, with the user's pids
-// limit minus the reserve, and returns an open descriptor of its directory.
-func (p *placer) leafV2() (int, error) {
+// limit minus the reserve, and returns an open descriptor of its directory and
+// its name, which stays in p.unborn until the caller has forked into it.
+func (p *placer) leafV2() (int, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
-	leaf, err := makeLeaf("pids", p.dirs[0], p.leafName())
+	name := p.leafName()
+	leaf, err := makeLeaf("pids", p.dirs[0], name)
 	if err != nil {
-		return -1, err
+		return -1, "", err
 	}
 	fd, err := unix.Open(leaf, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		_ = unix.Rmdir(leaf)
-		return -1, fmt.Errorf("usercgroup: open %s: %w", leaf, err)
+		return -1, "", fmt.Errorf("usercgroup: open %s: %w", leaf, err)
 	}
-	return fd, nil
+	if p.unborn == nil {
+		p.unborn = map[string]bool{}
+	}
+	p.unborn[name] = true
+	return fd, name, nil
 }
 
 // enter creates a leaf in every controller and moves the calling thread
@@ -348,7 +362,9 @@ func limitLeaf(ctrl, user, leaf string) error {
 }
 
 // sweep removes the leaves whose processes have all ended (rmdir of a cgroup
-// that still has tasks fails with EBUSY, and the leaf stays).
+// that still has tasks fails with EBUSY, and the leaf stays), except the
+// unborn ones: a concurrent start's clone3(CLONE_INTO_CGROUP) into a removed
+// leaf fails (gVisor: ENOENT, seen with 8 starts at once).
 func (p *placer) sweep() {
 	for _, d := range p.dirs {
 		ctrl := filepath.Base(filepath.Dir(d))
@@ -361,7 +377,7 @@ func (p *placer) sweep() {
 		}
 		kept := 0
 		for _, e := range entries {
-			if !e.IsDir() {
+			if !e.IsDir() || p.unborn[e.Name()] {
 				continue
 			}
 			leaf := filepath.Join(d, e.Name())
