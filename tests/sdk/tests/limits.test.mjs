@@ -62,6 +62,9 @@ describe('limits', { concurrency: true }, () => {
       assert.equal(mask & (1n << 19n), 0n, `root command: ${line}`)
     }
     assert.match(r.stdout, /Permission denied/, `root read envd's memory: ${r.stdout}`)
+    // sudo has envd start the command as root: the same.
+    const s = await sbx.commands.run("sudo -n awk '/^CapPrm:/{print $2}' /proc/self/status", { user: 'user' })
+    assert.equal(BigInt('0x' + s.stdout.trim()) & (1n << 19n), 0n, `sudo: CapPrm ${s.stdout}`)
   })
 
   // Not yet: statfs on btrfs ignores qgroup limits, so `df /` shows the sandbox disk pool; the
