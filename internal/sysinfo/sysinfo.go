@@ -20,7 +20,8 @@
 //  2. Listener. The listener descriptor goes, non-blocking, into Go's
 //     netpoller: one parked goroutine per live process tree, no OS thread.
 //  3. Handler. For each notification: read the sandbox's view (/proc/meminfo,
-//     /proc/uptime, /proc/loadavg, the sandbox's pids.current), open the
+//     /proc/uptime, /proc/loadavg, the sandbox's pids.current; one reading
+//     serves all calls for 100 ms), open the
 //     caller's /proc/<pid>/mem, check that the notification is still valid
 //     (so the pid was not reused in between), write the struct sysinfo at the
 //     caller's pointer and let the call return 0; -EFAULT when the write

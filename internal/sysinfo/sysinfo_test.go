@@ -353,3 +353,26 @@ func TestFilterTrapsOnlySysinfo(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSecondListenerRefused pins the documented side effect: under a filter
+// with a listener, installing another with a listener fails with EBUSY (the
+// kernel allows one per filter chain); one without a listener still works.
+func TestSecondListenerRefused(t *testing.T) {
+	err := onThread(t, func() error {
+		if err := attach(fakeView(t, t.TempDir())); err != nil {
+			return err
+		}
+		prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+		_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, uintptr(unsafe.Pointer(&prog)))
+		if errno != unix.EBUSY {
+			return fmt.Errorf("a second listener: %v, want EBUSY", errno)
+		}
+		if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); errno != 0 {
+			return fmt.Errorf("a second filter without a listener: %v", errno)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -148,6 +150,38 @@ func bytesOf(si *unix.Sysinfo_t) []byte {
 
 // fuseMagic is statfs's f_type of a FUSE file system (lxcfs).
 const fuseMagic = 0x65735546
+
+// viewMaxAge is how long one reading of the view answers every sysinfo
+// call. Reading it takes two lxcfs files (about 0.75 ms here, host CPU in
+// lxcfs), so a program calling sysinfo in a loop would otherwise cost that
+// per call; memory and task counts this young are as good as fresh for what
+// sysinfo is used for (sizing), and uptime is whole seconds.
+const viewMaxAge = 100 * time.Millisecond
+
+// viewCache is the last view read and when (monotonic), shared by every
+// listener: they all read the same files.
+var viewCache struct {
+	sync.Mutex
+	si   unix.Sysinfo_t
+	p    paths
+	read time.Time
+}
+
+// cachedView returns a view no older than viewMaxAge.
+func cachedView(p paths) (*unix.Sysinfo_t, error) {
+	viewCache.Lock()
+	defer viewCache.Unlock()
+	if viewCache.p == p && !viewCache.read.IsZero() && time.Since(viewCache.read) < viewMaxAge {
+		si := viewCache.si
+		return &si, nil
+	}
+	si, err := readView(p)
+	if err != nil {
+		return nil, err
+	}
+	viewCache.si, viewCache.p, viewCache.read = *si, p, time.Now()
+	return si, nil
+}
 
 // viewDiffers reports whether the sandbox's /proc is a view of its own that
 // sysinfo must follow: /proc/meminfo is served by lxcfs (FUSE) and readable.
