@@ -192,7 +192,7 @@ func answer(fd int, req *seccompNotif, p paths) (resp seccompNotifResp, send boo
 	if req.Data.Nr != unix.SYS_SYSINFO || req.Data.Arch != auditArch {
 		return cont(fmt.Errorf("sysinfo: unexpected notification for system call %d (arch %#x)", req.Data.Nr, req.Data.Arch))
 	}
-	si, err := cachedView(p)
+	si, err := readView(p)
 	if err != nil {
 		return cont(err)
 	}

@@ -2,7 +2,7 @@
 // sandbox's memory, uptime and task count instead of the host's, so that
 // glibc's sysconf(_SC_PHYS_PAGES) and _SC_AVPHYS_PAGES (Python's os.sysconf,
 // JVMs, thread-pool and cache sizing), busybox free and the like agree with
-// the sandbox's /proc/meminfo (lxcfs's view of its cgroup). No filesystem can
+// the sandbox's /proc/meminfo and /proc/uptime (lxcfs's views). No filesystem can
 // answer a system call, so envd answers it through a seccomp user
 // notification. gVisor's sentry answers sysinfo itself and needs none of this.
 //
@@ -19,9 +19,9 @@
 //     locked one).
 //  2. Listener. The listener descriptor goes, non-blocking, into Go's
 //     netpoller: one parked goroutine per live process tree, no OS thread.
-//  3. Handler. For each notification: read the sandbox's view (/proc/meminfo,
-//     /proc/uptime, /proc/loadavg, the sandbox's pids.current; one reading
-//     serves all calls for 100 ms), open the
+//  3. Handler. For each notification: read the sandbox's view (its memory
+//     cgroup, pids.current and pid 1's start time: what lxcfs computes
+//     /proc/meminfo and /proc/uptime from), open the
 //     caller's /proc/<pid>/mem, check that the notification is still valid
 //     (so the pid was not reused in between), write the struct sysinfo at the
 //     caller's pointer and let the call return 0; -EFAULT when the write

@@ -22,36 +22,72 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fakeView writes a sandbox view into dir and returns its paths.
+// fakeView writes a sandbox's memory cgroup, pids.current and pid 1 (started
+// 42.1 s ago) into dir and returns their paths.
 func fakeView(t *testing.T, dir string) paths {
 	t.Helper()
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &now); err != nil {
+		t.Fatal(err)
+	}
+	startTicks := (now.Nano() - int64(42100*time.Millisecond)) / int64(time.Second/userHZ)
 	files := map[string]string{
-		"meminfo": "MemTotal:         524288 kB\nMemFree:          400000 kB\nMemAvailable:     450000 kB\nBuffers:               12 kB\nCached:             1000 kB\nShmem:               100 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n",
-		"uptime":  "42.10 80.00\n",
-		"loadavg": "0.50 1.00 2.25 1/100 4242\n",
-		"tasks":   "7\n",
+		"memory/memory.limit_in_bytes":       "536870912\n",
+		"memory/memory.usage_in_bytes":       "104857600\n",
+		"memory/memory.memsw.limit_in_bytes": "536870912\n",
+		"memory/memory.memsw.usage_in_bytes": "104857600\n",
+		"memory/memory.stat":                 "cache 4096\nshmem 0\ntotal_cache 8192\ntotal_shmem 102400\ntotal_rss 1000\n",
+		"pids.current":                       "7\n",
+		// pid 1 in a child cgroup whose parent has the smaller limit.
+		"cgroup":                                  "12:pids:/\n4:memory:/envd\n0::/\n",
+		"memory/envd/memory.limit_in_bytes":       "9223372036854771712\n",
+		"memory/envd/memory.usage_in_bytes":       "104857600\n",
+		"memory/envd/memory.memsw.limit_in_bytes": "9223372036854771712\n",
+		"memory/envd/memory.memsw.usage_in_bytes": "104857600\n",
+		"memory/envd/memory.stat":                 "total_shmem 102400\n",
+		// A command name with spaces and parentheses, as a process may pick.
+		"stat": fmt.Sprintf("1 (en) vd) S 0 1 1 0 -1 4194560 1284 0 1 0 1 0 0 0 20 0 7 0 %d 1000 100\n", startTicks),
 	}
 	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return paths{
-		meminfo: filepath.Join(dir, "meminfo"), uptime: filepath.Join(dir, "uptime"),
-		loadavg: filepath.Join(dir, "loadavg"), tasks: filepath.Join(dir, "tasks"), procDir: "/proc",
+		meminfo: "/proc/meminfo", memory: filepath.Join(dir, "memory"), initCgroup: filepath.Join(dir, "cgroup"),
+		tasks: filepath.Join(dir, "pids.current"), procDir: "/proc", initStat: filepath.Join(dir, "stat"),
 	}
 }
 
-// wantView is what fakeView's files mean as a struct sysinfo.
+// wantView is what fakeView's files mean as a struct sysinfo; loads are the
+// host's, uptime is checked apart (at least 43: 42.1 s, rounded up).
 var wantView = unix.Sysinfo_t{
-	Uptime:    43,
-	Loads:     [3]uint64{1 << 15, 1 << 16, 9 << 14},
 	Totalram:  512 << 20,
-	Freeram:   400000 << 10,
+	Freeram:   412 << 20,
 	Sharedram: 100 << 10,
-	Bufferram: 12 << 10,
 	Procs:     7,
 	Unit:      1,
+}
+
+// checkView compares a view with wantView.
+func checkView(t *testing.T, who string, got unix.Sysinfo_t) {
+	t.Helper()
+	if got.Uptime < 43 || got.Uptime > 43+600 {
+		t.Errorf("%s: uptime %d, want 43 or a little more", who, got.Uptime)
+	}
+	want := wantView
+	want.Uptime, want.Loads = got.Uptime, got.Loads
+	if got != want {
+		t.Errorf("%s got %+v\nwant %+v", who, got, want)
+	}
+	var host unix.Sysinfo_t
+	if err := unix.Sysinfo(&host); err == nil && got.Loads[0] == 0 && host.Loads[0] != 0 {
+		t.Errorf("%s: loads %v; the host's are %v", who, got.Loads, host.Loads)
+	}
 }
 
 func TestReadView(t *testing.T) {
@@ -60,20 +96,27 @@ func TestReadView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *got != wantView {
-		t.Errorf("readView = %+v\nwant       %+v", *got, wantView)
-	}
+	checkView(t, "readView", *got)
 	// Without pids.current, the processes in /proc are counted.
 	p.tasks = filepath.Join(t.TempDir(), "none")
 	if got, err := readView(p); err != nil || got.Procs == 0 {
 		t.Errorf("without pids.current: procs = %d, %v", got.Procs, err)
 	}
-	// No usable meminfo: an error, so the caller lets the real call run.
-	if err := os.WriteFile(p.meminfo, []byte("nothing\n"), 0o644); err != nil {
+	// Swap: the memsw limit above the memory limit, at most the host's.
+	var host unix.Sysinfo_t
+	if err := unix.Sysinfo(&host); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(p.memory, "envd", "memory.memsw.limit_in_bytes"), []byte("1073741824\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readView(p); err != nil || got.Totalswap != min(512<<20, host.Totalswap*uint64(host.Unit)) || got.Freeswap != got.Totalswap {
+		t.Errorf("with a memsw limit: swap %d free %d (%v); the host has %d", got.Totalswap, got.Freeswap, err, host.Totalswap)
+	}
+	// No memory cgroup: an error, so the caller lets the real call run.
+	p.memory = filepath.Join(t.TempDir(), "none")
 	if _, err := readView(p); err == nil {
-		t.Error("readView accepted a meminfo without MemTotal")
+		t.Error("readView without a memory cgroup succeeded")
 	}
 }
 
@@ -235,9 +278,7 @@ func TestHandlerAnswers(t *testing.T) {
 				if r.Err != "" {
 					t.Errorf("sysinfo: %s", r.Err)
 				}
-				if r.Info != wantView {
-					t.Errorf("uid %d got %+v\nwant %+v", r.Uid, r.Info, wantView)
-				}
+				checkView(t, fmt.Sprintf("uid %d", r.Uid), r.Info)
 				if r.NullErrno != int(unix.EFAULT) {
 					t.Errorf("sysinfo(NULL) errno = %d, want EFAULT", r.NullErrno)
 				}
@@ -270,7 +311,7 @@ func TestFallbackContinues(t *testing.T) {
 		t.Skip("needs root")
 	}
 	p := fakeView(t, t.TempDir())
-	p.meminfo = filepath.Join(t.TempDir(), "missing")
+	p.memory = filepath.Join(t.TempDir(), "missing")
 	var out []byte
 	err := onThread(t, func() error {
 		if err := attach(p); err != nil {

@@ -27,8 +27,9 @@ import (
 //
 //   - sysinfo(2) (glibc's _SC_PHYS_PAGES, `os.sysconf` of it, and /proc-less
 //     tools like `busybox free`) cannot be virtualised by a filesystem either:
-//     envd answers it, from lxcfs's /proc/meminfo, for every process it starts,
-//     through a seccomp user notification (internal/sysinfo). That is why the
+//     envd answers it for every process it starts, through a seccomp user
+//     notification, with what lxcfs shows in /proc/meminfo and /proc/uptime,
+//     computed from the same cgroup files (internal/sysinfo). That is why the
 //     sandbox's root gets CAP_SYS_PTRACE (Capabilities), which envd's children
 //     never keep. A process not descended from envd (a first process other
 //     than envd, as in the conformance suite's probes) sees the host's.
