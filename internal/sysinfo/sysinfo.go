@@ -2,8 +2,8 @@
 // sandbox's memory, uptime and task count instead of the host's, so that
 // glibc's sysconf(_SC_PHYS_PAGES) and _SC_AVPHYS_PAGES (Python's os.sysconf,
 // JVMs, thread-pool and cache sizing), busybox free and the like agree with
-// the sandbox's /proc/meminfo and /proc/uptime (lxcfs's views). No filesystem can
-// answer a system call, so envd answers it through a seccomp user
+// the sandbox's /proc/meminfo and /proc/uptime (lxcfs's views). No file
+// system can answer a system call, so envd answers it through a seccomp user
 // notification. gVisor's sentry answers sysinfo itself and needs none of this.
 //
 // The lifecycle, for each process tree envd starts:
@@ -21,9 +21,9 @@
 //     netpoller: one parked goroutine per live process tree, no OS thread.
 //  3. Handler. For each notification: read the sandbox's view (its memory
 //     cgroup, pids.current and pid 1's start time: what lxcfs computes
-//     /proc/meminfo and /proc/uptime from), open the
-//     caller's /proc/<pid>/mem, check that the notification is still valid
-//     (so the pid was not reused in between), write the struct sysinfo at the
+//     /proc/meminfo and /proc/uptime from), open the caller's
+//     /proc/<pid>/mem, check that the notification is still valid (so the
+//     pid was not reused in between), write the struct sysinfo at the
 //     caller's pointer and let the call return 0; -EFAULT when the write
 //     fails, as the kernel would. Any other failure lets the real system call
 //     run (SECCOMP_USER_NOTIF_FLAG_CONTINUE), so a caller never hangs and at
