@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -28,6 +29,15 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
+
+// init keeps the main goroutine on the main thread, so that no other
+// goroutine ever runs there. internal/usercgroup readies each user process's
+// fork on a thread it locks for good and lets end; Go never ends the main
+// thread (a goroutine exiting locked to it parks it instead), and the main
+// thread is the thread group leader, whose v1 memory cgroup the whole
+// process is charged to: it must never be moved into a user's leaf, keep a
+// user tree's seccomp filter, or lose envd's CAP_SYS_PTRACE.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	// Dispatch on the name before anything else: the shim must not touch
@@ -49,6 +59,8 @@ func run() int {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// Packages without a logger of their own (internal/sysinfo) log here too.
+	slog.SetDefault(logger)
 
 	if len(os.Args) > 1 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
 		fmt.Println(envdapi.Version)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -173,6 +174,28 @@ func TestRun(t *testing.T) {
 		wg.Wait()
 		if got.String() != "first\nsecond\n" {
 			t.Errorf("output %q, want stdout and stderr both", got.String())
+		}
+	})
+
+	// A step is the user's code like any command: it sees the box's memory
+	// limit through sysinfo (envd step answers it) and, as root, holds no
+	// CAP_SYS_PTRACE (envd keeps it to answer sysinfo).
+	t.Run("SysinfoAndNoPtrace", func(t *testing.T) {
+		var out bytes.Buffer
+		code, err := b.Run(ctx, buildbox.Step{Lower: e.lower, Upper: e.upper(t), Args: sh(
+			`python3 -c 'import os; print(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20)'; awk '/^CapPrm:/{print $2}' /proc/self/status`)}, &out)
+		if err != nil || code != 0 {
+			t.Fatalf("exit %d, %v: %s", code, err, out.String())
+		}
+		f := strings.Fields(out.String())
+		if len(f) != 2 {
+			t.Fatalf("output %q", out.String())
+		}
+		if f[0] != strconv.Itoa(buildbox.DefaultMemoryMB) {
+			t.Errorf("SC_PHYS_PAGES in a step says %s MiB; the box has %d", f[0], buildbox.DefaultMemoryMB)
+		}
+		if prm, err := strconv.ParseUint(f[1], 16, 64); err != nil || prm&(1<<19) != 0 {
+			t.Errorf("a step run as root has CapPrm %s: CAP_SYS_PTRACE must be dropped", f[1])
 		}
 	})
 

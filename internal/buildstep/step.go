@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/sysinfo"
 	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
@@ -191,17 +192,33 @@ func runStep(spec envdapi.StepSpec) envdapi.StepResult {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	// os.StartProcess, not os/exec: this process reaps every child with
-	// wait4(-1), which would steal os/exec's own Wait.
-	p, err := os.StartProcess(bin, spec.Args, &os.ProcAttr{
-		Dir:   cwd,
-		Env:   env,
-		Files: []*os.File{devnull, os.Stdout, os.Stdout},
-		Sys: &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
-			Setsid:     true,
-		},
+	// wait4(-1), which would steal os/exec's own Wait. Forked, like every
+	// user process of a sandbox, from a thread that dropped CAP_SYS_PTRACE
+	// and traps sysinfo (internal/sysinfo): a build step is no less the
+	// user's code than a command.
+	var p *os.Process
+	started := make(chan error, 1)
+	sysinfo.OnDisposableThread(func() {
+		err, filterErr := sysinfo.PrepareThread()
+		if err != nil {
+			started <- err
+			return
+		}
+		if filterErr != nil {
+			fmt.Fprintf(os.Stdout, "airlock: sysinfo shows the host's memory in this step: %v\n", filterErr)
+		}
+		p, err = os.StartProcess(bin, spec.Args, &os.ProcAttr{
+			Dir:   cwd,
+			Env:   env,
+			Files: []*os.File{devnull, os.Stdout, os.Stdout},
+			Sys: &syscall.SysProcAttr{
+				Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: groups},
+				Setsid:     true,
+			},
+		})
+		started <- err
 	})
-	if err != nil {
+	if err := <-started; err != nil {
 		return envdapi.StepResult{Error: fmt.Sprintf("start %s: %v", spec.Args[0], err)}
 	}
 	go func() {

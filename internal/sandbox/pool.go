@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
 // The warm pool keeps a few sandboxes per template started ahead of demand, so
@@ -198,7 +200,7 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	if err != nil {
 		return drop()
 	}
-	init := initRequest{AccessToken: info.AccessToken, EnvVars: env}
+	init := envdapi.InitRequest{AccessToken: info.AccessToken, EnvVars: env}
 	if err := postInit(ctx, e.transport, init); err != nil {
 		m.log.Warn("warm pool: claim failed; starting cold", "id", e.id, "err", err)
 		return drop()
@@ -218,14 +220,7 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	return e
 }
 
-// initRequest is the body of envd's POST /init: the part of envd.Config that is
-// only known when a client creates the sandbox.
-type initRequest struct {
-	AccessToken string            `json:"accessToken,omitempty"`
-	EnvVars     map[string]string `json:"envVars,omitempty"`
-}
-
-func postInit(ctx context.Context, tr http.RoundTripper, body initRequest) error {
+func postInit(ctx context.Context, tr http.RoundTripper, body envdapi.InitRequest) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err

@@ -26,8 +26,15 @@
 // child from it, and lets the thread end with the goroutine. The child never
 // runs a single instruction in envd's cgroup. envd's memory stays charged to
 // envd's cgroup: v1 charges a process's pages to the cgroup of its thread
-// group leader. Go starts new runtime threads from its template thread, never
-// from a locked one, so no runtime thread of envd lands in a leaf either.
+// group leader, the main thread, which never becomes a spare (envd keeps its
+// main goroutine on it, and a spare that lands there anyway leaves it
+// alone). Go starts new runtime threads from its template thread, never from
+// a locked one, so no runtime thread of envd lands in a leaf either.
+//
+// The same per-thread trick carries two more things into every user process
+// and nowhere else in envd (internal/sysinfo): the spare thread drops
+// CAP_SYS_PTRACE, which envd keeps to answer sysinfo, and installs the
+// seccomp filter that traps sysinfo into a listener envd serves.
 //
 // In a gVisor sandbox (internal/runtime/gvisor) the sentry's own cgroup v2
 // hierarchy is mounted at /sys/fs/cgroup instead, and nothing is set up from
@@ -49,7 +56,7 @@
 // ancestor on each task creation (cgroup2fs pids.canEnter).
 //
 // Where there is no writable "user" cgroup (envd run outside a sandbox),
-// Start just calls start.
+// Start just calls start, from a spare thread if envd holds CAP_SYS_PTRACE.
 package usercgroup
 
 import (
@@ -57,7 +64,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +71,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/sysinfo"
 )
 
 // Controllers are the cgroup v1 hierarchies that have a "user" child.
@@ -109,8 +117,11 @@ type placer struct {
 	dirs  []string // <root>/<ctrl>/user, one per controller; v2: <root>/user
 	v2    bool
 	next  atomic.Uint64
-	ready chan *spare // v1: a thread placed in a fresh leaf (keepSpare)
+	ready chan *spare // a thread readied to fork (keepSpare); nil: fork from any thread
 	mu    sync.Mutex  // serializes leaf creation and the sweep of empty leaves
+	// unborn are v2 leaves made for a start that has not forked into them
+	// yet: empty, but not to be swept (v1 leaves hold their spare thread).
+	unborn map[string]bool
 }
 
 var (
@@ -120,26 +131,34 @@ var (
 
 func get() *placer {
 	once.Do(func() {
+		global = &placer{}
 		if d := filepath.Join(root, Name); isV2(root) && unix.Access(filepath.Join(d, "cgroup.procs"), unix.W_OK) == nil {
-			global = &placer{dirs: []string{d}, v2: true}
-			return
-		}
-		var dirs []string
-		for _, c := range Controllers {
-			d := filepath.Join(root, c, Name)
-			if unix.Access(filepath.Join(d, "tasks"), unix.W_OK) != nil {
-				return
+			global.dirs, global.v2 = []string{d}, true
+		} else {
+			var dirs []string
+			for _, c := range Controllers {
+				d := filepath.Join(root, c, Name)
+				if unix.Access(filepath.Join(d, "tasks"), unix.W_OK) != nil {
+					dirs = nil
+					break
+				}
+				dirs = append(dirs, d)
 			}
-			dirs = append(dirs, d)
+			global.dirs = dirs
 		}
-		global = &placer{dirs: dirs, ready: make(chan *spare)}
-		go global.keepSpare()
+		// Spare threads where a thread must be placed in a v1 leaf, or must
+		// shed CAP_SYS_PTRACE (and carry the sysinfo filter) before it forks.
+		if (len(global.dirs) > 0 && !global.v2) || sysinfo.HoldsPtrace() {
+			global.ready = make(chan *spare)
+			go global.keepSpare()
+		}
 	})
 	return global
 }
 
-// Enabled reports whether user processes get cgroups of their own here.
-func Enabled() bool { return get() != nil }
+// Enabled reports whether user processes get cgroups of their own here. The
+// first call also starts readying the first spare thread.
+func Enabled() bool { return len(get().dirs) > 0 }
 
 // Start runs start (which must fork the child from the calling goroutine, as
 // exec.Cmd.Start and syscall.ForkExec do, with sys as its SysProcAttr) so
@@ -148,46 +167,78 @@ func Enabled() bool { return get() != nil }
 // the leaf cannot be made, the child starts where envd is and the error is
 // returned beside start's result for the caller to log.
 //
+// Where envd holds CAP_SYS_PTRACE (the linux runtime grants it for
+// internal/sysinfo), the child is always forked from a spare thread that
+// dropped it and carries the sysinfo filter (sysinfo.PrepareThread): no user
+// process gets the capability, and each process tree traps sysinfo into a
+// listener of its own. A thread that could not drop it forks nothing: Start
+// returns that error instead.
+//
 // Moving a thread between v1 cgroups waits for an RCU grace period per
-// hierarchy (milliseconds), so a thread already placed in a fresh leaf is kept
-// ready (spare) and the next one is placed in the background after each use.
-// A start that finds none ready waits for the one being placed: placements
-// are serialized (p.mu) anyway, so placing its own would not be sooner.
+// hierarchy (milliseconds), so a thread already readied is kept (spare) and
+// the next one is readied in the background after each use. A start that
+// finds none ready waits for the one being readied: placements are
+// serialized (p.mu) anyway, so placing its own would not be sooner.
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
-	if p == nil {
+	if p.v2 {
+		if p.ready == nil {
+			return p.startV2(sys, start)
+		}
+		inner := start
+		start = func() error {
+			err, placeErr = p.startV2(sys, inner)
+			return err
+		}
+	} else if p.ready == nil {
 		return start(), nil
 	}
-	if p.v2 {
-		return p.startV2(sys, start)
-	}
 	s := <-p.ready
+	if s.err != nil {
+		close(s.run) // the thread ends without forking
+		return s.err, errors.Join(placeErr, s.placeErr)
+	}
 	s.run <- start
-	return <-s.done, s.placeErr
+	err = <-s.done
+	return err, errors.Join(placeErr, s.placeErr)
 }
 
-// spare is an OS thread already moved into a fresh leaf, parked until a Start
-// hands it the function that forks a child.
+// spare is an OS thread readied to fork a user process (sysinfo.PrepareThread)
+// and, on v1, moved into a fresh leaf, parked until a Start hands it the
+// function that forks a child.
 type spare struct {
-	placeErr error
+	err      error // the thread kept a privilege no user process may have
+	placeErr error // no leaf or no sysinfo filter: logged, the child starts anyway
 	run      chan func() error
 	done     chan error
 }
 
-// keepSpare places one thread after another in a fresh leaf and offers it on
-// p.ready; it blocks while the offered one is unused, so at most one idle
-// thread (one task in a leaf's pids count) exists per sandbox.
+// keepSpare readies one thread after another and offers it on p.ready; it
+// blocks while the offered one is unused, so at most one idle thread (one
+// task in a leaf's pids count) exists per sandbox.
 func (p *placer) keepSpare() {
 	for {
 		s := &spare{run: make(chan func() error), done: make(chan error, 1)}
-		placed := make(chan error, 1)
-		go func() {
-			goruntime.LockOSThread() // never unlocked: the thread ends with its leaf membership
-			placed <- p.enter()
-			s.done <- (<-s.run)()
-		}()
-		s.placeErr = <-placed
+		readied := make(chan struct{})
+		sysinfo.OnDisposableThread(func() { p.spareThread(s, readied) })
+		<-readied
 		p.ready <- s
+	}
+}
+
+// spareThread readies the thread of one spare (a disposable thread: it ends
+// with the goroutine, taking its leaf membership, its dropped capability and
+// its seccomp filter with it), then forks what Start hands it.
+func (p *placer) spareThread(s *spare, readied chan<- struct{}) {
+	var filterErr error
+	s.err, filterErr = sysinfo.PrepareThread()
+	if s.err == nil && !p.v2 && len(p.dirs) > 0 {
+		s.placeErr = p.enter()
+	}
+	s.placeErr = errors.Join(s.placeErr, filterErr)
+	close(readied)
+	if run, ok := <-s.run; ok {
+		s.done <- run()
 	}
 }
 
@@ -196,11 +247,16 @@ func (p *placer) startV2(sys *syscall.SysProcAttr, start func() error) (err, pla
 	if sys == nil {
 		return start(), errors.New("usercgroup: no SysProcAttr to place the process with")
 	}
-	fd, err := p.leafV2()
+	fd, name, err := p.leafV2()
 	if err != nil {
 		return start(), err
 	}
-	defer unix.Close(fd)
+	defer func() {
+		unix.Close(fd)
+		p.mu.Lock()
+		delete(p.unborn, name)
+		p.mu.Unlock()
+	}()
 	sys.UseCgroupFD, sys.CgroupFD = true, fd
 	err = start()
 	sys.UseCgroupFD, sys.CgroupFD = false, 0
@@ -208,21 +264,27 @@ func (p *placer) startV2(sys *syscall.SysProcAttr, start func() error) (err, pla
 }
 
 // leafV2 creates a leaf under the v2 "user" cgroup, with the user's pids
-// limit minus the reserve, and returns an open descriptor of its directory.
-func (p *placer) leafV2() (int, error) {
+// limit minus the reserve, and returns an open descriptor of its directory and
+// its name, which stays in p.unborn until the caller has forked into it.
+func (p *placer) leafV2() (int, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
-	leaf, err := makeLeaf("pids", p.dirs[0], p.leafName())
+	name := p.leafName()
+	leaf, err := makeLeaf("pids", p.dirs[0], name)
 	if err != nil {
-		return -1, err
+		return -1, "", err
 	}
 	fd, err := unix.Open(leaf, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		_ = unix.Rmdir(leaf)
-		return -1, fmt.Errorf("usercgroup: open %s: %w", leaf, err)
+		return -1, "", fmt.Errorf("usercgroup: open %s: %w", leaf, err)
 	}
-	return fd, nil
+	if p.unborn == nil {
+		p.unborn = map[string]bool{}
+	}
+	p.unborn[name] = true
+	return fd, name, nil
 }
 
 // enter creates a leaf in every controller and moves the calling thread
@@ -300,7 +362,9 @@ func limitLeaf(ctrl, user, leaf string) error {
 }
 
 // sweep removes the leaves whose processes have all ended (rmdir of a cgroup
-// that still has tasks fails with EBUSY, and the leaf stays).
+// that still has tasks fails with EBUSY, and the leaf stays), except the
+// unborn ones: a concurrent start's clone3(CLONE_INTO_CGROUP) into a removed
+// leaf fails (gVisor: ENOENT, seen with 8 starts at once).
 func (p *placer) sweep() {
 	for _, d := range p.dirs {
 		ctrl := filepath.Base(filepath.Dir(d))
@@ -313,7 +377,7 @@ func (p *placer) sweep() {
 		}
 		kept := 0
 		for _, e := range entries {
-			if !e.IsDir() {
+			if !e.IsDir() || p.unborn[e.Name()] {
 				continue
 			}
 			leaf := filepath.Join(d, e.Name())

@@ -321,6 +321,8 @@ func mountOverlay(lower, dir, upper string) (string, error) {
 // linux backend's and for the same reasons: what envd and package installation
 // need (chown, file access across users, switching users, signalling, ports
 // below 1024). Capabilities in gVisor are the sentry's, checked by the sentry.
+// Without CAP_SYS_PTRACE, which the linux backend gives envd only to answer
+// sysinfo(2) itself: here the sentry answers it with the sandbox's memory.
 var Capabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
 	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",

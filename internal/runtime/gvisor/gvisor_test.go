@@ -24,6 +24,7 @@ func TestConformance(t *testing.T) {
 	runtimetest.Run(t, runtimetest.Harness{
 		Lower:       lower,
 		GuestKernel: true,
+		Envd:        testenv.EnvdBinary(t),
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := gvisor.New(state, nil)
 			if err != nil {

@@ -25,9 +25,15 @@ import (
 //     CFS quota (a child cgroup of the sandbox's), and a child cpuset can only
 //     be a subset of its parent's, so the count holds there too.
 //
-// Not virtualised: sysinfo(2) (glibc's _SC_PHYS_PAGES, `os.sysconf` of it, and
-// /proc-less tools like `busybox free`) reports the host's memory, because no
-// filesystem can answer a system call; gVisor's sentry answers it itself.
+//   - sysinfo(2) (glibc's _SC_PHYS_PAGES, `os.sysconf` of it, and /proc-less
+//     tools like `busybox free`) cannot be virtualised by a filesystem either:
+//     envd answers it for every process it starts, through a seccomp user
+//     notification, with what lxcfs shows in /proc/meminfo and /proc/uptime,
+//     computed from the same cgroup files (internal/sysinfo). That is why the
+//     sandbox's root gets CAP_SYS_PTRACE (Capabilities), which envd's children
+//     never keep. A process not descended from envd (a first process other
+//     than envd, as in the conformance suite's probes) sees the host's.
+//     gVisor's sentry answers sysinfo itself.
 
 // viewMounts are the bind mounts of lxcfs's files into a sandbox.
 func viewMounts(dir string) []specs.Mount {

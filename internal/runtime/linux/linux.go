@@ -370,6 +370,13 @@ func (r *Runtime) chownWritableMounts(mounts []runtime.Mount) error {
 //	CAP_SETGID           same, for groups and supplementary groups
 //	CAP_KILL             envd signals processes of any sandbox user
 //	CAP_NET_BIND_SERVICE servers on ports below 1024 (port 80 is common in agents' code)
+//	CAP_SYS_PTRACE       envd only: it answers sysinfo(2) for the sandbox's processes
+//	                     by writing into the caller's memory (/proc/<pid>/mem), which
+//	                     for another uid or a non-dumpable process needs it
+//	                     (internal/sysinfo). Every thread of envd that forks a user
+//	                     process drops it first, and no_new_privs keeps exec from
+//	                     giving it back, so no user process, root's included, has
+//	                     it; it reaches only processes of this user namespace.
 //
 // Dropped from Docker's default set: CAP_MKNOD (no device nodes; the devices
 // cgroup would refuse them too), CAP_NET_RAW (raw sockets allow spoofing and
@@ -379,6 +386,7 @@ func (r *Runtime) chownWritableMounts(mounts []runtime.Mount) error {
 var Capabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
 	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_PTRACE",
 }
 
 // maskedPaths adds to runc's list (specconv.Example: /proc/kcore, keys,

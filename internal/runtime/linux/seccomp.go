@@ -38,7 +38,13 @@ import (
 // kernels >= 4.8: debuggers and strace are useful to agents, seccomp can no
 // longer be bypassed through ptrace on these kernels, and without
 // CAP_SYS_PTRACE a process can only trace processes of its own uid inside the
-// sandbox's pid namespace.
+// sandbox's pid namespace. Only envd holds CAP_SYS_PTRACE (to answer sysinfo,
+// internal/sysinfo); the processes it starts do not, so they cannot trace envd.
+//
+// sysinfo is allowed here; envd adds a filter of its own to every process tree
+// it starts, which traps sysinfo into a listener it serves. seccomp is allowed
+// for that (unprivileged under no_new_privs) and for programs that sandbox
+// themselves; a filter can only restrict further.
 var seccompAllowed = []string{
 	// file I/O
 	"read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev",

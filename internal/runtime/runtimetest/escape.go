@@ -28,9 +28,13 @@ var neighbourProbe string
 // MaxCaps is the largest capability set a backend may give a sandbox's root:
 // what envd and package installation need (see runtime/linux.Capabilities for
 // why each). CapBnd and CapEff inside the sandbox must be subsets of it.
+// CAP_SYS_PTRACE is envd's alone (it answers sysinfo through the callers'
+// memory): the processes envd starts lack it (EnvdSysinfo checks that), but
+// a probe run as the first process, as here, has it.
 var MaxCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
 	"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_PTRACE",
 }
 
 // capNames maps capability bit numbers to names (linux/capability.h).

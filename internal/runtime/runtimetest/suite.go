@@ -41,10 +41,13 @@ type Harness struct {
 	// (seccomp status, ENOSYS for clone3) only for backends without one, and
 	// accept what the guest kernel contains (see guestContained).
 	GuestKernel bool
-	// HostSysinfo says sysinfo(2) inside reports the host's memory (the
-	// linux backend: no filesystem can virtualise a system call), so the
-	// limits test expects glibc's SC_PHYS_PAGES to show the host's.
-	HostSysinfo bool
+	// Envd is a static envd binary. The suite then also starts sandboxes
+	// with envd as their first process, as the sandbox manager does, and
+	// checks what the processes envd starts see (EnvdSysinfo): sysinfo(2) is
+	// answered by envd on the linux backend (internal/sysinfo), so a probe
+	// run as the first process would not see it. Required: without it that
+	// test fails.
+	Envd string
 	// Rehome, if set, moves every process of the sandbox into child cgroups
 	// of its own cgroup (as a backend that splits envd from user processes
 	// does); the limits test then checks the views again.
@@ -82,6 +85,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
 	t.Run("OwnLimitsVisible", func(t *testing.T) { testOwnLimits(t, h) })
+	t.Run("EnvdSysinfo", func(t *testing.T) { testEnvdSysinfo(t, h) })
 	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
 	t.Run("UpperKeptAfterDestroy", func(t *testing.T) { testUpperKept(t, h) })
 	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })

@@ -26,6 +26,17 @@ describe('code interpreter', { concurrency: false }, () => {
     assert.ok(r.executionCount >= 2, `executionCount ${r.executionCount}`)
   })
 
+  test("python: a kernel sees the sandbox's memory through sysinfo and holds no CAP_SYS_PTRACE", async () => {
+    const info = await sbx.getInfo()
+    const r = await sbx.runCode(
+      "import os\n" +
+        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapPrm', 'CapEff'))]\n" +
+        "(os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') >> 20, [int(c, 16) >> 19 & 1 for c in caps])",
+    )
+    assert.equal(r.error, undefined, r.error?.traceback)
+    assert.equal(r.text, `(${info.memoryMB}, [0, 0])`)
+  })
+
   test('python: stdout and stderr, streamed to callbacks', async () => {
     const out = []
     const err = []
