@@ -161,9 +161,8 @@ func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gviso
 // every task first come first served, with no priority for envd or the
 // command it starts, and `echo ok` took 1-5 s while the loop churned. envd's
 // pid 1 kills such a tree (usercgroup.GuardStorms: 64 refused task creations
-// within 2 s): on gVisor the os.fork() loop ends dead within about 2 s of
-// reaching its limit, the fork bomb (bash retries a refused fork once a
-// second) as a rule too, and `echo ok` answers in tens of milliseconds.
+// within 5 s), so on gVisor these two end dead within about 2 s of reaching
+// their limit, and `echo ok` answers in tens of milliseconds.
 
 func runWorkloadAttacks(t *testing.T, template string) {
 	m := workloadManager(t, template == "base-gvisor")
