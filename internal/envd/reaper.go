@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -28,7 +29,9 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 	if _, err := os.Stat(exe); err != nil {
 		exe = os.Args[0]
 	}
-	setupTaskLimit(logger)
+	if setupTaskLimit(logger) {
+		go guardStorms(logger)
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		logger.Error("reaper: pipe", "err", err)
@@ -85,12 +88,13 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 
 // setupTaskLimit builds the sandbox's cgroups inside a gVisor sandbox, whose
 // runtime gives the task limit in usercgroup.TasksMaxEnv (the linux runtime
-// builds them on the host). The variable is dropped either way: it is not the
-// user's. A sandbox without the limit still works; the failure is logged.
-func setupTaskLimit(logger *slog.Logger) {
+// builds them on the host), and reports whether they are in place. The
+// variable is dropped either way: it is not the user's. A sandbox without the
+// limit still works; the failure is logged.
+func setupTaskLimit(logger *slog.Logger) bool {
 	v, ok := os.LookupEnv(usercgroup.TasksMaxEnv)
 	if !ok {
-		return
+		return false
 	}
 	os.Unsetenv(usercgroup.TasksMaxEnv)
 	n, err := strconv.ParseInt(v, 10, 64)
@@ -99,5 +103,25 @@ func setupTaskLimit(logger *slog.Logger) {
 	}
 	if err != nil {
 		logger.Error("reaper: the sandbox's task limit is not enforced", "err", err)
+		return false
+	}
+	return true
+}
+
+// guardStorms kills the users' process trees that keep creating tasks at
+// their limit (usercgroup.GuardStorms: inside gVisor nothing gives envd the
+// CPU before them), for the life of the sandbox.
+func guardStorms(logger *slog.Logger) {
+	err := usercgroup.GuardStorms(context.Background(), func(k usercgroup.StormKill) {
+		if k.Err != nil {
+			logger.Error("reaper: a process tree storms at its task limit and could not be killed",
+				"cgroup", "/user/"+k.Leaf, "refused", k.Refused, "within", k.Window, "err", k.Err)
+			return
+		}
+		logger.Warn("reaper: killed a process tree that kept creating tasks at its task limit",
+			"cgroup", "/user/"+k.Leaf, "refused", k.Refused, "within", k.Window)
+	})
+	if err != nil {
+		logger.Error("reaper: fork storms are not guarded against", "err", err)
 	}
 }

@@ -416,6 +416,12 @@ func ociSpec(spec runtime.Spec, rootfs, cpuset string) *specs.Spec {
 // cgroup; unbounded, a fork bomb fills that cgroup within seconds (issue 11).
 // At one task per tasksMiB of memory, the tasks' host cost stays a sixth of
 // the memory limit. 0 means no limit.
+//
+// Holding a tree at the limit is not the whole story inside gVisor: a tree
+// that keeps creating tasks there (an os.fork() loop, a fork bomb) makes the
+// sentry, which serves all tasks first come first served, answer envd's
+// system calls tens of milliseconds late each (echo ok took 1-5 s), so envd's
+// pid 1 kills such a tree (usercgroup.GuardStorms).
 func TasksMax(res runtime.Resources) int64 {
 	n := res.PidsMax
 	if res.MemoryMB > 0 {
