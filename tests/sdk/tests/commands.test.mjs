@@ -111,12 +111,17 @@ describe('commands', { concurrency: true }, () => {
   })
 
   test('run: background returns a handle whose wait() gives the result', async () => {
-    const t0 = Date.now()
-    const h = await sbx.commands.run('sleep 1; echo bg-done; exit 0', { background: true })
-    assert.ok(Date.now() - t0 < 900, 'background run returns before the command ends')
+    // The command cannot end before the test lets it (it waits for a file),
+    // so run() returning at all shows it returns while the command runs; no
+    // wall-clock bound, which a loaded machine breaks.
+    const gate = `/tmp/bg-gate-${uniq()}`
+    const h = await sbx.commands.run(`while [ ! -e ${gate} ]; do sleep 0.05; done; echo bg-done; exit 0`, { background: true })
     assert.equal(typeof h.pid, 'number')
     assert.ok(h.pid > 0)
     assert.equal(h.exitCode, undefined, 'still running')
+    const listed = await sbx.commands.list()
+    assert.ok(listed.some((p) => p.pid === h.pid), `the background command is listed as running: ${JSON.stringify(listed)}`)
+    await sbx.files.write(gate, '')
     const r = await h.wait()
     assert.equal(r.exitCode, 0)
     assert.equal(r.stdout, 'bg-done\n')
