@@ -279,7 +279,10 @@ func TestAttackDiskFill(t *testing.T) {
 	if info.DiskSizeMB != diskMB {
 		t.Fatalf("DiskSizeMB = %d", info.DiskSizeMB)
 	}
-	res := sh(m, info, `dd if=/dev/zero of=$HOME/fill bs=1M count=1024 conv=fsync; echo "exit=$?"; stat -c %s $HOME/fill`, 2*time.Minute, nil)
+	// dd's complaint on the same pipe as the rest: stdout and stderr are two
+	// streams whose chunks may arrive in either order, and the size must be
+	// the last line.
+	res := sh(m, info, `dd if=/dev/zero of=$HOME/fill bs=1M count=1024 conv=fsync 2>&1; echo "exit=$?"; stat -c %s $HOME/fill`, 2*time.Minute, nil)
 	if res.err != nil {
 		t.Fatalf("fill: %+v", res)
 	}
