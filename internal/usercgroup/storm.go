@@ -71,7 +71,7 @@ func GuardStorms(ctx context.Context, report func(StormKill)) error {
 	if !isV2(root) {
 		return fmt.Errorf("usercgroup: no cgroup v2 hierarchy at %s", root)
 	}
-	g := &stormGuard{user: user, hist: map[string][]int64{}}
+	g := &stormGuard{user: user, hist: map[string][]count{}, prev: time.Now()}
 	if _, err := g.total(); err != nil {
 		return err
 	}
@@ -81,26 +81,30 @@ func GuardStorms(ctx context.Context, report func(StormKill)) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
-			for _, k := range g.tick() {
+		case now := <-t.C:
+			for _, k := range g.tick(now) {
 				report(k)
 			}
 		}
 	}
 }
 
-// stormGuard keeps, per leaf, the refused task creations seen at each of the
-// last stormWindow/stormPoll polls.
+// stormGuard keeps, per leaf, the refused task creations it has read over
+// the last stormWindow.
 type stormGuard struct {
 	user  string
 	last  int64              // the users' hierarchical count at the last poll
 	seen  bool               // last is set
-	hist  map[string][]int64 // leaf name -> counts, oldest first
+	hist  map[string][]count // leaf name -> its counts, oldest first
 	known map[string]int64   // leaf name -> its count at the last scan
+	prev  time.Time          // the last poll
 }
 
-// polls is the length of a leaf's history: its count now and stormWindow ago.
-const polls = int(stormWindow/stormPoll) + 1
+// count is a leaf's refusal count at a time.
+type count struct {
+	at time.Time
+	n  int64
+}
 
 // total reads the users' hierarchical refusal count: every refusal in any
 // leaf counts there too (gVisor's and Linux's pids.events count a refusal in
@@ -109,10 +113,10 @@ func (g *stormGuard) total() (int64, error) {
 	return readMaxEvents(filepath.Join(g.user, "pids.events"))
 }
 
-// tick polls once and kills the leaves that storm. The leaves are read only
-// when the users' count moved: a refusal in a leaf moves it too, so an
-// unmoved count means every leaf's count is still the one last read.
-func (g *stormGuard) tick() []StormKill {
+// tick polls once, at now, and kills the leaves that storm. The leaves are
+// read only when the users' count moved: a refusal in a leaf moves it too, so
+// an unmoved count means every leaf's count is still the one last read.
+func (g *stormGuard) tick(now time.Time) []StormKill {
 	total, err := g.total()
 	if err != nil {
 		return nil
@@ -126,24 +130,28 @@ func (g *stormGuard) tick() []StormKill {
 	for leaf, n := range g.known {
 		h := g.hist[leaf]
 		if h == nil {
-			// A leaf first seen now was made since the last scan, with a
-			// count of 0 (or existed before the guard: then its count is old
-			// and counts as if made now, the safe side).
-			h = make([]int64, polls)
+			// A leaf first seen now was made since the last poll (the guard
+			// starts before any leaf), with no refusals then.
+			h = []count{{at: g.prev, n: 0}}
 		}
-		h = append(h[1:], n)
+		h = append(h, count{at: now, n: n})
+		// The oldest count kept is the first one read within the last
+		// stormWindow: the window is measured in time, so that polls delayed
+		// by a loaded sandbox do not stretch it (and a late poll shortens it
+		// rather than count refusals from before it).
+		for len(h) > 1 && !h[0].at.After(now.Add(-stormWindow)) {
+			h = h[1:]
+		}
 		g.hist[leaf] = h
-		if n-h[0] < stormHits {
+		if n-h[0].n < stormHits {
 			continue
 		}
-		k := StormKill{Leaf: leaf, Refused: n - h[0], Window: stormWindow}
+		k := StormKill{Leaf: leaf, Refused: n - h[0].n, Window: stormWindow}
 		if err := os.WriteFile(filepath.Join(g.user, leaf, "cgroup.kill"), []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			k.Err = fmt.Errorf("usercgroup: kill %s: %w", leaf, err)
 		}
 		// The leaf's refusals so far are dealt with; it starts over.
-		for i := range h {
-			h[i] = n
-		}
+		g.hist[leaf] = []count{{at: now, n: n}}
 		kills = append(kills, k)
 	}
 	for leaf := range g.hist {
@@ -151,6 +159,7 @@ func (g *stormGuard) tick() []StormKill {
 			delete(g.hist, leaf)
 		}
 	}
+	g.prev = now
 	return kills
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // fakeUser is a v2 "user" cgroup made of plain files: pids.events of the
@@ -66,46 +67,63 @@ func kills(ks []StormKill) []string {
 // over a longer time, is a program at its limit that backs off.
 func TestStormGuard(t *testing.T) {
 	f := newFakeUser(t)
-	g := &stormGuard{user: f.dir, hist: map[string][]int64{}}
-	if got := g.tick(); got != nil {
+	now := time.Unix(1000, 0)
+	g := &stormGuard{user: f.dir, hist: map[string][]count{}, prev: now}
+	tick := func(every time.Duration) []StormKill {
+		now = now.Add(every)
+		return g.tick(now)
+	}
+	perWindow := int(stormWindow / stormPoll)
+	if got := tick(stormPoll); got != nil {
 		t.Fatalf("idle: %v", kills(got))
 	}
 	// A retrying shell: one refusal a poll, never stormHits in a window.
 	f.refuse("t1", 0)
-	for range 4 * polls {
+	for range 4 * perWindow {
 		f.refuse("t1", 1)
-		if got := g.tick(); got != nil {
+		if got := tick(stormPoll); got != nil {
 			t.Fatalf("one refusal a poll killed %v", kills(got))
 		}
 	}
 	// A fork loop: a generation refused at once in another leaf.
 	f.refuse("t2", stormHits-1)
-	if got := g.tick(); got != nil {
+	if got := tick(stormPoll); got != nil {
 		t.Fatalf("%d refusals killed %v", stormHits-1, kills(got))
 	}
 	f.refuse("t2", 1)
-	got := kills(g.tick())
+	got := kills(tick(stormPoll))
 	if len(got) != 1 || got[0] != fmt.Sprintf("t2:%d", stormHits) || !f.killed("t2") || f.killed("t1") {
 		t.Fatalf("storm in t2: killed %v (t1 %v, t2 %v)", got, f.killed("t1"), f.killed("t2"))
 	}
 	// The refusals dealt with do not count again.
-	if got := g.tick(); got != nil {
+	if got := tick(stormPoll); got != nil {
 		t.Fatalf("killed again: %v", kills(got))
 	}
 	// Refusals that reach stormHits only over more than the window do not
 	// storm.
 	f.refuse("t3", 0)
-	g.tick()
-	for range polls {
-		f.refuse("t3", int64(stormHits/polls))
-		if got := g.tick(); got != nil {
+	tick(stormPoll)
+	for range 2 * perWindow {
+		f.refuse("t3", int64(stormHits/perWindow))
+		if got := tick(stormPoll); got != nil {
 			t.Fatalf("spread refusals killed %v", kills(got))
+		}
+	}
+	// Nor when the polls come late (a loaded sandbox): the window is time,
+	// not a number of polls.
+	f.refuse("t5", 0)
+	tick(stormPoll)
+	late := stormWindow * 2 / 5
+	for range 10 {
+		f.refuse("t5", int64(stormHits*late/stormWindow)-1)
+		if got := tick(late); got != nil {
+			t.Fatalf("late polls killed %v", kills(got))
 		}
 	}
 	// A leaf that appears with stormHits refusals since the last poll storms
 	// at once.
 	f.refuse("t4", stormHits)
-	if got := kills(g.tick()); len(got) != 1 || got[0] != fmt.Sprintf("t4:%d", stormHits) {
+	if got := kills(tick(stormPoll)); len(got) != 1 || got[0] != fmt.Sprintf("t4:%d", stormHits) {
 		t.Fatalf("new leaf: killed %v", got)
 	}
 }
