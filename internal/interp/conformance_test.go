@@ -97,7 +97,20 @@ func TestPythonConformance(t *testing.T) {
 		if !interp.HavePyModules(t, "ipykernel", "zmq") {
 			testenv.Missing(t, "/usr/bin/python3 lacks ipykernel and zmq (scripts/setup-test.sh installs them)")
 		}
-		kerneltest.Run(t, pythonHarness(interp.StartIPykernel))
+		h := pythonHarness(interp.StartIPykernel)
+		// ipykernel forwards what child processes write to its fds from a
+		// thread of its own, which may flush after the execution is idle: the
+		// output then misses its cell (seen once in a loaded full run). The
+		// other points stream their shell children's lines through Python's own
+		// stdout.
+		h.Shell = func(cmd string) string {
+			return "import subprocess\nwith subprocess.Popen(['/bin/sh', '-c', " + lit(cmd) + "], stdout=subprocess.PIPE, text=True) as p:\n    for line in p.stdout:\n        print(line, end='', flush=True)"
+		}
+		h.KnownBugs = map[string]string{
+			"ChildProcessOutput": "ipykernel's fd capture thread can deliver a child process's output after the " +
+				"execution went idle, so it misses its cell (issue 14: output fidelity)",
+		}
+		kerneltest.Run(t, h)
 	})
 	t.Run("driver", func(t *testing.T) {
 		if !interp.HavePyModules(t) {
