@@ -2,7 +2,6 @@ package runtimetest
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -18,10 +17,10 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // envdSandbox is a sandbox whose first process is envd, started as the
@@ -109,30 +108,7 @@ func (e *envdSandbox) run(t *testing.T, user, script string) (string, int32) {
 
 // try is run for other goroutines than the test's: it returns what failed.
 func (e *envdSandbox) try(user, script string) (string, int32, error) {
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", script}},
-	})
-	req.Header().Set("X-Access-Token", e.token)
-	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	stream, err := e.client.Start(ctx, req)
-	if err != nil {
-		return "", 0, fmt.Errorf("start %q as %s: %w", script, user, err)
-	}
-	defer stream.Close()
-	var out strings.Builder
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			out.Write(d.GetStdout())
-			out.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			return out.String(), end.GetExitCode(), nil
-		}
-	}
-	return "", 0, fmt.Errorf("%q as %s: stream ended without an end event: %w; output: %s", script, user, stream.Err(), out.String())
+	return testenv.Exec(e.client, e.token, user, []string{"/bin/bash", "-c", script}, 60*time.Second)
 }
 
 // sysinfoProbe reports, as JSON, what a process sees of the sandbox's
