@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 GO_MIN_MAJOR=1
 GO_MIN_MINOR=26
 PID_MAX=4194304
+CRIU_MIN=4.2
 
 # debootstrap: template rootfs builds; runc, libseccomp-dev: the libcontainer runtime
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
@@ -68,5 +69,48 @@ elif sysctl -q -w kernel.pid_max="$PID_MAX"; then
 else
 	echo "warning: could not raise kernel.pid_max from $current (sandbox density will be limited)" >&2
 fi
+
+step "CRIU >= ${CRIU_MIN} (pause to disk, snapshots and fork on the linux runtime)"
+# Debian bookworm's criu 3.17 dies at start on kernels >= 6.13 (vDSO layout) and
+# trixie's 4.1 cannot dump a TCP socket on >= 6.16; 4.2 (forky) works. It lives in
+# its own side root (/opt/criu-root) so its newer libc never touches the host's, and
+# a wrapper named `criu` on PATH runs it with that root's loader (libcontainer execs
+# plain `criu`). See ../shared/notes/isolation.md.
+criu_ok() {
+	command -v criu >/dev/null 2>&1 || return 1
+	local v
+	v=$(criu --version 2>/dev/null | awk '/^Version:/{print $2}')
+	[ -n "$v" ] && [ "$(printf '%s\n%s\n' "$CRIU_MIN" "$v" | sort -V | head -1)" = "$CRIU_MIN" ]
+}
+if criu_ok; then
+	echo "criu $(criu --version | awk '/^Version:/{print $2}') at $(command -v criu)"
+else
+	mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+	[ -n "$mirror" ] || mirror=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+	[ -n "$mirror" ] || die "cannot find the Debian mirror in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list"
+	root=/opt/criu-root
+	if [ ! -x "$root/usr/bin/apt-get" ]; then
+		rm -rf "$root.tmp"
+		echo "debootstrap trixie into $root (a minute or two)"
+		debootstrap --variant=minbase trixie "$root.tmp" "$mirror"
+		mv "$root.tmp" "$root"
+	fi
+	echo "deb $mirror forky main" >"$root/etc/apt/sources.list.d/forky.list"
+	mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+	# The mirror's forky Release file may be past its Valid-Until.
+	chroot "$root" apt-get -o Acquire::Check-Valid-Until=false update
+	chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Check-Valid-Until=false install -y --no-install-recommends -t forky criu
+	umount "$root/proc"
+	cat >/usr/local/sbin/criu <<'WRAP'
+#!/bin/sh
+# CRIU from Debian forky, run with its own side root's loader and libraries.
+R=/opt/criu-root
+exec $R/lib64/ld-linux-x86-64.so.2 --library-path $R/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu $R/usr/sbin/criu "$@"
+WRAP
+	chmod 0755 /usr/local/sbin/criu
+	criu_ok || die "criu at /usr/local/sbin/criu is not >= ${CRIU_MIN}: $(criu --version 2>&1 | tr '\n' ' ')"
+	echo "criu $(criu --version | awk '/^Version:/{print $2}') installed"
+fi
+criu check || die "criu check failed: pause to disk cannot work on this kernel"
 
 step "done"

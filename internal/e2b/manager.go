@@ -22,7 +22,20 @@ type Manager interface {
 	// Connect returns a running sandbox (resuming a paused one, resumed=true) and
 	// extends its end to at least timeout from now.
 	Connect(ctx context.Context, id string, timeout time.Duration) (info sandbox.Info, resumed bool, err error)
-	Pause(ctx context.Context, id string) error
+	// Pause saves a running sandbox to disk (with its memory unless
+	// opts.DropMemory) and frees its RAM; ErrConflict when already paused.
+	Pause(ctx context.Context, id string, opts sandbox.PauseOptions) error
+	// Fork checkpoints a running sandbox once (it keeps running) and starts
+	// req.Count sandboxes from that state; each fork's outcome is reported
+	// on its own. ErrInvalid for a count outside 1..MaxForkCount.
+	Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]sandbox.ForkResult, error)
+	// CreateSnapshot saves a running sandbox's state (it keeps running).
+	CreateSnapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (sandbox.Snapshot, error)
+	// ListSnapshots returns the snapshots f selects, newest first.
+	ListSnapshots(ctx context.Context, f sandbox.SnapshotFilter) ([]sandbox.Snapshot, error)
+	// DeleteSnapshot removes a snapshot by ID or name; ErrNotFound when
+	// there is none.
+	DeleteSnapshot(ctx context.Context, idOrName string) error
 	// UpdateNetwork replaces a running sandbox's egress rules.
 	UpdateNetwork(ctx context.Context, id string, u sandbox.NetworkUpdate) error
 	// Metrics returns the samples taken between start and end (inclusive).

@@ -269,14 +269,14 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
-	// {"memory": false} asks for a filesystem-only snapshot; the manager has
-	// one kind of pause, so the field is read only to reject malformed bodies.
+	// {"memory": false} asks for a filesystem-only pause.
 	var body e2bwire.PauseRequest
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
 		return err
 	}
-	if err := h.m.Pause(r.Context(), id); err != nil {
+	opts := sandbox.PauseOptions{DropMemory: body.Memory != nil && !*body.Memory}
+	if err := h.m.Pause(r.Context(), id, opts); err != nil {
 		return managerError(fmt.Errorf("pause sandbox: %w", err), id, "")
 	}
 	w.WriteHeader(http.StatusNoContent)

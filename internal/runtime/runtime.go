@@ -66,6 +66,53 @@ type Sandbox interface {
 	Destroy(ctx context.Context) error
 }
 
+// Checkpointer is implemented by a Sandbox whose processes can be saved to
+// disk and brought back by the backend's Restorer. The lifecycle of a pause to
+// disk is:
+//
+//	Checkpoint(ImageDir)           -> every process's memory, files, sockets and
+//	                                  namespaces are in ImageDir; the processes are
+//	                                  gone and the sandbox is stopped, but Spec.Dir
+//	                                  (its writable layer) is intact
+//	Release                        -> the stopped sandbox's host resources (cgroups,
+//	                                  mounts, backend state) are freed, Spec.Dir kept
+//	Restorer.Restore(spec, ImageDir) -> the same processes run again, from a Spec
+//	                                  whose Dir holds that writable layer
+//
+// With LeaveRunning the sandbox runs on after Checkpoint (snapshots and forks):
+// the caller freezes it (Pause) first when the writable layer must be copied
+// in the same instant as the memory, and thaws it (Resume) after.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, opts CheckpointOptions) error
+	// Release frees what a sandbox holds on the host except Spec.Dir: its
+	// processes are killed if any are left, its cgroups, mounts and backend
+	// state are removed. A later Create or Restore with the same Spec.Dir
+	// finds the writable layer as it was. Destroy after Release removes Dir.
+	Release(ctx context.Context) error
+}
+
+// CheckpointOptions tell Checkpoint where to write and whether the sandbox
+// stops.
+type CheckpointOptions struct {
+	// ImageDir receives the image; it is created (0700) and must be empty.
+	ImageDir string
+	// LeaveRunning keeps the processes running after the image is written.
+	LeaveRunning bool
+}
+
+// Restorer is implemented by a Runtime that restores checkpoints.
+type Restorer interface {
+	// Restore starts a sandbox described by spec from the image a Checkpoint
+	// of this backend wrote to imageDir, which it only reads (any number of
+	// Restores may use one image, one after another or at once). spec.Dir
+	// holds the writable layer as it was at the checkpoint: the same
+	// directory, or a copy of it. spec.ID may differ from the checkpointed
+	// sandbox's (a fork), and so may spec.NetNS and the mount sources;
+	// mount targets, Lower and Init must be the checkpointed sandbox's.
+	// spec.Init is not started: the image's processes are.
+	Restore(ctx context.Context, spec Spec, imageDir string) (Sandbox, error)
+}
+
 // EnvdReadier is implemented by a Sandbox that has something to do once envd
 // answers and before any user process runs: the manager calls EnvdReady once,
 // right after a create. (gVisor marks envd's host stub processes.)

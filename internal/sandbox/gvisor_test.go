@@ -121,7 +121,7 @@ func TestGVisorTemplate(t *testing.T) {
 		t.Fatalf("download: %d %q", code, body)
 	}
 
-	if err := first.Pause(ctx, info.ID); err != nil {
+	if err := first.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
 		t.Fatalf("Pause: %v", err)
 	}
 	if _, resumed, err := first.Connect(ctx, info.ID, time.Minute); err != nil || !resumed {

@@ -116,12 +116,12 @@ func TestKillWaitsForOperationInFlight(t *testing.T) {
 	}{
 		{"SetTimeout", false, func(id string) error { return m.SetTimeout(ctx, id, 10*time.Minute) }},
 		{"Connect", true, func(id string) error { _, _, err := m.Connect(ctx, id, 10*time.Minute); return err }},
-		{"Pause", false, func(id string) error { return m.Pause(ctx, id) }},
+		{"Pause", false, func(id string) error { return m.Pause(ctx, id, sandbox.PauseOptions{}) }},
 	} {
 		t.Run(op.name, func(t *testing.T) {
 			info := create(t, m, time.Minute)
 			if op.paused {
-				if err := m.Pause(ctx, info.ID); err != nil {
+				if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -315,7 +315,7 @@ func TestLifecycleStress(t *testing.T) {
 						}
 					}
 				case 2, 3:
-					err := m.Pause(ctx, id)
+					err := m.Pause(ctx, id, sandbox.PauseOptions{})
 					if err != nil && !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrConflict) {
 						// cgroup v1's freezer can stay FREEZING on a
 						// loaded machine, and libcontainer gives up ("unable

@@ -888,7 +888,7 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 
 // Pause freezes every process of the sandbox; its memory stays resident. A
 // paused sandbox does not time out.
-func (m *Manager) Pause(ctx context.Context, id string) error {
+func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
 	return m.with(id, func(e *entry) error {
 		e.mu.Lock()
 		paused := e.info.State == StatePaused

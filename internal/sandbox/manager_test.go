@@ -188,10 +188,10 @@ func TestPauseConnect(t *testing.T) {
 	ctx := context.Background()
 	info := create(t, m, time.Minute)
 	run(t, m, info, "echo before > /tmp/state")
-	if err := m.Pause(ctx, info.ID); err != nil {
+	if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Pause(ctx, info.ID); !errors.Is(err, sandbox.ErrConflict) {
+	if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); !errors.Is(err, sandbox.ErrConflict) {
 		t.Fatalf("second Pause: %v", err)
 	}
 	if _, err := m.EnvdTransport(info.ID); err == nil {

@@ -49,6 +49,94 @@ type Info struct {
 	// Addr is the sandbox's address on its veth (invalid without a network);
 	// the proxy dials user ports there.
 	Addr netip.Addr
+	// Lifecycle is what happens at the timeout, as set at create.
+	Lifecycle Lifecycle
+	// PausedWithMemory tells, for a paused sandbox, whether its processes
+	// were saved (resume restores them) or only its filesystem (resume
+	// boots it afresh).
+	PausedWithMemory bool
+	// PausedAt is when a paused sandbox was paused (retention counts from it).
+	PausedAt time.Time
+}
+
+// Lifecycle is E2B's sandbox lifecycle: on the wire autoPause,
+// autoPauseMemory and autoResume.enabled at create, and lifecycle
+// {onTimeout, autoResume} in the sandbox's detail.
+type Lifecycle struct {
+	// OnTimeout is OnTimeoutKill (the default, also for "") or OnTimeoutPause.
+	OnTimeout OnTimeout
+	// DropMemory makes the timeout's pause keep only the filesystem (E2B's
+	// autoPauseMemory=false); the zero value keeps memory, E2B's default.
+	DropMemory bool
+	// AutoResume lets any request for the paused sandbox (the proxy, envd
+	// calls, connect) resume it. Only with OnTimeoutPause and memory kept.
+	AutoResume bool
+}
+
+// OnTimeout is what a sandbox does when its timeout comes.
+type OnTimeout string
+
+const (
+	OnTimeoutKill  OnTimeout = "kill"
+	OnTimeoutPause OnTimeout = "pause"
+)
+
+// PauseOptions are POST /sandboxes/{id}/pause's body.
+type PauseOptions struct {
+	// DropMemory keeps only the filesystem (E2B's memory=false); resume
+	// then boots the sandbox afresh from it.
+	DropMemory bool
+}
+
+// ForkRequest is POST /sandboxes/{id}/fork's body.
+type ForkRequest struct {
+	// Count is how many forks, 1 to MaxForkCount.
+	Count int
+	// Timeout is the forks' time to live.
+	Timeout time.Duration
+	// Owner is who asks (as CreateRequest.Owner).
+	Owner string
+}
+
+// MaxForkCount bounds ForkRequest.Count (E2B's bound).
+const MaxForkCount = 100
+
+// ForkResult is one fork's outcome: exactly one of Info (its ID set) and Err.
+type ForkResult struct {
+	Info Info
+	Err  error
+}
+
+// SnapshotRequest is POST /sandboxes/{id}/snapshots's body.
+type SnapshotRequest struct {
+	// Name is optional; a snapshot of that name already there is replaced
+	// (E2B assigns the name to the newest build).
+	Name string
+	// Owner is who asks.
+	Owner string
+}
+
+// Snapshot is a saved sandbox state (processes, memory and filesystem) that
+// new sandboxes start from: Create with Template set to its ID or a name.
+type Snapshot struct {
+	// ID is what Create, DELETE /templates/{id} and the SDKs' snapshotId
+	// take: "<name>:default" for a named snapshot, else "<raw id>:default".
+	ID string
+	// Names are its full names ("<name>:default"); empty when unnamed.
+	Names []string
+	// SandboxID is the sandbox it was taken from.
+	SandboxID  string
+	TemplateID string
+	Owner      string
+	CreatedAt  time.Time
+}
+
+// SnapshotFilter selects snapshots for ListSnapshots; zero values match all.
+type SnapshotFilter struct {
+	SandboxID string
+	// Name matches a snapshot's ID or name, with or without its ":tag".
+	Name  string
+	Owner string
 }
 
 // NetworkConfig is E2B's SandboxNetworkConfig, as far as Airlock enforces it.
