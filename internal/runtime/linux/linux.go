@@ -194,7 +194,20 @@ func (r *Runtime) viewDir() string {
 func (r *Runtime) Name() string { return "linux" }
 
 // Create assembles the root filesystem and starts Spec.Init in new namespaces.
-func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
+	return r.start(ctx, spec, false, func(c *libcontainer.Container, proc *libcontainer.Process) error {
+		if err := c.Run(proc); err != nil {
+			return fmt.Errorf("linux runtime: start init: %w", err)
+		}
+		return nil
+	})
+}
+
+// start assembles the root filesystem, namespaces and cgroups of spec and
+// has run start the first process in them: Create runs Spec.Init, Restore
+// the processes of a checkpoint. On error everything is torn down again
+// (a Spec.Dir that held a writable layer before keeps it).
+func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, run func(*libcontainer.Container, *libcontainer.Process) error) (_ runtime.Sandbox, retErr error) {
 	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
 		return nil, errors.New("linux runtime: spec needs ID, Dir, Lower and Init.Args")
 	}
@@ -204,6 +217,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	s := &sandbox{
 		id: spec.ID, dir: spec.Dir, rootfs: filepath.Join(r.rootfsDir, r.rootfsKey+"-"+spec.ID),
 		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps, upper: spec.Upper, cpus: r.cpus,
+		hostID: int(r.ids.HostID),
 	}
 	defer func() {
 		if retErr != nil {
@@ -234,6 +248,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if spec.Upper != "" {
 		cfg.Labels = append(cfg.Labels, upperLabel+spec.Upper)
 	}
+	if restoring {
+		if err := stageBindSources(cfg, s.stageDir()); err != nil {
+			return nil, err
+		}
+		defer unstageBindSources(s.stageDir())
+	}
 	c, err := libcontainer.Create(r.stateRoot, spec.ID, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: create container: %w", err)
@@ -248,14 +268,39 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if err != nil {
 		return nil, err
 	}
-	err = c.Run(proc)
+	err = run(c, proc)
 	closeStdio()
 	if err != nil {
-		return nil, fmt.Errorf("linux runtime: start init: %w", err)
+		return nil, err
 	}
 	// The init process is our child until we exit; reap it so it does not stay a
 	// zombie. After a restart of ours, the host's init reaps it instead.
 	s.reaped = make(chan struct{})
+	if restoring {
+		// CRIU restores the tree as our child (its sibling), but
+		// libcontainer's handle for it signals and waits on CRIU, long gone:
+		// a handle loaded from the state knows the init by pid, and we
+		// reap it by pid.
+		loaded, err := libcontainer.Load(r.stateRoot, spec.ID)
+		if err != nil {
+			return nil, fmt.Errorf("linux runtime: restored state: %w", err)
+		}
+		s.c = loaded
+		st, err := loaded.State()
+		if err != nil {
+			return nil, fmt.Errorf("linux runtime: restored state: %w", err)
+		}
+		go func(pid int) {
+			var ws unix.WaitStatus
+			for {
+				if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+					break
+				}
+			}
+			close(s.reaped)
+		}(st.InitProcessPid)
+		return s, nil
+	}
 	go func() {
 		_, _ = proc.Wait()
 		close(s.reaped)
@@ -277,6 +322,7 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 	s := &sandbox{
 		id: id, dir: filepath.Dir(cfg.Rootfs), rootfs: cfg.Rootfs,
 		stateRoot: r.stateRoot, c: c, log: r.log, idmaps: r.idmaps, cpus: r.cpus,
+		hostID: int(r.ids.HostID),
 	}
 	for _, l := range cfg.Labels {
 		if v, ok := strings.CutPrefix(l, lowerLabel); ok {
@@ -626,6 +672,8 @@ type sandbox struct {
 	// cpus is the runtime's cpuset picker; Destroy gives this sandbox's
 	// CPUs back.
 	cpus *runtime.CPUPicker
+	// hostID is the host uid and gid of the sandbox's root.
+	hostID int
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -639,6 +687,9 @@ func (s *sandbox) upperDir() string {
 }
 
 func (s *sandbox) Status() (runtime.Status, error) {
+	if s.c == nil {
+		return runtime.StatusStopped, nil
+	}
 	st, err := s.c.Status()
 	if err != nil {
 		return "", fmt.Errorf("linux runtime: status: %w", err)
@@ -654,6 +705,9 @@ func (s *sandbox) Status() (runtime.Status, error) {
 }
 
 func (s *sandbox) Stats() (runtime.Stats, error) {
+	if s.c == nil {
+		return runtime.Stats{}, fmt.Errorf("linux runtime: stats: sandbox %s is released", s.id)
+	}
 	st, err := s.c.Stats()
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("linux runtime: stats: %w", err)
@@ -676,6 +730,9 @@ func (s *sandbox) Stats() (runtime.Stats, error) {
 }
 
 func (s *sandbox) Pause() error {
+	if s.c == nil {
+		return fmt.Errorf("linux runtime: pause: sandbox %s is released", s.id)
+	}
 	if err := s.c.Pause(); err != nil {
 		return fmt.Errorf("linux runtime: pause: %w", err)
 	}
@@ -683,6 +740,9 @@ func (s *sandbox) Pause() error {
 }
 
 func (s *sandbox) Resume() error {
+	if s.c == nil {
+		return fmt.Errorf("linux runtime: resume: sandbox %s is released", s.id)
+	}
 	if err := s.c.Resume(); err != nil {
 		return fmt.Errorf("linux runtime: resume: %w", err)
 	}
@@ -694,6 +754,12 @@ func (s *sandbox) Resume() error {
 // the sandbox directory with the writable layer (a Spec.Upper, outside the
 // directory, stays).
 func (s *sandbox) Destroy(ctx context.Context) error {
+	return s.teardown(ctx, true)
+}
+
+// teardown is Destroy, and with removeDir false Release: everything but
+// Spec.Dir goes.
+func (s *sandbox) teardown(ctx context.Context, removeDir bool) error {
 	var errs []error
 	if s.c == nil {
 		// Create failed before the container existed, or state was lost: there
@@ -726,14 +792,17 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("remove %s: %w", s.rootfs, err))
 		}
 	}
+	unstageBindSources(s.stageDir())
 	if err := mountutil.Unmount(sysfsMountPoint(s.dir)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.idmaps.release(s.lower, s.id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := mountutil.RemoveAll(s.dir); err != nil {
-		errs = append(errs, err)
+	if removeDir {
+		if err := mountutil.RemoveAll(s.dir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if s.cpus != nil {
 		s.cpus.Release(s.id)
@@ -741,6 +810,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("linux runtime: destroy %s: %w", s.id, errors.Join(errs...))
 	}
+	s.c = nil
 	return nil
 }
 

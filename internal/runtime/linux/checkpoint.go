@@ -1,0 +1,211 @@
+package linux
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/opencontainers/runc/libcontainer"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+)
+
+// Checkpoints go through CRIU, which libcontainer runs as plain `criu` from
+// PATH (scripts/setup.sh installs CRIU >= 4.2 there: older ones fail on this
+// kernel). What the options below are for:
+//
+//   - TcpEstablished: connections inside the sandbox's netns (the code
+//     interpreter's kernels talk to envd over loopback TCP) are saved and
+//     restored in repair mode; the netns is the caller's and outlives the
+//     checkpoint, or is a fresh one for a fork, whose loopback is just as good.
+//   - FileLocks: flock/fcntl locks held by sandbox processes (pip, sqlite).
+//   - LinkRemap: a file open but unlinked (a deleted temp file) is saved
+//     by linking it back under a hidden name rather than failing the dump.
+func criuOpts(imageDir, workDir string, leaveRunning bool) *libcontainer.CriuOpts {
+	return &libcontainer.CriuOpts{
+		ImagesDirectory: imageDir,
+		WorkDirectory:   workDir,
+		LeaveRunning:    leaveRunning,
+		TcpEstablished:  true,
+		FileLocks:       true,
+		LinkRemap:       true,
+	}
+}
+
+// CRIUAvailable reports whether checkpoints can work on this host: `criu
+// check` passes for the criu on PATH. The error says what is missing.
+func CRIUAvailable() error {
+	path, err := exec.LookPath("criu")
+	if err != nil {
+		return errors.New("criu is not on PATH (scripts/setup.sh installs CRIU >= 4.2)")
+	}
+	out, err := exec.Command(path, "check").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("criu check failed: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Checkpoint implements runtime.Checkpointer with CRIU. Without LeaveRunning
+// CRIU ends the processes once the image is written; when it fails, it lets
+// them run on, so a failed checkpoint leaves the sandbox as it was.
+func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions) error {
+	if s.c == nil {
+		return fmt.Errorf("linux runtime: checkpoint: sandbox %s is released", s.id)
+	}
+	if opts.ImageDir == "" {
+		return errors.New("linux runtime: checkpoint: no image directory")
+	}
+	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
+		return fmt.Errorf("linux runtime: checkpoint: %w", err)
+	}
+	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning)); err != nil {
+		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, err, criuErrors(filepath.Join(opts.ImageDir, "dump.log")))
+	}
+	// CRIU restores part of the tree from inside the sandbox's user
+	// namespace and opens images there, first as an unmapped uid (before
+	// the namespace's maps are written), then as its mapped root: the image
+	// must be that root's, its directory searchable by any uid. Nothing in a
+	// sandbox can reach the directory (it is outside every sandbox's mount
+	// namespace, under the private data dir), and CRIU opens it by fd.
+	if err := chownTree(opts.ImageDir, s.hostID); err != nil {
+		return fmt.Errorf("linux runtime: checkpoint %s: %w", s.id, err)
+	}
+	if err := os.Chmod(opts.ImageDir, 0o711); err != nil {
+		return fmt.Errorf("linux runtime: checkpoint %s: %w", s.id, err)
+	}
+	if !opts.LeaveRunning && s.reaped != nil {
+		// CRIU killed the processes; our child, the init, is reaped.
+		select {
+		case <-s.reaped:
+		case <-ctx.Done():
+		}
+	}
+	return nil
+}
+
+// Release implements runtime.Checkpointer.
+func (s *sandbox) Release(ctx context.Context) error {
+	return s.teardown(ctx, false)
+}
+
+// Restore implements runtime.Restorer: the sandbox is assembled as Create
+// does, then CRIU brings the image's processes back into it instead of
+// starting Spec.Init. CRIU's own files go to a work dir in Spec.Dir, so the
+// image is only read.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir string) (runtime.Sandbox, error) {
+	if _, err := os.Stat(filepath.Join(imageDir, "inventory.img")); err != nil {
+		return nil, fmt.Errorf("linux runtime: restore: %s is not a checkpoint image: %w", imageDir, err)
+	}
+	// No stdin: the image's processes have their own.
+	spec.Init.Stdin = nil
+	work := filepath.Join(spec.Dir, ".criu")
+	return r.start(ctx, spec, true, func(c *libcontainer.Container, proc *libcontainer.Process) error {
+		_ = os.RemoveAll(work)
+		err := c.Restore(proc, criuOpts(imageDir, work, false))
+		if err != nil {
+			err = fmt.Errorf("linux runtime: restore %s: %w%s", spec.ID, err, criuErrors(filepath.Join(work, "restore.log")))
+		} else {
+			_ = os.RemoveAll(work)
+		}
+		return err
+	})
+}
+
+// criuErrors returns the lines of a CRIU log that report errors, so that a
+// failed checkpoint or restore says why.
+func criuErrors(log string) string {
+	f, err := os.Open(log)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if l := sc.Text(); strings.Contains(l, "Error") || strings.Contains(l, "error") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return " (criu: " + strings.Join(lines, "; ") + ")"
+}
+
+// chownTree gives dir and everything in it to uid (and the same gid).
+func chownTree(dir string, uid int) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, uid)
+	})
+}
+
+// stageDir is where a restore's bind-mount sources are staged (beside the
+// root mount point, in the directory made for the mapped root to traverse).
+func (s *sandbox) stageDir() string { return s.rootfs + ".src" }
+
+// stageBindSources re-points every bind mount of cfg at a bind of its source
+// under dir. CRIU mounts a restored sandbox's binds from inside its user
+// namespace (open_tree of the source path), as the sandbox's mapped root,
+// which cannot traverse the private directories most sources live in (the
+// data dir, a test's temp dir). Create does not need this: libcontainer
+// opens the sources from the host. The staged binds are needed only while
+// CRIU mounts; unstageBindSources removes them.
+func stageBindSources(cfg *configs.Config, dir string) error {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("linux runtime: restore: %w", err)
+	}
+	for i, m := range cfg.Mounts {
+		if m.Device != "bind" {
+			continue
+		}
+		st, err := os.Stat(m.Source)
+		if err != nil {
+			return fmt.Errorf("linux runtime: restore: bind source: %w", err)
+		}
+		target := filepath.Join(dir, strconv.Itoa(i))
+		if st.IsDir() {
+			err = os.Mkdir(target, 0o711)
+		} else {
+			err = os.WriteFile(target, nil, 0o600)
+		}
+		if err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("linux runtime: restore: %w", err)
+		}
+		if err := unix.Mount(m.Source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("linux runtime: restore: stage %s: %w", m.Source, err)
+		}
+		cfg.Mounts[i].Source = target
+	}
+	return nil
+}
+
+// unstageBindSources unmounts and removes what stageBindSources made.
+func unstageBindSources(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		_ = unix.Unmount(p, unix.MNT_DETACH)
+		_ = os.Remove(p)
+	}
+	_ = os.Remove(dir)
+}
+
