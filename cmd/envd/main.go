@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/airlock-sandbox/airlock/internal/buildstep"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
@@ -74,7 +76,10 @@ func run() int {
 		logger.Error("reading config from stdin", "err", err)
 		return 2
 	}
-	os.Stdin.Close()
+	if err := redirectStdio(raw); err != nil {
+		logger.Error("redirecting stdio", "err", err)
+		return 2
+	}
 
 	if os.Getpid() == 1 && os.Getenv(envd.ChildEnv) == "" {
 		return envd.RunReaper(raw, logger)
@@ -124,4 +129,37 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// redirectStdio points stdin at /dev/null and, when the config names a log
+// file (envdapi.Config.LogPath), stdout and stderr at it: nothing envd (or
+// its reaper) holds open then refers to a file outside the sandbox, so a
+// checkpoint can save it. Children inherit the result.
+func redirectStdio(raw json.RawMessage) error {
+	var cfg struct {
+		LogPath string `json:"logPath"`
+	}
+	_ = json.Unmarshal(raw, &cfg)
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	if err := unix.Dup3(int(null.Fd()), 0, 0); err != nil {
+		return fmt.Errorf("stdin: %w", err)
+	}
+	if cfg.LogPath == "" {
+		return nil
+	}
+	f, err := os.OpenFile(cfg.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(int(f.Fd()), fd, 0); err != nil {
+			return fmt.Errorf("fd %d: %w", fd, err)
+		}
+	}
+	return nil
 }

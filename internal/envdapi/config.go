@@ -59,7 +59,17 @@ type Config struct {
 
 	// DiskPath is the directory whose filesystem /metrics reports as disk use.
 	DiskPath string `json:"diskPath,omitempty"`
+
+	// LogPath, a path inside the sandbox, is where envd sends its stdout and
+	// stderr once it has read this config; empty keeps the ones it started
+	// with. The host starts envd with its log on a host file, which a
+	// checkpoint (CRIU) cannot save: a file of the sandbox's own can be.
+	LogPath string `json:"logPath,omitempty"`
 }
+
+// LogName is the file in RunDir (HostRunDir on the host) the manager has
+// envd log to (Config.LogPath).
+const LogName = "envd.log"
 
 // Version is the envd version reported to SDKs. The SDKs gate features on it;
 // 0.6.4 or later unlocks everything the current SDKs use.

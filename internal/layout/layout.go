@@ -52,6 +52,22 @@ func (d DataDir) Sandbox(id string) string { return filepath.Join(d.Sandboxes(),
 // so it survives the directory's removal until the record goes.
 func (d DataDir) SandboxLog(id string) string { return filepath.Join(d.Sandboxes(), id+".log") }
 
+// Paused holds what a paused sandbox keeps outside its directory: the
+// checkpoint of its processes (PausedMemory), when it was paused with them.
+func (d DataDir) Paused(id string) string { return filepath.Join(d.Root, "paused", id) }
+
+// PausedMemory is the checkpoint image of a sandbox paused with its memory;
+// it counts only once PausedComplete exists beside it.
+func (d DataDir) PausedMemory(id string) string { return filepath.Join(d.Paused(id), "memory") }
+
+// PausedComplete marks PausedMemory as whole: written after the checkpoint
+// succeeded, so a crash during one leaves no image that looks usable.
+func (d DataDir) PausedComplete(id string) string { return filepath.Join(d.Paused(id), "complete") }
+
+// Captures holds the states a fork or snapshot captured from a running
+// sandbox (its filesystem and a checkpoint of its processes).
+func (d DataDir) Captures() string { return filepath.Join(d.Root, "captures") }
+
 // Network is the sandbox network's state directory.
 func (d DataDir) Network() string { return filepath.Join(d.Root, "network") }
 

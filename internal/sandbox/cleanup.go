@@ -33,10 +33,48 @@ const (
 	stepNetwork = "network" // netns, veth, firewall state, resolv.conf
 	stepLog     = "log"     // envd's log file
 	stepRuntime = "runtime" // processes, mounts, cgroups, namespaces (runtime.Sandbox.Destroy)
+	stepPaused  = "paused"  // a paused sandbox's checkpoint image (<data>/paused/<id>)
 )
 
 func (u *undo) push(name string, fn func(context.Context) error) {
 	u.steps = append(u.steps, closer{name: name, fn: fn})
+}
+
+// drop removes the closers named name without running them: what they
+// would release is gone already (a paused sandbox's runtime sandbox).
+func (u *undo) drop(name string) {
+	kept := u.steps[:0]
+	for _, c := range u.steps {
+		if c.name != name {
+			kept = append(kept, c)
+		}
+	}
+	u.steps = kept
+}
+
+// runAbove pops and runs the closers pushed after the first mark ones,
+// newest first, except those named keep, which stay on the stack: a failed
+// resume gives back what it acquired and keeps what was there before.
+func (u *undo) runAbove(ctx context.Context, mark int, keep string) error {
+	if mark > len(u.steps) {
+		mark = len(u.steps)
+	}
+	above := u.steps[mark:]
+	u.steps = u.steps[:mark:mark]
+	var kept []closer
+	var errs []error
+	for i := len(above) - 1; i >= 0; i-- {
+		c := above[i]
+		if c.name == keep {
+			kept = append([]closer{c}, kept...)
+			continue
+		}
+		if err := c.fn(ctx); err != nil {
+			errs = append(errs, &stepError{step: c.name, err: err})
+		}
+	}
+	u.steps = append(u.steps, kept...)
+	return errors.Join(errs...)
 }
 
 // run pops and runs every closer, newest first, going on after one fails
@@ -130,6 +168,14 @@ func (m *Manager) pushLog(e *entry) {
 		}
 		return nil
 	})
+}
+
+// pushPaused is pushed when a sandbox is paused with its memory (or found
+// so by Recover): its image goes with it when it is killed.
+func (m *Manager) pushPaused(e *entry) {
+	dir := m.layout().Paused(e.id)
+	e.undo.drop(stepPaused)
+	e.undo.push(stepPaused, func(context.Context) error { return os.RemoveAll(dir) })
 }
 
 func (m *Manager) pushRuntime(e *entry, rt runtime.Sandbox) {

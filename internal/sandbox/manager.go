@@ -192,6 +192,8 @@ type entry struct {
 	transport *http.Transport
 	// interp reaches the code interpreter (port 49999) over its socket.
 	interp *http.Transport
+	// conns are the open connections of transport and interp (persist.go).
+	conns *connTracker
 	// net is the sandbox's network (nil without Options.Network).
 	net *netpolicy.Sandbox
 
@@ -218,10 +220,11 @@ type entry struct {
 // alone until it publishes it.
 func (m *Manager) newEntry(info Info) *entry {
 	dir := m.sandboxDir(info.ID)
+	conns := &connTracker{}
 	return &entry{
-		id: info.ID, info: info, dir: dir,
-		transport: envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.SocketName)),
-		interp:    envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.InterpSocketName)),
+		id: info.ID, info: info, dir: dir, conns: conns,
+		transport: envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.SocketName), conns),
+		interp:    envdTransport(filepath.Join(dir, envdapi.HostRunDir, envdapi.InterpSocketName), conns),
 	}
 }
 
@@ -329,6 +332,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		EnvdVersion:         envdapi.Version,
 		AllowInternetAccess: req.AllowInternetAccess,
 		Owner:               req.Owner,
+		Lifecycle:           req.Lifecycle,
+	}
+	if err := checkLifecycle(info.Lifecycle); err != nil {
+		return Info{}, err
 	}
 	if req.Secure {
 		info.AccessToken = newToken()
@@ -356,6 +363,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	} else {
 		e = m.newEntry(info)
 		err = m.createCold(ctx, e, tpl)
+	}
+	if err == nil {
+		// A pooled sandbox's record was written for the pool; this one is
+		// the client's (its timeout and lifecycle).
+		err = writeBootRecord(e.dir, bootRecord{Template: tpl, Timeout: req.Timeout, Lifecycle: req.Lifecycle})
 	}
 	if err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
@@ -443,6 +455,26 @@ func (m *Manager) reserve(owner string) (release func(), err error) {
 // replays on error. A pooled sandbox's envd waits for its access token and env
 // vars (POST /init) before serving.
 func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool) error {
+	return m.boot(ctx, e, tpl, bootMode{pooled: pooled})
+}
+
+// bootMode says how boot starts a sandbox.
+type bootMode struct {
+	// pooled: for the warm pool (envd waits for /init).
+	pooled bool
+	// existingDir: the sandbox dir already holds its writable layer (a
+	// resume, a fork, a sandbox from a snapshot); its closers are on e's
+	// stack already, or the caller pushes them.
+	existingDir bool
+	// image, when set, is a checkpoint to restore instead of starting
+	// envd afresh.
+	image string
+}
+
+// boot is start, for every way a sandbox comes up: created afresh, from a
+// writable layer kept by a pause (a cold boot), or restored from a checkpoint.
+func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMode) error {
+	pooled := mode.pooled
 	info := e.info
 	dir := e.dir
 	runDir := filepath.Join(dir, envdapi.HostRunDir)
@@ -452,9 +484,19 @@ func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
-	m.pushDir(e)
-	if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
-		return fmt.Errorf("sandbox %s: %w", info.ID, err)
+	if !mode.existingDir {
+		m.pushDir(e)
+		if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
+			return fmt.Errorf("sandbox %s: %w", info.ID, err)
+		}
+		if err := writeBootRecord(dir, bootRecord{Template: tpl, Timeout: info.EndAt.Sub(info.StartedAt), Lifecycle: info.Lifecycle}); err != nil {
+			return fmt.Errorf("sandbox %s: %w", info.ID, err)
+		}
+	}
+	// Sockets left by an earlier boot of this writable layer: envd (or a
+	// restore) binds them anew.
+	for _, name := range []string{envdapi.SocketName, envdapi.InterpSocketName} {
+		_ = os.Remove(filepath.Join(runDir, name))
 	}
 	cfg := envdapi.Config{
 		SandboxID:      info.ID,
@@ -465,6 +507,7 @@ func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool
 		DefaultWorkdir: tpl.DefaultWorkdir,
 		Listen:         []string{"unix:" + envdapi.Socket, fmt.Sprintf("tcp:127.0.0.1:%d", envdapi.Port)},
 		DiskPath:       "/",
+		LogPath:        envdapi.RunDir + "/" + envdapi.LogName,
 		AwaitInit:      pooled,
 		// The interpreter over the socket for the host proxy, and on every
 		// interface inside the sandbox so its code can use localhost:49999.
@@ -501,7 +544,7 @@ func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
-	if m.opts.Network != nil {
+	if m.opts.Network != nil && e.net == nil {
 		// A pooled sandbox has no client yet: it starts with all egress denied
 		// and gets the client's policy when claimed.
 		p := policyOf(info)
@@ -514,14 +557,29 @@ func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool
 		}
 		m.pushNetwork(e)
 		e.net = ns
+	}
+	if ns := e.net; ns != nil {
+		// A paused sandbox keeps its network namespace (and address, which
+		// restored connections are bound to).
 		spec.NetNS = ns.NetNS
 		spec.Mounts = append(spec.Mounts,
 			runtime.Mount{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
 			runtime.Mount{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true})
 		e.info.Addr = ns.Addr
 	}
-	m.pushLog(e)
-	rt, err := backend.Create(ctx, spec)
+	if !mode.existingDir {
+		m.pushLog(e)
+	}
+	var rt runtime.Sandbox
+	if mode.image != "" {
+		restorer, ok := backend.(runtime.Restorer)
+		if !ok {
+			return fmt.Errorf("sandbox %s: the %s runtime cannot restore checkpoints", info.ID, backend.Name())
+		}
+		rt, err = restorer.Restore(ctx, spec, mode.image)
+	} else {
+		rt, err = backend.Create(ctx, spec)
+	}
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
@@ -532,7 +590,7 @@ func (m *Manager) start(ctx context.Context, e *entry, tpl Template, pooled bool
 	m.pushRuntime(e, rt)
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
-		tail := logTail(spec.Init.LogPath, 2048)
+		tail := logTail(spec.Init.LogPath, 1024) + logTail(filepath.Join(runDir, envdapi.LogName), 1024)
 		return fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)
 	}
 	if r, ok := rt.(runtime.EnvdReadier); ok {
@@ -564,11 +622,15 @@ func logTail(path string, n int64) string {
 }
 
 // envdTransport reaches one sandbox's envd through its unix socket.
-func envdTransport(socket string) *http.Transport {
+func envdTransport(socket string, conns *connTracker) *http.Transport {
 	return &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			c, err := d.DialContext(ctx, "unix", socket)
+			if err != nil {
+				return nil, err
+			}
+			return conns.track(c), nil
 		},
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       90 * time.Second,
@@ -718,10 +780,20 @@ func (m *Manager) running(id string) (*entry, Info, error) {
 	return e, info, err
 }
 
+// reachable is running for traffic through the proxy: a paused sandbox
+// with auto-resume is resumed first.
+func (m *Manager) reachable(id string) (*entry, Info, error) {
+	e, info, err := m.running(id)
+	if err != nil && m.autoResume(id) {
+		return m.running(id)
+	}
+	return e, info, err
+}
+
 // UserPortTarget returns where the proxy reaches a running sandbox's user
 // ports, and the traffic access token they require ("" for none).
 func (m *Manager) UserPortTarget(id string) (netip.Addr, string, error) {
-	_, info, err := m.running(id)
+	_, info, err := m.reachable(id)
 	if err != nil {
 		return netip.Addr{}, "", err
 	}
@@ -816,6 +888,24 @@ func (m *Manager) kill(ctx context.Context, e *entry) {
 	m.log.Info("sandbox killed", "id", e.id)
 }
 
+// checkLifecycle enforces what E2B's API does: auto-resume only for a
+// sandbox that pauses at its timeout, with its memory (traffic cannot
+// cold-boot a sandbox).
+func checkLifecycle(l Lifecycle) error {
+	switch l.OnTimeout {
+	case "", OnTimeoutKill, OnTimeoutPause:
+	default:
+		return fmt.Errorf("%w: lifecycle onTimeout must be %q or %q, not %q", ErrInvalid, OnTimeoutKill, OnTimeoutPause, l.OnTimeout)
+	}
+	if l.OnTimeout != OnTimeoutPause && (l.AutoResume || l.DropMemory) {
+		return fmt.Errorf("%w: autoResume and autoPauseMemory apply only when the sandbox pauses at its timeout (autoPause)", ErrInvalid)
+	}
+	if l.AutoResume && l.DropMemory {
+		return fmt.Errorf("%w: a sandbox paused without its memory cannot be resumed by traffic: autoResume needs autoPauseMemory", ErrInvalid)
+	}
+	return nil
+}
+
 // checkTimeout enforces the bounds every timeout shares: positive (or zero
 // where that means "now") and at most MaxTimeout.
 func (m *Manager) checkTimeout(d time.Duration, allowZero bool) error {
@@ -866,13 +956,22 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	paused := e.info.State == StatePaused
 	e.mu.Unlock()
 	if paused {
-		if err := e.rt.Resume(); err != nil {
+		var err error
+		if e.rt != nil {
+			// Frozen in place (a runtime without checkpoints).
+			err = e.rt.Resume()
+		} else {
+			err = m.resume(ctx, e)
+		}
+		if err != nil {
 			return Info{}, false, fmt.Errorf("resume %s: %w", e.id, err)
 		}
 	}
 	e.mu.Lock()
 	if paused {
 		e.info.State = StateRunning
+		e.info.PausedWithMemory = false
+		e.info.PausedAt = time.Time{}
 	}
 	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || paused {
 		e.info.EndAt = end
@@ -886,8 +985,9 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	return info, paused, nil
 }
 
-// Pause freezes every process of the sandbox; its memory stays resident. A
-// paused sandbox does not time out.
+// Pause saves the sandbox to disk and frees its memory (persist.go); on a
+// runtime without checkpoints it freezes every process, its memory resident.
+// A paused sandbox does not time out.
 func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
 	return m.with(id, func(e *entry) error {
 		e.mu.Lock()
@@ -896,18 +996,26 @@ func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error
 		if paused {
 			return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, id)
 		}
-		if err := e.rt.Pause(); err != nil {
-			return fmt.Errorf("pause %s: %w", id, err)
-		}
-		e.mu.Lock()
-		e.info.State = StatePaused
-		if e.timer != nil {
-			e.timer.Stop()
-		}
-		rec := toRecord(e.info)
-		e.mu.Unlock()
-		return m.opts.Store.Put(ctx, rec)
+		return m.pause(ctx, e, opts)
 	})
+}
+
+// freeze pauses e in place: every process frozen, its memory resident. The
+// caller holds e.op.
+func (m *Manager) freeze(ctx context.Context, e *entry) error {
+	if err := e.rt.Pause(); err != nil {
+		return fmt.Errorf("pause %s: %w", e.id, err)
+	}
+	e.mu.Lock()
+	e.info.State = StatePaused
+	e.info.PausedWithMemory = true
+	e.info.PausedAt = time.Now()
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	rec := toRecord(e.info)
+	e.mu.Unlock()
+	return m.opts.Store.Put(ctx, rec)
 }
 
 // Resume is Connect for the older resume endpoint: it fails unless paused.
@@ -951,7 +1059,7 @@ func (m *Manager) Metrics(_ context.Context, id string, start, end time.Time) ([
 // EnvdTransport returns the transport to a running sandbox's envd, for the
 // sandbox-traffic proxy. A paused sandbox has none: its envd cannot answer.
 func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
-	e, _, err := m.running(id)
+	e, _, err := m.reachable(id)
 	if err != nil {
 		return nil, err
 	}
@@ -961,7 +1069,7 @@ func (m *Manager) EnvdTransport(id string) (http.RoundTripper, error) {
 // InterpTransport returns the transport to a running sandbox's code
 // interpreter (in-sandbox port 49999), for the sandbox-traffic proxy.
 func (m *Manager) InterpTransport(id string) (http.RoundTripper, error) {
-	e, _, err := m.running(id)
+	e, _, err := m.reachable(id)
 	if err != nil {
 		return nil, err
 	}
@@ -1017,7 +1125,19 @@ func (m *Manager) expire(e *entry) {
 	if !due || closed {
 		return
 	}
-	m.log.Info("sandbox timed out", "id", e.id)
+	e.mu.Lock()
+	lc := e.info.Lifecycle
+	e.mu.Unlock()
+	if lc.OnTimeout == OnTimeoutPause {
+		m.log.Info("sandbox timed out; pausing", "id", e.id)
+		err := m.pause(context.Background(), e, PauseOptions{DropMemory: lc.DropMemory})
+		if err == nil || e.gone {
+			return
+		}
+		m.log.Error("sandbox timed out and could not be paused; killing it", "id", e.id, "err", err)
+	} else {
+		m.log.Info("sandbox timed out", "id", e.id)
+	}
 	m.kill(context.Background(), e)
 }
 
@@ -1143,6 +1263,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 				alive = false
 			}
 		}
+		if !alive && m.recoverPaused(ctx, e, rt) {
+			m.log.Info("paused sandbox re-adopted", "id", rec.ID, "memory", e.info.PausedWithMemory)
+			m.mu.Lock()
+			m.sandboxes[rec.ID] = e
+			m.mu.Unlock()
+			continue
+		}
 		if alive && m.opts.Network != nil {
 			// The firewall was rebuilt empty at start; put this sandbox's
 			// policy back before it is reachable again.
@@ -1163,8 +1290,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 			continue
 		}
 		e.seenOOM = m.seenOOMOf(ctx, rec.ID)
+		if br, err := readBootRecord(e.dir); err == nil {
+			e.info.Lifecycle = br.Lifecycle
+		}
 		if st == runtime.StatusPaused {
 			e.info.State = StatePaused
+			e.info.PausedWithMemory = true
 		} else {
 			e.info.State = StateRunning
 		}

@@ -1,17 +1,373 @@
 package sandbox
 
+// Persistence: pause to disk, resume, and the captures forks and snapshots
+// start from.
+//
+// A pause with memory checkpoints every process of the sandbox into
+// <data>/paused/<id>/memory (runtime.Checkpointer), marks the image complete,
+// then releases the runtime sandbox: its RAM goes back to the host, while its
+// directory (the writable layer) and its network namespace stay. A pause
+// without memory releases it without a checkpoint. Resume boots the sandbox
+// again on the same directory: restored from the image when there is one,
+// else afresh (processes gone, files kept, a new boot id).
+//
+// The record in the store changes state only after the runtime did, and
+// Recover reads what is on disk, so a crash at any point leaves the old state
+// or the new one: a complete image with no running sandbox is a paused
+// sandbox, whatever the record says.
+
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
-// errNotYet marks the persistence operations being built (issue 13).
-var errNotYet = errors.New("not implemented yet")
+// bootRecord is what a sandbox's directory keeps about how to boot it again
+// (resume, fork, snapshot): the template as it was at create, so that a
+// rebuilt template does not change what a paused sandbox comes back on.
+type bootRecord struct {
+	Template Template `json:"template"`
+	// Timeout is the create request's, which an auto-resume gives again.
+	Timeout   time.Duration `json:"timeout"`
+	Lifecycle Lifecycle     `json:"lifecycle"`
+}
+
+const bootRecordName = "boot.json"
+
+func writeBootRecord(dir string, rec bootRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("boot record: %w", err)
+	}
+	tmp := filepath.Join(dir, bootRecordName+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("boot record: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, bootRecordName)); err != nil {
+		return fmt.Errorf("boot record: %w", err)
+	}
+	return nil
+}
+
+func readBootRecord(dir string) (bootRecord, error) {
+	var rec bootRecord
+	b, err := os.ReadFile(filepath.Join(dir, bootRecordName))
+	if err != nil {
+		return rec, fmt.Errorf("boot record: %w", err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("boot record: %w", err)
+	}
+	return rec, nil
+}
+
+func (m *Manager) layout() layout.DataDir { return layout.DataDir{Root: m.opts.DataDir} }
+
+// connTracker remembers the host's open connections to one sandbox's envd
+// and interpreter sockets. A checkpoint cannot save a socket whose peer is
+// outside the sandbox, so every one is closed first (a client streaming a
+// command's output sees its stream end, as on E2B).
+type connTracker struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+type trackedConn struct {
+	net.Conn
+	t    *connTracker
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.t.mu.Lock()
+		delete(c.t.conns, c)
+		c.t.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+func (t *connTracker) track(c net.Conn) net.Conn {
+	tc := &trackedConn{Conn: c, t: t}
+	t.mu.Lock()
+	if t.conns == nil {
+		t.conns = map[net.Conn]struct{}{}
+	}
+	t.conns[tc] = struct{}{}
+	t.mu.Unlock()
+	return tc
+}
+
+// closeAll closes every tracked connection.
+func (t *connTracker) closeAll() {
+	t.mu.Lock()
+	conns := make([]net.Conn, 0, len(t.conns))
+	for c := range t.conns {
+		conns = append(conns, c)
+	}
+	t.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// quiesce closes the host's connections into e, so that nothing outside the
+// sandbox is connected to it when it is checkpointed.
+func (m *Manager) quiesce(e *entry) {
+	e.transport.CloseIdleConnections()
+	e.interp.CloseIdleConnections()
+	e.conns.closeAll()
+}
+
+// pause is Pause on a running sandbox whose op lock the caller holds.
+func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error {
+	e.mu.Lock()
+	state := e.info.State
+	e.mu.Unlock()
+	if state == StatePaused {
+		return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, e.id)
+	}
+	ck, ok := e.rt.(runtime.Checkpointer)
+	if !ok || e.rt == nil {
+		// A runtime without checkpoints freezes the sandbox in place.
+		return m.freeze(ctx, e)
+	}
+	dirs := m.layout()
+	m.quiesce(e)
+	withMemory := !opts.DropMemory
+	if withMemory {
+		img := dirs.PausedMemory(e.id)
+		if err := os.RemoveAll(dirs.Paused(e.id)); err != nil {
+			return fmt.Errorf("pause %s: %w", e.id, err)
+		}
+		if err := os.MkdirAll(dirs.Paused(e.id), 0o700); err != nil {
+			return fmt.Errorf("pause %s: %w", e.id, err)
+		}
+		if err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: img}); err != nil {
+			_ = os.RemoveAll(dirs.Paused(e.id))
+			if errors.Is(err, runtime.ErrNotSupported) {
+				// This sandbox cannot be saved with its processes: freeze it
+				// in place instead, its memory kept resident.
+				m.log.Info("sandbox pause: memory stays resident", "id", e.id, "why", err)
+				return m.freeze(ctx, e)
+			}
+			if st, serr := e.rt.Status(); serr != nil || st != runtime.StatusRunning {
+				// CRIU lets the processes run on when it fails; if they did
+				// not, the sandbox is lost, and is not left half-dead.
+				m.kill(context.WithoutCancel(ctx), e)
+				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
+			}
+			return fmt.Errorf("pause %s: the sandbox is still running: %w", e.id, err)
+		}
+		if err := os.WriteFile(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
+			return fmt.Errorf("pause %s: %w", e.id, err)
+		}
+	}
+	if withMemory {
+		m.pushPaused(e)
+	}
+	if err := ck.Release(context.WithoutCancel(ctx)); err != nil {
+		// What is left (a mount, a cgroup) is logged; the sandbox itself is
+		// stopped and its state is on disk.
+		m.log.Error("sandbox pause: release", "id", e.id, "err", err)
+	}
+	e.undo.drop(stepRuntime)
+	e.rt = nil
+	now := time.Now()
+	e.mu.Lock()
+	e.info.State = StatePaused
+	e.info.PausedWithMemory = withMemory
+	e.info.PausedAt = now
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	rec := toRecord(e.info)
+	e.mu.Unlock()
+	if err := m.opts.Store.Put(context.WithoutCancel(ctx), rec); err != nil {
+		return err
+	}
+	m.log.Info("sandbox paused", "id", e.id, "memory", withMemory)
+	return nil
+}
+
+// resume boots a paused sandbox whose op lock the caller holds. On failure
+// the sandbox stays paused, with its image and directory untouched.
+func (m *Manager) resume(ctx context.Context, e *entry) error {
+	rec, err := readBootRecord(e.dir)
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", e.id, err)
+	}
+	dirs := m.layout()
+	mode := bootMode{existingDir: true}
+	if e.info.PausedWithMemory {
+		mode.image = dirs.PausedMemory(e.id)
+		if err := affordable(mode.image); err != nil {
+			return fmt.Errorf("resume %s: %w", e.id, err)
+		}
+	}
+	mark := len(e.undo.steps)
+	err = m.boot(context.WithoutCancel(ctx), e, rec.Template, mode)
+	if err == nil && mode.image == "" {
+		// A cold boot runs the template's start command, as a create does.
+		err = m.startPhase(ctx, e, rec.Template)
+	}
+	if err != nil {
+		// Undo what this boot acquired (its runtime sandbox); the network
+		// namespace, kept from before, stays.
+		_ = e.undo.runAbove(context.WithoutCancel(ctx), mark, stepNetwork)
+		e.rt = nil
+		return err
+	}
+	if mode.image != "" {
+		if err := os.RemoveAll(dirs.Paused(e.id)); err != nil {
+			m.log.Warn("sandbox resume: removing the image", "id", e.id, "err", err)
+		}
+	}
+	m.log.Info("sandbox resumed", "id", e.id, "memory", mode.image != "")
+	return nil
+}
+
+// affordable refuses to restore an image the host has not the memory for:
+// the pages it holds must fit in what the host has available.
+func affordable(image string) error {
+	need := int64(0)
+	entries, err := os.ReadDir(image)
+	if err != nil {
+		return fmt.Errorf("checkpoint image: %w", err)
+	}
+	for _, de := range entries {
+		if strings.HasPrefix(de.Name(), "pages-") {
+			if fi, err := de.Info(); err == nil {
+				need += fi.Size()
+			}
+		}
+	}
+	avail, err := memAvailable()
+	if err != nil {
+		return nil // unknown: let the restore try
+	}
+	if need > avail {
+		return fmt.Errorf("%w: restoring needs %d MiB of memory and the host has %d MiB available", ErrLimit, need>>20, avail>>20)
+	}
+	return nil
+}
+
+// memAvailable is the host's MemAvailable in bytes.
+func memAvailable() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no MemAvailable in /proc/meminfo")
+}
+
+// recoverPaused makes e, whose runtime sandbox did not survive (rt is what
+// is left of it, or nil), a paused sandbox when its state on disk says it is
+// one: a complete checkpoint image (paused with memory, whatever the record
+// says: the server may have died between the checkpoint and the record), or
+// a record that says paused and a directory to boot from (paused without).
+// The caller holds e alone and publishes it.
+func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbox) bool {
+	dirs := m.layout()
+	_, imgErr := os.Stat(dirs.PausedComplete(e.id))
+	withMemory := imgErr == nil
+	br, err := readBootRecord(e.dir)
+	if err != nil || (!withMemory && e.info.State != StatePaused) {
+		return false
+	}
+	if rt != nil {
+		ck, ok := rt.(runtime.Checkpointer)
+		if !ok {
+			return false
+		}
+		if err := ck.Release(context.WithoutCancel(ctx)); err != nil {
+			m.log.Warn("paused sandbox: releasing what its runtime left", "id", e.id, "err", err)
+		}
+		e.undo.drop(stepRuntime)
+	}
+	if withMemory {
+		m.pushPaused(e)
+	}
+	if m.opts.Network != nil {
+		// Its namespace survives a restart of the server, not of the host;
+		// without it a resume sets up a new one.
+		if ns, err := m.opts.Network.Adopt(e.id, policyOf(e.info)); err == nil {
+			e.net = ns
+			e.info.Addr = ns.Addr
+		}
+	}
+	paused := e.info.State != StatePaused
+	e.info.State = StatePaused
+	e.info.PausedWithMemory = withMemory
+	e.info.Lifecycle = br.Lifecycle
+	if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
+		e.info.PausedAt = fi.ModTime()
+	}
+	if paused {
+		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+			m.log.Warn("paused sandbox: record", "id", e.id, "err", err)
+		}
+	}
+	e.seenOOM = m.seenOOMOf(ctx, e.id)
+	return true
+}
+
+// autoResume resumes a paused sandbox that allows it (lifecycle autoResume,
+// paused with memory) for a request that reached it through the proxy; the
+// sandbox gets the timeout it was created with. It reports whether the
+// sandbox is running afterwards.
+func (m *Manager) autoResume(id string) bool {
+	_, info, err := m.view(id)
+	if err != nil || info.State != StatePaused || !info.Lifecycle.AutoResume || !info.PausedWithMemory {
+		return false
+	}
+	timeout := DefaultAutoResumeTimeout
+	if rec, err := readBootRecord(m.sandboxDir(id)); err == nil && rec.Timeout > 0 {
+		timeout = min(rec.Timeout, m.opts.MaxTimeout)
+	}
+	ctx, cancel := context.WithTimeout(m.life, 2*time.Minute)
+	defer cancel()
+	if _, _, err := m.Connect(ctx, id, timeout); err != nil {
+		m.log.Warn("sandbox auto-resume failed", "id", id, "err", err)
+		return false
+	}
+	return true
+}
+
+// DefaultAutoResumeTimeout is an auto-resumed sandbox's timeout when the one
+// it was created with is unknown (E2B's default).
+const DefaultAutoResumeTimeout = 5 * time.Minute
 
 // Fork starts req.Count sandboxes from the state of sandbox id.
 func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkResult, error) {
 	return nil, errNotYet
 }
+
+// errNotYet marks the persistence operations being built (issue 13).
+var errNotYet = errors.New("not implemented yet")
 
 // CreateSnapshot saves the state of sandbox id.
 func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (Snapshot, error) {

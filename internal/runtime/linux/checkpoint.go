@@ -64,6 +64,13 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if opts.ImageDir == "" {
 		return errors.New("linux runtime: checkpoint: no image directory")
 	}
+	if ns := s.c.Config().Namespaces; ns.PathOf(configs.NEWNET) != "" {
+		// CRIU dumps a task only when every namespace it is in belongs to
+		// its user namespace (criu/namespaces.c check_user_ns); a network
+		// namespace the host prepared belongs to the host's. Checked here,
+		// so the caller learns it without a failed dump.
+		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
+	}
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
 	}
@@ -208,4 +215,5 @@ func unstageBindSources(dir string) {
 	}
 	_ = os.Remove(dir)
 }
+
 

@@ -6,6 +6,7 @@
 
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import http from 'node:http'
 import { after } from 'node:test'
 import { Sandbox } from 'e2b'
 
@@ -159,4 +160,31 @@ export async function envdFetch(sandboxId, path, { token, method = 'GET', header
     json = undefined
   }
   return { status: res.status, headers: res.headers, text, json, bytes: buf }
+}
+
+/** GET / through the sandbox proxy with the given Host header (fetch may not set Host; node:http does). */
+export function proxyGet(host, headers = {}) {
+  const u = new URL(SANDBOX_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      { hostname: u.hostname, port: u.port, path: '/', method: 'GET', headers: { ...headers, host } },
+      (res) => {
+        let body = ''
+        res.setEncoding('utf8')
+        res.on('data', (c) => { body += c })
+        res.on('end', () => resolve({ status: res.statusCode, body }))
+      },
+    )
+    req.on('error', reject)
+    req.setTimeout(30_000, () => req.destroy(new Error('timeout')))
+    req.end()
+  })
+}
+
+/** Start python3 -m http.server on port in /tmp and wait until the proxy reaches it. */
+export async function startHTTPServer(sbx, port) {
+  await sbx.commands.run(`cd /tmp && python3 -m http.server ${port}`, { background: true })
+  await waitFor(async () => (await proxyGet(sbx.getHost(port))).status === 200, {
+    timeoutMs: 15_000, what: `http.server on ${port} through the proxy`,
+  })
 }

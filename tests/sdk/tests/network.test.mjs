@@ -10,39 +10,11 @@
 import assert from 'node:assert/strict'
 import { execFileSync, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import http from 'node:http'
 import { after, before, describe, test } from 'node:test'
 import { ALL_TRAFFIC } from 'e2b'
-import { API_URL, SANDBOX_URL, createSandbox, trackCleanup, waitFor } from './helpers.mjs'
+import { API_URL, SANDBOX_URL, createSandbox, proxyGet as get, startHTTPServer as startServer, trackCleanup, waitFor } from './helpers.mjs'
 
 trackCleanup()
-
-// get sends GET / to the sandbox proxy with the given Host header (fetch may
-// not set Host, node:http may).
-function get(host, headers = {}) {
-  const u = new URL(SANDBOX_URL)
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      { hostname: u.hostname, port: u.port, path: '/', method: 'GET', headers: { ...headers, host } },
-      (res) => {
-        let body = ''
-        res.setEncoding('utf8')
-        res.on('data', (c) => { body += c })
-        res.on('end', () => resolve({ status: res.statusCode, body }))
-      },
-    )
-    req.on('error', reject)
-    req.setTimeout(10_000, () => req.destroy(new Error('timeout')))
-    req.end()
-  })
-}
-
-async function startServer(sbx, port) {
-  await sbx.commands.run(`cd /tmp && python3 -m http.server ${port}`, { background: true })
-  await waitFor(async () => (await get(sbx.getHost(port))).status === 200, {
-    timeoutMs: 15_000, what: `http.server on ${port} through the proxy`,
-  })
-}
 
 describe('sandbox network', { concurrency: true }, () => {
   test('getHost(port) reaches a server in the sandbox; a closed port is a 502', async () => {
