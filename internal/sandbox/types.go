@@ -174,6 +174,9 @@ type CreateRequest struct {
 	// DiskSizeMB bounds the sandbox's writable layer; 0 takes the template's
 	// (or DefaultDiskSizeMB).
 	DiskSizeMB int
+	// Lifecycle is what happens at the timeout (E2B's autoPause,
+	// autoPauseMemory and autoResume); the zero value kills.
+	Lifecycle Lifecycle
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.
