@@ -204,6 +204,8 @@ func (h *Handler) deleteSnapshotOrTemplate(w http.ResponseWriter, r *http.Reques
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
 		return nil
+	// ErrTemplateNotFound counts as a miss too: snapshots are registered
+	// where templates are, and a manager may report them in those terms.
 	case !errors.Is(err, sandbox.ErrNotFound) && !errors.Is(err, sandbox.ErrTemplateNotFound):
 		return managerError(fmt.Errorf("delete snapshot %s: %w", ref, err), "", "")
 	case tagged:

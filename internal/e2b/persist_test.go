@@ -256,12 +256,32 @@ func TestFork(t *testing.T) {
 	})
 }
 
+// opError is a request to a per-sandbox operation that must be refused.
+type opError struct {
+	name, id, body string
+	status         int
+	msg            string
+}
+
+// checkOpErrors sends each case to /sandboxes/{id}<suffix>, with "abc"
+// running and "sleepy" paused; called tells whether the operation reached
+// the manager, which a 400 must not.
+func checkOpErrors(t *testing.T, suffix string, called func(*fakeManager) bool, cases []opError) {
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			h, m := newTestHandler(t)
+			m.add(sandbox.Info{ID: "abc"})
+			m.add(sandbox.Info{ID: "sleepy", State: sandbox.StatePaused})
+			checkError(t, request(t, h, "POST", "/sandboxes/"+tt.id+suffix, tt.body), tt.status, tt.msg)
+			if tt.status == 400 && called(m) {
+				t.Error("manager called despite a bad request")
+			}
+		})
+	}
+}
+
 func TestForkErrors(t *testing.T) {
-	for _, tt := range []struct {
-		name, id, body string
-		status         int
-		msg            string
-	}{
+	checkOpErrors(t, "/fork", func(m *fakeManager) bool { return m.lastFork != nil }, []opError{
 		{"count 0", "abc", `{"count":0}`, 400, "Count must be at least 1, got 0"},
 		{"negative count", "abc", `{"count":-3}`, 400, "Count must be at least 1, got -3"},
 		{"count over the maximum", "abc", `{"count":101}`, 400, "Count cannot be greater than 100, got 101"},
@@ -272,17 +292,7 @@ func TestForkErrors(t *testing.T) {
 		{"malformed", "abc", `{"count":`, 400, "malformed JSON body: unexpected end of JSON input..."},
 		{"unknown sandbox", "nosuch", `{}`, 404, `sandbox "nosuch" not found`},
 		{"paused sandbox", "sleepy", `{}`, 409, "fork sandbox: sandbox sleepy is paused; resume it before forking it: conflict"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			h, m := newTestHandler(t)
-			m.add(sandbox.Info{ID: "abc"})
-			m.add(sandbox.Info{ID: "sleepy", State: sandbox.StatePaused})
-			checkError(t, request(t, h, "POST", "/sandboxes/"+tt.id+"/fork", tt.body), tt.status, tt.msg)
-			if tt.status == 400 && m.lastFork != nil {
-				t.Error("manager called despite a bad request")
-			}
-		})
-	}
+	})
 }
 
 // A fork starts sandboxes, so it spends the key's create tokens.
@@ -328,11 +338,7 @@ func TestCreateSnapshot(t *testing.T) {
 
 func TestCreateSnapshotErrors(t *testing.T) {
 	const rule = "want 1 to 63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit"
-	for _, tt := range []struct {
-		name, id, body string
-		status         int
-		msg            string
-	}{
+	checkOpErrors(t, "/snapshots", func(m *fakeManager) bool { return m.lastSnapshot != nil }, []opError{
 		{"empty name", "abc", `{"name":""}`, 400, `Invalid snapshot name "": ` + rule},
 		{"name too long", "abc", `{"name":"` + strings.Repeat("a", 64) + `"}`, 400, `Invalid snapshot name "` + strings.Repeat("a", 64) + `": ` + rule},
 		{"leading dash", "abc", `{"name":"-x"}`, 400, `Invalid snapshot name "-x": ` + rule},
@@ -343,17 +349,7 @@ func TestCreateSnapshotErrors(t *testing.T) {
 		{"name not a string", "abc", `{"name":5}`, 400, `malformed JSON body: field "name" must be a string, got number`},
 		{"unknown sandbox", "nosuch", `{"name":"x"}`, 404, `sandbox "nosuch" not found`},
 		{"paused sandbox", "sleepy", `{}`, 409, "snapshot sandbox: sandbox sleepy is paused; resume it before snapshotting it: conflict"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			h, m := newTestHandler(t)
-			m.add(sandbox.Info{ID: "abc"})
-			m.add(sandbox.Info{ID: "sleepy", State: sandbox.StatePaused})
-			checkError(t, request(t, h, "POST", "/sandboxes/"+tt.id+"/snapshots", tt.body), tt.status, tt.msg)
-			if tt.status == 400 && m.lastSnapshot != nil {
-				t.Error("manager called despite a bad request")
-			}
-		})
-	}
+	})
 }
 
 // The snapshot name rule is the template name rule: they share names.
@@ -568,6 +564,17 @@ func TestDeleteSnapshotOrTemplate(t *testing.T) {
 		checkError(t, request(t, h, "DELETE", "/templates/my-app:default", ""), 404, `snapshot "my-app:default" not found`)
 		if len(tpls.deleted) != 0 {
 			t.Errorf("a tagged ref deleted template %v", tpls.deleted)
+		}
+	})
+
+	t.Run("a snapshot miss reported as an unknown template falls through", func(t *testing.T) {
+		h, m, tpls := newTemplateHandler(t)
+		m.snapErr = fmt.Errorf("snapshot my-app: %w", sandbox.ErrTemplateNotFound)
+		if rec := request(t, h, "DELETE", "/templates/my-app", ""); rec.Code != http.StatusNoContent {
+			t.Fatalf("delete: %d %s", rec.Code, rec.Body)
+		}
+		if !slices.Equal(tpls.deleted, []string{userID}) {
+			t.Errorf("templates deleted %v", tpls.deleted)
 		}
 	})
 
