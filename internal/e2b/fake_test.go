@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +39,13 @@ type fakeManager struct {
 	logs      map[string][]sandbox.LogEntry
 	seq       int
 	listErr   error
+	// snapshots, oldest first; ListSnapshots answers newest first.
+	snapshots []sandbox.Snapshot
+	// snapErr fails ListSnapshots and DeleteSnapshot (which take no
+	// sandbox id, so the special ids cannot reach them).
+	snapErr error
+	// forkErrs fails the forks at these indexes with the given errors.
+	forkErrs map[int]error
 	// plain turns off the special ids, so a fuzzer that stumbles on "boom"
 	// does not report the fake's deliberate 500 as a handler bug.
 	plain bool
@@ -47,6 +56,11 @@ type fakeManager struct {
 	lastTimeout       *time.Duration
 	lastConnect       time.Duration
 	lastMetricsWindow [2]time.Time
+	lastPause         *sandbox.PauseOptions
+	lastFork          *sandbox.ForkRequest
+	lastSnapshot      *sandbox.SnapshotRequest
+	lastSnapFilter    *sandbox.SnapshotFilter
+	lastDeleteSnap    string
 	calls             int
 }
 
@@ -132,23 +146,11 @@ func (f *fakeManager) Create(_ context.Context, req sandbox.CreateRequest) (sand
 	if !ok {
 		return sandbox.Info{}, fmt.Errorf("template %q: %w", req.Template, sandbox.ErrTemplateNotFound)
 	}
-	f.seq++
-	info := sandbox.Info{
-		ID:                  fmt.Sprintf("sbx%04d", f.seq),
-		TemplateID:          tid,
-		Alias:               aliasOf(tid),
-		ClientID:            "fakeclient",
-		Metadata:            maps.Clone(req.Metadata),
-		EnvVars:             maps.Clone(req.EnvVars),
-		StartedAt:           fakeEpoch.Add(time.Duration(f.seq) * time.Second),
-		EndAt:               time.Now().Add(req.Timeout),
-		State:               sandbox.StateRunning,
-		CPUCount:            2,
-		MemoryMB:            512,
-		DiskSizeMB:          1024,
-		EnvdVersion:         "0.6.4",
-		AllowInternetAccess: req.AllowInternetAccess,
-	}
+	info := f.newSandbox(tid, req.Timeout)
+	info.Metadata = maps.Clone(req.Metadata)
+	info.EnvVars = maps.Clone(req.EnvVars)
+	info.AllowInternetAccess = req.AllowInternetAccess
+	info.Lifecycle = req.Lifecycle
 	if req.Network != nil {
 		info.Network = *req.Network
 		if ap := req.Network.AllowPublicTraffic; ap != nil && !*ap {
@@ -160,6 +162,25 @@ func (f *fakeManager) Create(_ context.Context, req sandbox.CreateRequest) (sand
 	}
 	f.sandboxes[info.ID] = &info
 	return info, nil
+}
+
+// newSandbox makes the next running sandbox of template tid (not yet
+// stored). The caller holds f.mu.
+func (f *fakeManager) newSandbox(tid string, timeout time.Duration) sandbox.Info {
+	f.seq++
+	return sandbox.Info{
+		ID:          fmt.Sprintf("sbx%04d", f.seq),
+		TemplateID:  tid,
+		Alias:       aliasOf(tid),
+		ClientID:    "fakeclient",
+		StartedAt:   fakeEpoch.Add(time.Duration(f.seq) * time.Second),
+		EndAt:       time.Now().Add(timeout),
+		State:       sandbox.StateRunning,
+		CPUCount:    2,
+		MemoryMB:    512,
+		DiskSizeMB:  1024,
+		EnvdVersion: "0.6.4",
+	}
 }
 
 func (f *fakeManager) UpdateNetwork(_ context.Context, id string, u sandbox.NetworkUpdate) error {
@@ -277,7 +298,7 @@ func (f *fakeManager) Connect(_ context.Context, id string, timeout time.Duratio
 	return *s, resumed, nil
 }
 
-func (f *fakeManager) Pause(_ context.Context, id string) error {
+func (f *fakeManager) Pause(_ context.Context, id string, opts sandbox.PauseOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -285,10 +306,121 @@ func (f *fakeManager) Pause(_ context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	f.lastPause = &opts
 	if s.State == sandbox.StatePaused {
 		return fmt.Errorf("sandbox %s is already paused: %w", id, sandbox.ErrConflict)
 	}
 	s.State = sandbox.StatePaused
+	s.PausedWithMemory = !opts.DropMemory
+	return nil
+}
+
+// running looks id up and refuses a paused sandbox, as the manager does for
+// fork and snapshot.
+func (f *fakeManager) running(id, op string) (*sandbox.Info, error) {
+	s, err := f.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if s.State == sandbox.StatePaused {
+		return nil, fmt.Errorf("sandbox %s is paused; resume it before %s: %w", id, op, sandbox.ErrConflict)
+	}
+	return s, nil
+}
+
+func (f *fakeManager) Fork(_ context.Context, id string, req sandbox.ForkRequest) ([]sandbox.ForkResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastFork = &req
+	src, err := f.running(id, "forking it")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandbox.ForkResult, req.Count)
+	for i := range out {
+		if err := f.forkErrs[i]; err != nil {
+			out[i].Err = err
+			continue
+		}
+		info := f.newSandbox(src.TemplateID, req.Timeout)
+		info.Metadata = maps.Clone(src.Metadata)
+		info.AccessToken = "token-" + info.ID
+		f.sandboxes[info.ID] = &info
+		out[i].Info = info
+	}
+	return out, nil
+}
+
+func (f *fakeManager) CreateSnapshot(_ context.Context, id string, req sandbox.SnapshotRequest) (sandbox.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastSnapshot = &req
+	src, err := f.running(id, "snapshotting it")
+	if err != nil {
+		return sandbox.Snapshot{}, err
+	}
+	f.seq++
+	snap := sandbox.Snapshot{
+		ID: fmt.Sprintf("snap%04d:default", f.seq), SandboxID: id, TemplateID: src.TemplateID,
+		Owner: req.Owner, CreatedAt: fakeEpoch.Add(time.Duration(f.seq) * time.Second),
+	}
+	if req.Name != "" {
+		// A name moves to the newest snapshot, as E2B assigns it to the
+		// newest build.
+		snap.ID = req.Name + ":default"
+		snap.Names = []string{snap.ID}
+		f.snapshots = slices.DeleteFunc(f.snapshots, func(s sandbox.Snapshot) bool { return s.ID == snap.ID })
+	}
+	f.snapshots = append(f.snapshots, snap)
+	return snap, nil
+}
+
+// snapshotMatches is SnapshotFilter.Name's rule: the ID or a name, with or
+// without its ":tag".
+func snapshotMatches(s sandbox.Snapshot, ref string) bool {
+	for _, n := range append([]string{s.ID}, s.Names...) {
+		if n == ref || strings.TrimSuffix(n, ":default") == ref {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fakeManager) ListSnapshots(_ context.Context, filter sandbox.SnapshotFilter) ([]sandbox.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastSnapFilter = &filter
+	if f.snapErr != nil {
+		return nil, f.snapErr
+	}
+	var out []sandbox.Snapshot
+	for i := len(f.snapshots) - 1; i >= 0; i-- {
+		s := f.snapshots[i]
+		if (filter.SandboxID == "" || s.SandboxID == filter.SandboxID) &&
+			(filter.Name == "" || snapshotMatches(s, filter.Name)) &&
+			(filter.Owner == "" || s.Owner == filter.Owner) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.lastDeleteSnap = idOrName
+	if f.snapErr != nil {
+		return f.snapErr
+	}
+	i := slices.IndexFunc(f.snapshots, func(s sandbox.Snapshot) bool { return snapshotMatches(s, idOrName) })
+	if i < 0 {
+		return fmt.Errorf("snapshot %q: %w", idOrName, sandbox.ErrNotFound)
+	}
+	f.snapshots = slices.Delete(f.snapshots, i, i+1)
 	return nil
 }
 

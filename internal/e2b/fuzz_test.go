@@ -39,6 +39,12 @@ func FuzzCreateBody(f *testing.F) {
 		`{"templateID":"nope","timeout":9223372036854775807}`,
 		`[1,{"templateID":null}]`,
 		`{"templateID":"base"`,
+		`{"templateID":"base","autoPause":true,"autoPauseMemory":false}`,
+		`{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`,
+		`{"templateID":"base","autoPause":false,"autoPauseMemory":true,"autoResume":{"enabled":false}}`,
+		`{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`,
+		`{"templateID":"base","autoResume":{},"autoPauseMemory":null}`,
+		`{"templateID":"my-snap:default","autoResume":{"enabled":"yes"}}`,
 	} {
 		f.Add(seed, true)
 		f.Add(seed, false)
@@ -75,17 +81,22 @@ func FuzzListQuery(f *testing.F) {
 	for i, st := range []sandbox.State{sandbox.StateRunning, sandbox.StatePaused, sandbox.StateRunning} {
 		m.add(sandbox.Info{ID: "s" + strings.Repeat("x", i), StartedAt: fakeEpoch.Add(time.Duration(i) * time.Second), State: st, Metadata: map[string]string{"a b": "c&d"}})
 	}
+	// GET /snapshots pages the same way (and takes sandboxID and name).
+	f.Add(`sandboxID=s&name=snap:default&limit=1&nextToken=` + cursor{start: fakeEpoch, id: "b:default"}.encode())
+	addSnapshots(m, true, "a:default", "b:default", "c:default")
 	f.Fuzz(func(t *testing.T, rawQuery string) {
-		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
-		req.URL.RawQuery = rawQuery
-		req.Header.Set("X-API-KEY", testKey)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		checkResponse(t, rec, rawQuery)
-		if rec.Code == http.StatusOK {
-			var items []e2bwire.ListedSandbox
-			if err := json.Unmarshal(rec.Body.Bytes(), &items); err != nil {
-				t.Fatalf("query %q: 200 with a body that is not a list: %v", rawQuery, err)
+		for _, path := range []string{"/v2/sandboxes", "/snapshots"} {
+			req := httptest.NewRequest("GET", path, nil)
+			req.URL.RawQuery = rawQuery
+			req.Header.Set("X-API-KEY", testKey)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			checkResponse(t, rec, rawQuery)
+			if rec.Code == http.StatusOK {
+				var items []json.RawMessage
+				if err := json.Unmarshal(rec.Body.Bytes(), &items); err != nil {
+					t.Fatalf("%s?%s: 200 with a body that is not a list: %v", path, rawQuery, err)
+				}
 			}
 		}
 	})

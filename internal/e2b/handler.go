@@ -105,6 +105,10 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("POST /sandboxes/{sandboxID}/timeout", h.setTimeout)
 	h.handle("POST /sandboxes/{sandboxID}/refreshes", h.refresh)
 	h.handle("POST /sandboxes/{sandboxID}/pause", h.pause)
+	// A fork starts sandboxes, so it spends a create token like create does.
+	h.handleCreate("POST /sandboxes/{sandboxID}/fork", h.fork)
+	h.handle("POST /sandboxes/{sandboxID}/snapshots", h.createSnapshot)
+	h.handle("GET /snapshots", h.listSnapshots)
 	h.handle("GET /sandboxes/{sandboxID}/metrics", h.metrics)
 	h.handle("GET /sandboxes/{sandboxID}/logs", h.logsV1)
 	h.handle("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)

@@ -156,7 +156,8 @@ func TestAuth(t *testing.T) {
 		{"GET", "/sandboxes/abc"}, {"DELETE", "/sandboxes/abc"}, {"POST", "/sandboxes/abc/connect"},
 		{"POST", "/v2/sandboxes/abc/connect"}, {"POST", "/sandboxes/abc/resume"}, {"POST", "/sandboxes/abc/timeout"},
 		{"POST", "/sandboxes/abc/refreshes"}, {"POST", "/sandboxes/abc/pause"}, {"GET", "/sandboxes/abc/metrics"},
-		{"PUT", "/sandboxes/abc/network"},
+		{"PUT", "/sandboxes/abc/network"}, {"POST", "/sandboxes/abc/fork"}, {"POST", "/sandboxes/abc/snapshots"},
+		{"GET", "/snapshots"}, {"DELETE", "/templates/abc:default"},
 	}
 	for _, ep := range endpoints {
 		h, m := newTestHandler(t)
@@ -212,7 +213,7 @@ func TestCreate(t *testing.T) {
 		{name: "camelCase allowInternetAccess is not the wire name", path: "/sandboxes", body: `{"templateID":"base","timeout":30,"allowInternetAccess":false}`, wantTimeout: 30 * time.Second},
 		{
 			name: "unknown and ignored fields", path: "/v2/sandboxes",
-			body:        `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true},"mcp":null,"iam":{"tokens":{}},"volumeMounts":[],"somethingNew":[1,2]}`,
+			body:        `{"templateID":"base","mcp":null,"iam":{"tokens":{}},"volumeMounts":[],"somethingNew":[1,2]}`,
 			wantTimeout: 300 * time.Second, wantSecure: true,
 		},
 		{name: "network deny all fails closed", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"denyOut":["0.0.0.0/0"],"allowOut":["example.com","1.1.1.1"]}}`, wantTimeout: 300 * time.Second, wantSecure: true, wantNet: &no},
@@ -472,6 +473,8 @@ func TestSandboxIDErrors(t *testing.T) {
 		{"POST", "/pause", `{}`},
 		{"GET", "/metrics", ""},
 		{"PUT", "/network", `{}`},
+		{"POST", "/fork", `{"count":2}`},
+		{"POST", "/snapshots", `{"name":"snap"}`},
 	}
 	for _, ep := range endpoints {
 		prefix := "/sandboxes/"
@@ -670,18 +673,36 @@ func TestRefresh(t *testing.T) {
 func durp(d time.Duration) *time.Duration { return &d }
 
 func TestPause(t *testing.T) {
+	for _, tt := range []struct {
+		body string
+		drop bool
+	}{
+		{"", false},
+		{"{}", false},
+		{`{"memory":null}`, false},
+		{`{"memory":true}`, false},
+		{`{"memory":false}`, true},
+	} {
+		h, m := newTestHandler(t)
+		m.add(sandbox.Info{ID: "abc"})
+		if rec := request(t, h, "POST", "/sandboxes/abc/pause", tt.body); rec.Code != 204 || rec.Body.Len() != 0 {
+			t.Fatalf("pause %q: status %d: %s", tt.body, rec.Code, rec.Body)
+		}
+		if m.lastPause == nil || m.lastPause.DropMemory != tt.drop {
+			t.Errorf("pause %q: manager got %+v, want DropMemory %v", tt.body, m.lastPause, tt.drop)
+		}
+	}
+
 	h, m := newTestHandler(t)
-	m.add(sandbox.Info{ID: "abc"})
-	m.add(sandbox.Info{ID: "def"})
-	if rec := request(t, h, "POST", "/sandboxes/abc/pause", ""); rec.Code != 204 {
-		t.Fatalf("pause with empty body: status %d: %s", rec.Code, rec.Body)
-	}
-	if rec := request(t, h, "POST", "/sandboxes/def/pause", `{"memory":false}`); rec.Code != 204 {
-		t.Fatalf("pause with memory:false: status %d: %s", rec.Code, rec.Body)
-	}
+	m.add(sandbox.Info{ID: "abc", State: sandbox.StatePaused})
 	// The JS SDK's pause() returns false on code 409.
 	checkError(t, request(t, h, "POST", "/sandboxes/abc/pause", `{}`), 409, "pause sandbox: sandbox abc is already paused: conflict")
+	checkError(t, request(t, h, "POST", "/sandboxes/nosuch/pause", `{"memory":false}`), 404, `sandbox "nosuch" not found`)
+	m.lastPause = nil
 	checkError(t, request(t, h, "POST", "/sandboxes/abc/pause", `{"memory":"no"}`), 400, `malformed JSON body: field "memory" must be a boolean, got string`)
+	if m.lastPause != nil {
+		t.Error("manager called despite a malformed body")
+	}
 }
 
 func TestMetrics(t *testing.T) {

@@ -30,16 +30,43 @@ const (
 // listQuery is a parsed GET /v2/sandboxes request.
 type listQuery struct {
 	filter sandbox.ListFilter
-	asc    bool
-	limit  int
-	after  *cursor // nil on the first page
+	pageQuery
+}
+
+// pageQuery is the paging part of a list request (docs/E2B-WIRE.md §2.5),
+// shared by GET /v2/sandboxes and GET /snapshots.
+type pageQuery struct {
+	asc   bool
+	limit int
+	after *cursor // nil on the first page
+}
+
+// parsePage reads limit and nextToken for a list in direction asc. validID
+// checks the id inside a token: each list has its own id syntax, and a
+// token naming an impossible id was not minted here.
+func parsePage(q url.Values, asc bool, validID func(string) bool) (pageQuery, error) {
+	pq := pageQuery{asc: asc, limit: listDefaultLimit}
+	if v := q.Get("limit"); v != "" {
+		var err error
+		if pq.limit, err = parseLimit(v, listMaxLimit); err != nil {
+			return pq, err
+		}
+	}
+	if v := q.Get("nextToken"); v != "" {
+		c, err := decodeCursor(v, validID)
+		if err != nil || c.asc != asc {
+			return pq, badRequest("Invalid next token")
+		}
+		pq.after = &c
+	}
+	return pq, nil
 }
 
 // parseListQuery validates every parameter before anything is listed, so a
 // typo (order=ascending, state=stopped) is a 400 rather than a silently
 // different page.
 func parseListQuery(q url.Values) (listQuery, error) {
-	lq := listQuery{limit: listDefaultLimit}
+	var lq listQuery
 
 	states, err := parseStates(q["state"])
 	if err != nil {
@@ -47,18 +74,17 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	}
 	lq.filter.States = states
 
+	asc := false
 	switch order := q.Get("order"); order {
 	case "", "desc":
 	case "asc":
-		lq.asc = true
+		asc = true
 	default:
 		return lq, badRequest("Invalid order parameter %q: must be asc or desc", order)
 	}
 
-	if v := q.Get("limit"); v != "" {
-		if lq.limit, err = parseLimit(v, listMaxLimit); err != nil {
-			return lq, err
-		}
+	if lq.pageQuery, err = parsePage(q, asc, validSandboxID); err != nil {
+		return lq, err
 	}
 
 	if v := q.Get("metadata"); v != "" {
@@ -84,14 +110,6 @@ func parseListQuery(q url.Values) (listQuery, error) {
 			return lq, badRequest("Invalid template %q: tags are not supported in the sandbox list filter", v)
 		}
 		lq.filter.Template = v
-	}
-
-	if v := q.Get("nextToken"); v != "" {
-		c, err := decodeCursor(v)
-		if err != nil || c.asc != lq.asc {
-			return lq, badRequest("Invalid next token")
-		}
-		lq.after = &c
 	}
 	return lq, nil
 }
@@ -183,8 +201,8 @@ func parseRFC3339(v string) (time.Time, error) {
 	return t, nil
 }
 
-// cursor is the position after which the next page starts: the start time
-// and id of the last sandbox returned.
+// cursor is the position after which the next page starts: the time and id
+// of the last item returned.
 type cursor struct {
 	start time.Time
 	id    string
@@ -192,8 +210,9 @@ type cursor struct {
 }
 
 // encode renders the cursor as URL-safe base64 of "<RFC3339Nano>__<id>"
-// ("__asc" appended for ascending). Ids are [a-z0-9] and the time has no
-// "__", so the separator is unambiguous.
+// ("__asc" appended for ascending). The time has no "__", so the first one
+// ends it; sandbox ids are [a-z0-9] and snapshot ids end in ":<tag>", so
+// neither ends in "__asc".
 func (c cursor) encode() string {
 	s := c.start.UTC().Format(time.RFC3339Nano) + "__" + c.id
 	if c.asc {
@@ -202,52 +221,83 @@ func (c cursor) encode() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(s))
 }
 
-func decodeCursor(token string) (cursor, error) {
+func decodeCursor(token string, validID func(string) bool) (cursor, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(token, "="))
 	if err != nil {
 		return cursor{}, fmt.Errorf("decode cursor: %w", err)
 	}
-	parts := strings.Split(string(raw), "__")
-	if len(parts) < 2 || len(parts) > 3 {
+	start, rest, ok := strings.Cut(string(raw), "__")
+	if !ok {
 		return cursor{}, errors.New("decode cursor: want <time>__<id>[__asc]")
 	}
-	c := cursor{id: parts[1]}
-	if len(parts) == 3 {
-		if parts[2] != cursorAsc {
-			return cursor{}, fmt.Errorf("decode cursor: unknown direction %q", parts[2])
-		}
-		c.asc = true
+	c := cursor{id: rest}
+	if id, ok := strings.CutSuffix(rest, "__"+cursorAsc); ok {
+		c.id, c.asc = id, true
 	}
-	if !validSandboxID(c.id) {
-		return cursor{}, fmt.Errorf("decode cursor: invalid sandbox id %q", c.id)
+	if !validID(c.id) {
+		return cursor{}, fmt.Errorf("decode cursor: invalid id %q", c.id)
 	}
-	if c.start, err = time.Parse(time.RFC3339Nano, parts[0]); err != nil {
+	if c.start, err = time.Parse(time.RFC3339Nano, start); err != nil {
 		return cursor{}, fmt.Errorf("decode cursor: %w", err)
 	}
 	return c, nil
 }
 
-// listEntry pairs a sandbox with its sort key. The start time is stripped of
-// its monotonic reading so it compares exactly like a time parsed back out
-// of a cursor.
-type listEntry struct {
-	info  sandbox.Info
+// pageKey is an item's place in a list: its time, stripped of the monotonic
+// reading so it compares exactly like a time parsed back out of a cursor,
+// and its id.
+type pageKey struct {
 	start time.Time
+	id    string
 }
 
-// compareEntries orders by start time in the requested direction, then by
-// id. Ascending is the exact reverse of descending (ids descend too), so the
-// two directions page through the same sequence from opposite ends.
-func compareEntries(aStart time.Time, aID string, bStart time.Time, bID string, asc bool) int {
-	c := aStart.Compare(bStart)
+func keyOf(start time.Time, id string) pageKey { return pageKey{start: start.Round(0), id: id} }
+
+// compareKeys orders by time in the requested direction, then by id.
+// Ascending is the exact reverse of descending (ids descend too), so the two
+// directions page through the same sequence from opposite ends.
+func compareKeys(a, b pageKey, asc bool) int {
+	c := a.start.Compare(b.start)
 	if c == 0 {
-		c = -strings.Compare(aID, bID)
+		c = -strings.Compare(a.id, b.id)
 	}
 	if asc {
 		return c
 	}
 	return -c
 }
+
+// sortPage sorts items in pq's direction.
+func sortPage[T any](items []T, key func(T) pageKey, asc bool) {
+	slices.SortFunc(items, func(a, b T) int { return compareKeys(key(a), key(b), asc) })
+}
+
+// page sorts items, skips to just after pq's cursor and returns at most
+// pq.limit of them, setting X-Next-Token only when another page exists (the
+// SDKs' hasNext is the header's presence).
+func page[T any](w http.ResponseWriter, items []T, key func(T) pageKey, pq pageQuery) []T {
+	sortPage(items, key, pq.asc)
+	if c := pq.after; c != nil {
+		// The cursor's own item may have gone since; searching by key
+		// rather than by id resumes at the right place either way.
+		after := pageKey{start: c.start, id: c.id}
+		i, found := slices.BinarySearchFunc(items, after, func(it T, k pageKey) int {
+			return compareKeys(key(it), k, pq.asc)
+		})
+		if found {
+			i++
+		}
+		items = items[i:]
+	}
+	if len(items) > pq.limit {
+		last := key(items[pq.limit-1])
+		w.Header().Set(headerNextToken, cursor{start: last.start, id: last.id, asc: pq.asc}.encode())
+		items = items[:pq.limit]
+	}
+	return items
+}
+
+func sandboxKey(info sandbox.Info) pageKey { return keyOf(info.StartedAt, info.ID) }
 
 func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 	lq, err := parseListQuery(r.URL.Query())
@@ -270,7 +320,7 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		return managerError(fmt.Errorf("list sandboxes: %w", err), "", lq.filter.Template)
 	}
 
-	entries := make([]listEntry, 0, len(infos))
+	kept := make([]sandbox.Info, 0, len(infos))
 	running := 0
 	for _, info := range infos {
 		// The manager already filtered; this only keeps states the API cannot
@@ -281,35 +331,16 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		if wireState(info.State) == string(sandbox.StateRunning) {
 			running++
 		}
-		entries = append(entries, listEntry{info: info, start: info.StartedAt.Round(0)})
+		kept = append(kept, info)
 	}
-	slices.SortFunc(entries, func(a, b listEntry) int {
-		return compareEntries(a.start, a.info.ID, b.start, b.info.ID, lq.asc)
-	})
 	if wantRunning {
 		w.Header().Set(headerTotalRunning, strconv.Itoa(running))
 	}
 
-	if c := lq.after; c != nil {
-		// The cursor's own sandbox may have been killed since; searching by
-		// key rather than by id resumes at the right place either way.
-		i, found := slices.BinarySearchFunc(entries, c, func(e listEntry, c *cursor) int {
-			return compareEntries(e.start, e.info.ID, c.start, c.id, lq.asc)
-		})
-		if found {
-			i++
-		}
-		entries = entries[i:]
-	}
-	if len(entries) > lq.limit {
-		last := entries[lq.limit-1]
-		w.Header().Set(headerNextToken, cursor{start: last.start, id: last.info.ID, asc: lq.asc}.encode())
-		entries = entries[:lq.limit]
-	}
-
-	out := make([]e2bwire.ListedSandbox, 0, len(entries))
-	for _, e := range entries {
-		out = append(out, h.listedJSON(e.info))
+	kept = page(w, kept, sandboxKey, lq.pageQuery)
+	out := make([]e2bwire.ListedSandbox, 0, len(kept))
+	for _, info := range kept {
+		out = append(out, h.listedJSON(info))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -330,19 +361,17 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return managerError(fmt.Errorf("list sandboxes: %w", err), "", "")
 	}
-	entries := make([]listEntry, 0, len(infos))
+	kept := make([]sandbox.Info, 0, len(infos))
 	for _, info := range infos {
 		if wireState(info.State) != string(sandbox.StateRunning) || info.State == sandbox.StateKilled {
 			continue
 		}
-		entries = append(entries, listEntry{info: info, start: info.StartedAt.Round(0)})
+		kept = append(kept, info)
 	}
-	slices.SortFunc(entries, func(a, b listEntry) int {
-		return compareEntries(a.start, a.info.ID, b.start, b.info.ID, false)
-	})
-	out := make([]e2bwire.ListedSandbox, 0, len(entries))
-	for _, e := range entries {
-		out = append(out, h.listedJSON(e.info))
+	sortPage(kept, sandboxKey, false)
+	out := make([]e2bwire.ListedSandbox, 0, len(kept))
+	for _, info := range kept {
+		out = append(out, h.listedJSON(info))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

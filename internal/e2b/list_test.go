@@ -311,7 +311,7 @@ func TestCursorRoundTrip(t *testing.T) {
 		{start: fakeEpoch, id: "abc"},
 		{start: time.Date(2025, 1, 1, 0, 0, 0, 1, time.FixedZone("x", 3600)), id: "z9", asc: true},
 	} {
-		got, err := decodeCursor(c.encode())
+		got, err := decodeCursor(c.encode(), validSandboxID)
 		if err != nil {
 			t.Fatal(err)
 		}

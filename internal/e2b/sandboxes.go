@@ -90,16 +90,51 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		}
 		h.warnUnenforced(body.Network)
 	}
-	if body.AutoPause != nil && *body.AutoPause {
-		h.log.Warn("autoPause requested but not supported; the sandbox will be killed at its timeout", "template", body.TemplateID)
+	if req.Lifecycle, err = lifecycleOf(&body); err != nil {
+		return err
 	}
 
+	// Template may name a snapshot; the manager resolves it before templates.
 	info, err := h.m.Create(r.Context(), req)
 	if err != nil {
 		return managerError(fmt.Errorf("create sandbox from %q: %w", body.TemplateID, err), "", body.TemplateID)
 	}
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(info))
 	return nil
+}
+
+// lifecycleOf reads create's autoPause, autoPauseMemory and autoResume
+// (docs/E2B-WIRE.md §2.4). It refuses the combinations the SDKs refuse
+// client-side, so that a raw client learns why instead of getting a sandbox
+// that silently does something else at its timeout.
+func lifecycleOf(body *e2bwire.NewSandbox) (sandbox.Lifecycle, error) {
+	lc := sandbox.Lifecycle{OnTimeout: sandbox.OnTimeoutKill}
+	pause := body.AutoPause != nil && *body.AutoPause
+	if pause {
+		lc.OnTimeout = sandbox.OnTimeoutPause
+	}
+	if m := body.AutoPauseMemory; m != nil {
+		if !pause {
+			// Upstream refuses only false here; true is refused too, because
+			// either value says the client expects a pause that will not come.
+			return lc, badRequest("autoPauseMemory only applies when autoPause is true: it chooses what the pause at the timeout keeps, and without autoPause the sandbox is killed at its timeout")
+		}
+		lc.DropMemory = !*m
+	}
+	if ar := body.AutoResume; ar != nil {
+		switch {
+		case ar.Enabled == nil:
+			return lc, badRequest("autoResume.enabled is required (true or false)")
+		case !*ar.Enabled:
+		case !pause:
+			return lc, badRequest("autoResume.enabled=true requires autoPause=true: only a sandbox paused at its timeout can be resumed by a request")
+		case lc.DropMemory:
+			return lc, badRequest("autoPauseMemory=false cannot be combined with autoResume.enabled=true: a filesystem-only pause cannot be resumed by traffic and must be resumed explicitly with connect")
+		default:
+			lc.AutoResume = true
+		}
+	}
+	return lc, nil
 }
 
 // egressFromNetwork derives the allowInternetAccess a sandbox reports: false
@@ -166,6 +201,9 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := checkResumeMemory(body.Memory); err != nil {
+		return err
+	}
 	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: h.opts.DefaultTimeout})
 	if err != nil {
 		return err
@@ -182,12 +220,27 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// checkResumeMemory refuses connect's and resume's memory=false (the JS
+// SDK's onResume: "reboot"), which asks to boot a sandbox paused with its
+// memory afresh from its filesystem. Airlock resumes a sandbox the way it
+// was paused (docs/E2B-WIRE.md §2.7); upstream's schema requires a refusal,
+// never a silent memory restore, where the choice is not offered.
+func checkResumeMemory(memory *bool) error {
+	if memory != nil && !*memory {
+		return badRequest("memory=false is not supported: Airlock resumes a sandbox the way it was paused (with its memory, or from its filesystem alone when paused with memory=false); omit memory or send true")
+	}
+	return nil
+}
+
 // resume serves the deprecated POST /sandboxes/{id}/resume (JS 2.0–2.3),
 // which unlike connect refuses a sandbox that is not paused.
 func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 	var body e2bwire.ConnectSandbox
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {
+		return err
+	}
+	if err := checkResumeMemory(body.Memory); err != nil {
 		return err
 	}
 	timeout, err := h.timeout(body.Timeout, timeoutRule{field: "timeout", def: resumeDefaultTimeout})
@@ -268,8 +321,10 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// pause saves a running sandbox to disk (docs/E2B-WIRE.md §2.7): with its
+// memory by default, its filesystem alone with {"memory": false}. 409 when
+// already paused, which the SDKs' pause() reads as false.
 func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
-	// {"memory": false} asks for a filesystem-only pause.
 	var body e2bwire.PauseRequest
 	id, err := h.sandboxRequest(w, r, &body)
 	if err != nil {

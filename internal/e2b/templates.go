@@ -188,7 +188,7 @@ func (h *Handler) routeTemplates() {
 	h.handle("GET /v2/templates", h.listTemplatesV2)
 	h.handle("GET /templates/{templateID}", h.getTemplate)
 	h.handle("GET /templates/aliases/{alias}", h.templateAlias)
-	h.handle("DELETE /templates/{templateID}", h.deleteTemplate)
+	h.handle("DELETE /templates/{templateID}", h.deleteSnapshotOrTemplate)
 
 	build := notImplemented("Building templates through the E2B API is not supported by Airlock; build them on the server with `airlock template build`")
 	for _, p := range []string{
@@ -238,14 +238,12 @@ var errNoTemplates = &apiError{status: http.StatusNotFound, message: "template e
 // read as "no such template".
 func templateRef(r *http.Request, param string) (string, error) {
 	ref := r.PathValue(param)
-	if strings.Contains(ref, ":") {
+	tagged, err := snapshotRef(ref, "template")
+	if err != nil {
+		return "", err
+	}
+	if tagged {
 		return "", badRequest("Invalid template %q: tags are not supported", ref)
-	}
-	if strings.Contains(ref, "/") {
-		return "", badRequest("Invalid template %q: namespaces are not supported", ref)
-	}
-	if !validTemplateRef(ref) {
-		return "", badRequest("Invalid template %q: want 1 to 128 letters, digits, '.', '_' or '-'", ref)
 	}
 	return ref, nil
 }
@@ -554,14 +552,11 @@ func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// deleteTemplate is DELETE /templates/{templateID}: 204, or 404 (which
+// deleteTemplate is the template half of DELETE /templates/{templateID}
+// (deleteSnapshotOrTemplate, which validated ref): 204, or 404 (which
 // Sandbox.deleteSnapshot turns into false), 409 while sandboxes use it, 403
 // for a protected template.
-func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
-	ref, err := templateRef(r, "templateID")
-	if err != nil {
-		return err
-	}
+func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request, ref string) error {
 	if h.opts.Templates == nil {
 		return errNoTemplates
 	}

@@ -332,11 +332,13 @@ func TestTemplateErrors(t *testing.T) {
 	}{
 		{"GET", "/templates/aliases/nope", 404, `template "nope" not found`},
 		{"GET", "/templates/nope", 404, `template "nope" not found`},
-		{"DELETE", "/templates/nope", 404, `template "nope" not found`},
+		{"DELETE", "/templates/nope", 404, `snapshot or template "nope" not found`},
 		{"GET", "/templates/aliases/boom", 500, "template index unreadable"},
 		{"DELETE", "/templates/boom", 500, "template index unreadable"},
 		{"GET", "/templates/aliases/base:v1", 400, `Invalid template "base:v1": tags are not supported`},
-		{"DELETE", "/templates/base:default", 400, `Invalid template "base:default": tags are not supported`},
+		{"DELETE", "/templates/base:default", 404, `snapshot "base:default" not found`}, // a tag names a snapshot only
+		{"DELETE", "/templates/base:", 400, `Invalid template "base:": the tag after ':' must be 1 to 128 letters, digits, '.', '_' or '-'`},
+		{"DELETE", "/templates/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
 		{"GET", "/templates/aliases/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
 		{"GET", "/templates/b%20ase", 400, `Invalid template "b ase": want 1 to 128 letters, digits, '.', '_' or '-'`},
 		{"DELETE", "/templates/" + strings.Repeat("a", 129), 400, `Invalid template "aaaa...`},
@@ -364,7 +366,7 @@ func TestTemplateDelete(t *testing.T) {
 		t.Errorf("deleted %v, want [%s]", tpls.deleted, userID)
 	}
 	// Gone now: deleteSnapshot's second call answers false (404).
-	checkError(t, request(t, h, "DELETE", "/templates/"+userID, ""), 404, `template "`+userID+`" not found`)
+	checkError(t, request(t, h, "DELETE", "/templates/"+userID, ""), 404, `snapshot or template "`+userID+`" not found`)
 	checkError(t, request(t, h, "GET", "/templates/aliases/my-app", ""), 404, `template "my-app" not found`)
 }
 

@@ -82,7 +82,18 @@ func (h *Handler) detailJSON(info sandbox.Info) e2bwire.SandboxDetail {
 		Domain:              h.domain(),
 		AllowInternetAccess: info.AllowInternetAccess,
 		Network:             networkOf(info.Network),
+		Lifecycle:           lifecycleJSON(info.Lifecycle),
 	}
+}
+
+// lifecycleJSON is always sent, as upstream does: an empty OnTimeout is the
+// manager's default, kill.
+func lifecycleJSON(l sandbox.Lifecycle) *e2bwire.SandboxLifecycle {
+	on := e2bwire.OnTimeoutKill
+	if l.OnTimeout == sandbox.OnTimeoutPause {
+		on = e2bwire.OnTimeoutPause
+	}
+	return &e2bwire.SandboxLifecycle{AutoResume: l.AutoResume, OnTimeout: on}
 }
 
 func networkOf(n sandbox.NetworkConfig) *e2bwire.SandboxNetworkConfig {

@@ -29,14 +29,18 @@ type Error struct {
 // so that a server can refuse a non-string one naming its key rather than
 // silently reading it as ""; clients put strings in them (Strings).
 type NewSandbox struct {
-	TemplateID          string                `json:"templateID"`
-	Timeout             *int64                `json:"timeout,omitempty"`
-	Metadata            map[string]any        `json:"metadata,omitempty"`
-	EnvVars             map[string]any        `json:"envVars,omitempty"`
-	Secure              *bool                 `json:"secure,omitempty"`
-	AllowInternetAccess *bool                 `json:"allow_internet_access,omitempty"` // snake_case on the wire, unlike everything else
-	AutoPause           *bool                 `json:"autoPause,omitempty"`
-	Network             *SandboxNetworkConfig `json:"network,omitempty"`
+	TemplateID          string         `json:"templateID"`
+	Timeout             *int64         `json:"timeout,omitempty"`
+	Metadata            map[string]any `json:"metadata,omitempty"`
+	EnvVars             map[string]any `json:"envVars,omitempty"`
+	Secure              *bool          `json:"secure,omitempty"`
+	AllowInternetAccess *bool          `json:"allow_internet_access,omitempty"` // snake_case on the wire, unlike everything else
+	AutoPause           *bool          `json:"autoPause,omitempty"`
+	// AutoPauseMemory false makes the timeout's pause keep only the
+	// filesystem; it means something only with AutoPause true.
+	AutoPauseMemory *bool                    `json:"autoPauseMemory,omitempty"`
+	AutoResume      *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
+	Network         *SandboxNetworkConfig    `json:"network,omitempty"`
 	// DiskSizeMB is an Airlock extension: the size limit of the sandbox's
 	// writable layer (the template's, by default).
 	DiskSizeMB *int `json:"diskSizeMB,omitempty"`
@@ -55,7 +59,15 @@ func Strings(m map[string]string) map[string]any {
 	return out
 }
 
+// SandboxAutoResumeConfig is NewSandbox's autoResume. Enabled is required
+// by the schema; a pointer lets a server tell a missing one from false.
+type SandboxAutoResumeConfig struct {
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
 // ConnectSandbox is ConnectSandbox, ConnectSandboxV2 and ResumedSandbox.
+// Memory false asks to resume from the filesystem only (the JS SDK's
+// onResume: "reboot").
 type ConnectSandbox struct {
 	Timeout *int64 `json:"timeout,omitempty"`
 	Memory  *bool  `json:"memory,omitempty"`
@@ -71,9 +83,25 @@ type RefreshRequest struct {
 	Duration *int64 `json:"duration,omitempty"`
 }
 
-// PauseRequest is the body of POST /sandboxes/{id}/pause.
+// PauseRequest is SandboxPauseRequest, the body of POST
+// /sandboxes/{id}/pause. Memory defaults to true; false keeps only the
+// filesystem.
 type PauseRequest struct {
 	Memory *bool `json:"memory,omitempty"`
+}
+
+// ForkRequest is SandboxForkRequest, the body of POST /sandboxes/{id}/fork:
+// Timeout is the forks' time to live in seconds (default 15), Count how many
+// (default 1, at most 100).
+type ForkRequest struct {
+	Timeout *int64 `json:"timeout,omitempty"`
+	Count   *int64 `json:"count,omitempty"`
+}
+
+// SnapshotRequest is SandboxSnapshotRequest, the body of POST
+// /sandboxes/{id}/snapshots.
+type SnapshotRequest struct {
+	Name *string `json:"name,omitempty"`
 }
 
 // SandboxNetworkConfig is SandboxNetworkConfig (create's network, and the
@@ -138,6 +166,38 @@ type SandboxDetail struct {
 	Domain              *string               `json:"domain"`
 	AllowInternetAccess *bool                 `json:"allowInternetAccess"`
 	Network             *SandboxNetworkConfig `json:"network,omitempty"`
+	// Lifecycle is always sent by Airlock, as upstream does.
+	Lifecycle *SandboxLifecycle `json:"lifecycle,omitempty"`
+}
+
+// SandboxLifecycle is the `SandboxLifecycle` schema: what the sandbox does at
+// its timeout (OnTimeout*) and whether requests for it resume it once paused.
+type SandboxLifecycle struct {
+	AutoResume bool   `json:"autoResume"`
+	OnTimeout  string `json:"onTimeout"`
+}
+
+// SandboxLifecycle.OnTimeout values (the `SandboxOnTimeout` enum).
+const (
+	OnTimeoutKill  = "kill"
+	OnTimeoutPause = "pause"
+)
+
+// SandboxForkResult is one entry of the fork answer: exactly one of Sandbox
+// (the fork started) and Error (it did not; Code is the status the same
+// failure would have on its own).
+type SandboxForkResult struct {
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *Error   `json:"error,omitempty"`
+}
+
+// SnapshotInfo is the `SnapshotInfo` schema: the answer of POST
+// /sandboxes/{id}/snapshots and the items of GET /snapshots. SnapshotID is
+// what create's templateID and DELETE /templates/{id} take; Names is never
+// null (Python's model requires the key).
+type SnapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
 }
 
 // Sandbox states in ListedSandbox.State (and the list's state filter).
