@@ -60,6 +60,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -162,6 +163,8 @@ type Manager struct {
 	lastClaim  time.Time
 	started    bool
 	closed     bool
+	// snapMu serializes changes to the snapshots on disk (persist.go).
+	snapMu sync.Mutex
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
 	creating map[string]int
@@ -301,6 +304,9 @@ func (m *Manager) sandboxDir(id string) string {
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := m.checkTimeout(req.Timeout, false); err != nil {
 		return Info{}, err
+	}
+	if info, ok, err := m.createFromSnapshot(ctx, req); ok {
+		return info, err
 	}
 	tpl, err := m.opts.Templates.Resolve(ctx, req.Template)
 	if err != nil {
@@ -1330,10 +1336,12 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Unlock()
 		m.opts.Network.Sweep(keep)
 	}
+	m.sweepCaptures()
 	dirs, _ := os.ReadDir(layout.DataDir{Root: m.opts.DataDir}.Sandboxes())
 	for _, d := range dirs {
 		id := d.Name()
-		if d.IsDir() && !known[id] {
+		// Dot-directories are the captures forks and snapshots keep (persist.go).
+		if d.IsDir() && !known[id] && !strings.HasPrefix(id, ".") {
 			_ = removeSandboxDir(m.sandboxDir(id))
 			m.releaseDisk(m.sandboxDir(id))
 		}

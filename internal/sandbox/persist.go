@@ -23,8 +23,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -361,25 +364,352 @@ func (m *Manager) autoResume(id string) bool {
 // it was created with is unknown (E2B's default).
 const DefaultAutoResumeTimeout = 5 * time.Minute
 
-// Fork starts req.Count sandboxes from the state of sandbox id.
+// A capture is what a fork or a snapshot takes of a running sandbox, in one
+// instant: its directory (the writable layer and the boot record) as fs/,
+// and, when the runtime can save them, its processes as memory/. It lives
+// on the sandbox disk pool's filesystem (<data>/sandboxes/.captures,
+// .snapshots), so that copying the writable layer in and out of it shares
+// the bytes (reflinks) instead of copying them.
+const (
+	captureFS     = "fs"
+	captureMemory = "memory"
+	// captureInfo is a snapshot's description, written last: a snapshot
+	// directory without it is one a crash interrupted.
+	captureInfo = "snapshot.json"
+)
+
+func (m *Manager) capturesDir() string  { return filepath.Join(m.layout().Sandboxes(), ".captures") }
+func (m *Manager) snapshotsDir() string { return filepath.Join(m.layout().Sandboxes(), ".snapshots") }
+
+// capture saves running sandbox e into dst (which must not exist); the
+// caller holds e.op. The sandbox is frozen while its layer is copied and its
+// processes saved, and runs on after.
+func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory bool, err error) {
+	e.mu.Lock()
+	state := e.info.State
+	e.mu.Unlock()
+	if state != StateRunning || e.rt == nil {
+		return false, fmt.Errorf("%w: sandbox %q is %s; only a running sandbox can be forked or snapshotted", ErrConflict, e.id, state)
+	}
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return false, err
+	}
+	m.quiesce(e)
+	if err := e.rt.Pause(); err != nil {
+		return false, fmt.Errorf("capture %s: freeze: %w", e.id, err)
+	}
+	defer func() {
+		if rerr := e.rt.Resume(); rerr != nil && err == nil {
+			err = fmt.Errorf("capture %s: thaw: %w", e.id, rerr)
+		}
+	}()
+	if err := copyTree(e.dir, filepath.Join(dst, captureFS)); err != nil {
+		return false, fmt.Errorf("capture %s: %w", e.id, err)
+	}
+	if ck, ok := e.rt.(runtime.Checkpointer); ok {
+		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: filepath.Join(dst, captureMemory), LeaveRunning: true})
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, runtime.ErrNotSupported):
+			_ = os.RemoveAll(filepath.Join(dst, captureMemory))
+			m.log.Info("capture: filesystem only", "id", e.id, "why", err)
+		default:
+			return false, fmt.Errorf("capture %s: %w", e.id, err)
+		}
+	}
+	return false, nil
+}
+
+// copyTree copies a sandbox directory with everything that matters to an
+// overlay upper (owners, modes, xattrs such as trusted.overlay.opaque,
+// whiteout devices, hard links), sharing the data where the filesystem can
+// (btrfs reflinks).
+func copyTree(src, dst string) error {
+	out, err := exec.Command("cp", "-a", "--reflink=auto", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy %s: %w: %s", src, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// startFrom starts a new sandbox from the capture in dir: info describes it
+// (its new ID set by startFrom), timeout its life. It is published and
+// returned running.
+func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout time.Duration) (Info, error) {
+	rec, err := readBootRecord(filepath.Join(dir, captureFS))
+	if err != nil {
+		return Info{}, err
+	}
+	_, memErr := os.Stat(filepath.Join(dir, captureMemory, "inventory.img"))
+	withMemory := memErr == nil
+	release, err := m.reserve(info.Owner)
+	if err != nil {
+		return Info{}, err
+	}
+	defer release()
+	now := time.Now()
+	info.ID = newID()
+	info.StartedAt, info.EndAt = now, now.Add(timeout)
+	info.State = StateCreating
+	info.PausedWithMemory, info.PausedAt = false, time.Time{}
+	info.Addr = netip.Addr{}
+	if !withMemory {
+		// A cold boot takes a token of its own; a restored envd keeps the
+		// one it was captured with.
+		info.AccessToken = newToken()
+	}
+	e := m.newEntry(info)
+	boot := func() error {
+		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+			return err
+		}
+		m.pushRecord(e)
+		m.pushDir(e)
+		if err := m.makeSandboxDir(e.dir, info.DiskSizeMB); err != nil {
+			return err
+		}
+		if err := copyInto(filepath.Join(dir, captureFS), e.dir); err != nil {
+			return err
+		}
+		rec.Timeout, rec.Lifecycle = timeout, info.Lifecycle
+		if err := writeBootRecord(e.dir, rec); err != nil {
+			return err
+		}
+		m.pushLog(e)
+		mode := bootMode{existingDir: true}
+		if withMemory {
+			mode.image = filepath.Join(dir, captureMemory)
+		}
+		if err := m.boot(context.WithoutCancel(ctx), e, rec.Template, mode); err != nil {
+			return err
+		}
+		if !withMemory {
+			if err := m.startPhase(ctx, e, rec.Template); err != nil {
+				return err
+			}
+		}
+		e.info.State = StateRunning
+		return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
+	}
+	if err := boot(); err != nil {
+		_ = m.destroy(context.WithoutCancel(ctx), e)
+		return Info{}, err
+	}
+	e.op.Lock()
+	m.mu.Lock()
+	m.sandboxes[e.id] = e
+	m.mu.Unlock()
+	e.mu.Lock()
+	m.armTimerLocked(e)
+	out := e.info
+	e.mu.Unlock()
+	e.op.Unlock()
+	go m.sample(e)
+	return out, nil
+}
+
+// copyInto copies the contents of src into the existing directory dst.
+func copyInto(src, dst string) error {
+	return copyTree(src+"/.", dst)
+}
+
+// Fork starts req.Count sandboxes from one capture of sandbox id, which runs
+// on.
 func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkResult, error) {
-	return nil, errNotYet
+	if req.Count < 1 || req.Count > MaxForkCount {
+		return nil, fmt.Errorf("%w: count must be between 1 and %d, got %d", ErrInvalid, MaxForkCount, req.Count)
+	}
+	if err := m.checkTimeout(req.Timeout, false); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(m.capturesDir(), "fork-"+newID())
+	defer os.RemoveAll(dir)
+	var base Info
+	err := m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		base = e.info
+		e.mu.Unlock()
+		_, err := m.capture(ctx, e, dir)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	base.Owner = req.Owner
+	base.Metadata, base.EnvVars = copyMap(base.Metadata), copyMap(base.EnvVars)
+	base.Lifecycle = Lifecycle{}
+	out := make([]ForkResult, req.Count)
+	for i := range out {
+		info, err := m.startFrom(ctx, dir, base, req.Timeout)
+		out[i] = ForkResult{Info: info, Err: err}
+	}
+	return out, nil
 }
 
-// errNotYet marks the persistence operations being built (issue 13).
-var errNotYet = errors.New("not implemented yet")
+// snapshotFile is a snapshot's description on disk (captureInfo).
+type snapshotFile struct {
+	Snapshot
+	// Base is the sandbox a new one from this snapshot is like.
+	Base Info `json:"base"`
+}
 
-// CreateSnapshot saves the state of sandbox id.
+// CreateSnapshot saves the state of running sandbox id as a snapshot that
+// sandboxes can be created from; a name already used moves to the new one.
 func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (Snapshot, error) {
-	return Snapshot{}, errNotYet
+	raw := "snap" + newID()
+	snap := Snapshot{ID: raw + ":default", SandboxID: id, Owner: req.Owner, CreatedAt: time.Now().UTC()}
+	if req.Name != "" {
+		snap.ID = req.Name + ":default"
+		snap.Names = []string{snap.ID}
+	}
+	dir := filepath.Join(m.snapshotsDir(), raw)
+	var base Info
+	err := m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		base = e.info
+		e.mu.Unlock()
+		_, err := m.capture(ctx, e, dir)
+		return err
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return Snapshot{}, err
+	}
+	snap.TemplateID = base.TemplateID
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	if req.Name != "" {
+		if old, err := m.findSnapshotLocked(req.Name); err == nil {
+			_ = os.RemoveAll(old.dir)
+		}
+	}
+	b, err := json.Marshal(snapshotFile{Snapshot: snap, Base: base})
+	if err == nil {
+		tmp := filepath.Join(dir, captureInfo+".tmp")
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, filepath.Join(dir, captureInfo))
+		}
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
+	}
+	m.log.Info("snapshot created", "id", snap.ID, "sandbox", id)
+	return snap, nil
 }
 
-// ListSnapshots returns the snapshots f selects.
-func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
-	return nil, errNotYet
+type storedSnapshot struct {
+	snapshotFile
+	dir string
 }
 
-// DeleteSnapshot removes a snapshot.
-func (m *Manager) DeleteSnapshot(ctx context.Context, idOrName string) error {
-	return errNotYet
+// snapshotsLocked reads every complete snapshot; m.snapMu is held.
+func (m *Manager) snapshotsLocked() []storedSnapshot {
+	entries, _ := os.ReadDir(m.snapshotsDir())
+	var out []storedSnapshot
+	for _, de := range entries {
+		dir := filepath.Join(m.snapshotsDir(), de.Name())
+		b, err := os.ReadFile(filepath.Join(dir, captureInfo))
+		if err != nil {
+			continue
+		}
+		var f snapshotFile
+		if json.Unmarshal(b, &f) == nil {
+			out = append(out, storedSnapshot{snapshotFile: f, dir: dir})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return out
+}
+
+// snapshotMatches reports whether ref names s: its ID or a name, with or
+// without the ":default" tag.
+func snapshotMatches(s Snapshot, ref string) bool {
+	ref = strings.TrimSuffix(ref, ":default")
+	if strings.TrimSuffix(s.ID, ":default") == ref {
+		return true
+	}
+	for _, n := range s.Names {
+		if strings.TrimSuffix(n, ":default") == ref {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) findSnapshotLocked(ref string) (storedSnapshot, error) {
+	for _, s := range m.snapshotsLocked() {
+		if snapshotMatches(s.Snapshot, ref) {
+			return s, nil
+		}
+	}
+	return storedSnapshot{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, ref)
+}
+
+// ListSnapshots returns the snapshots f selects, newest first.
+func (m *Manager) ListSnapshots(_ context.Context, f SnapshotFilter) ([]Snapshot, error) {
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	out := []Snapshot{}
+	for _, s := range m.snapshotsLocked() {
+		if (f.SandboxID != "" && s.SandboxID != f.SandboxID) || (f.Owner != "" && s.Owner != f.Owner) || (f.Name != "" && !snapshotMatches(s.Snapshot, f.Name)) {
+			continue
+		}
+		out = append(out, s.Snapshot)
+	}
+	return out, nil
+}
+
+// DeleteSnapshot removes a snapshot by ID or name.
+func (m *Manager) DeleteSnapshot(_ context.Context, ref string) error {
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	s, err := m.findSnapshotLocked(ref)
+	if err != nil {
+		return err
+	}
+	// The description goes first: a crash after it leaves a directory no
+	// one lists, which Recover removes.
+	if err := os.Remove(filepath.Join(s.dir, captureInfo)); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
+	}
+	return os.RemoveAll(s.dir)
+}
+
+// createFromSnapshot is Create for a template name that is a snapshot's; ok
+// is false when it is not one.
+func (m *Manager) createFromSnapshot(ctx context.Context, req CreateRequest) (info Info, ok bool, err error) {
+	m.snapMu.Lock()
+	s, ferr := m.findSnapshotLocked(req.Template)
+	m.snapMu.Unlock()
+	if ferr != nil {
+		return Info{}, false, nil
+	}
+	base := s.Base
+	base.Owner = req.Owner
+	base.Metadata = copyMap(req.Metadata)
+	if req.EnvVars != nil {
+		base.EnvVars = copyMap(req.EnvVars)
+	}
+	base.Lifecycle = req.Lifecycle
+	if err := checkLifecycle(base.Lifecycle); err != nil {
+		return Info{}, true, err
+	}
+	// The snapshot's files stay while the new sandbox copies them: a delete
+	// in the meantime waits for snapMu only as long as the lookup.
+	info, err = m.startFrom(ctx, s.dir, base, req.Timeout)
+	return info, true, err
+}
+
+// sweepCaptures removes what interrupted forks and snapshots left (Recover).
+func (m *Manager) sweepCaptures() {
+	_ = os.RemoveAll(m.capturesDir())
+	entries, _ := os.ReadDir(m.snapshotsDir())
+	for _, de := range entries {
+		dir := filepath.Join(m.snapshotsDir(), de.Name())
+		if _, err := os.Stat(filepath.Join(dir, captureInfo)); err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
