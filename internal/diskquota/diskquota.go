@@ -130,6 +130,7 @@ func (p *Pool) init() error {
 		}
 	}
 	p.sweep()
+	p.rescanIfInconsistent(fd)
 	return nil
 }
 
@@ -458,11 +459,29 @@ func (p *Pool) removePending() {
 		return
 	}
 	defer unix.Close(fd)
+	dropped := false
 	for id := range p.pending {
 		if err := qgroupRemove(fd, id); err == nil || errors.Is(err, unix.ENOENT) {
 			delete(p.pending, id)
+			dropped = true
 		}
 	}
+	if dropped {
+		p.rescanIfInconsistent(fd)
+	}
+}
+
+// rescanIfInconsistent recounts the qgroups when the kernel gave up counting
+// them, which it may do when it drops a subvolume sharing a tall subtree with
+// another (a sandbox and its snapshot or fork: past drop_subtree_threshold
+// levels, tracing the subtree would stall commits): the numbers, and so the
+// limits, would stay wrong until a rescan. The rescan runs in the background;
+// fd is any file of the filesystem.
+func (p *Pool) rescanIfInconsistent(fd int) {
+	if v, err := readInt(filepath.Join(p.sysfs, "qgroups", "inconsistent")); err != nil || v == 0 {
+		return
+	}
+	_ = quotaRescan(fd) // EINPROGRESS: one is running already
 }
 
 // sweep, at Open, removes the temporaries a crash left half made (a snapshot

@@ -18,6 +18,7 @@ const (
 	iocQuotaCtl     = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
 	iocQgroupCreate = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
 	iocQgroupLimit  = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	iocQuotaRescan  = 0x4040942c // _IOW(0x94, 44, struct btrfs_ioctl_quota_rescan_args)
 
 	quotaCtlEnable = 1
 	limitMaxRfer   = 1 // BTRFS_QGROUP_LIMIT_MAX_RFER
@@ -77,6 +78,13 @@ type quotaCtlArgs struct {
 type qgroupCreateArgs struct {
 	create   uint64
 	qgroupID uint64
+}
+
+// quotaRescanArgs is struct btrfs_ioctl_quota_rescan_args.
+type quotaRescanArgs struct {
+	flags    uint64
+	progress uint64
+	reserved [6]uint64
 }
 
 // qgroupLimitArgs is struct btrfs_ioctl_qgroup_limit_args.
@@ -186,4 +194,10 @@ func qgroupLimit(fd int, subvol uint64, limit int64) error {
 func qgroupRemove(fd int, subvol uint64) error {
 	a := &qgroupCreateArgs{create: 0, qgroupID: subvol}
 	return ioctl(fd, iocQgroupCreate, unsafe.Pointer(a))
+}
+
+// quotaRescan starts a recount of every qgroup in the background.
+func quotaRescan(fd int) error {
+	a := &quotaRescanArgs{}
+	return ioctl(fd, iocQuotaRescan, unsafe.Pointer(a))
 }
