@@ -17,6 +17,15 @@
 // limit and the subvolume are on disk, so both survive a restart of the
 // server; Open only re-mounts the image when nothing is mounted there yet.
 //
+// Snapshots: a sandbox's subvolume can be snapshotted (Snapshot) into the
+// snapshot store, SnapshotsDir inside the mount point, and a snapshot into a
+// new sandbox directory: copy-on-write, so neither copies the bytes the
+// sandbox wrote, and each snapshot is a subvolume with its own limit. The
+// store is inside the mount because a snapshot must be on its source's
+// filesystem; its name starts with a dot because sandbox ids never do, so
+// sweeps of the sandboxes directory can tell it apart (Reserved). Without a
+// pool, Clone copies instead (reflinks where the filesystem can).
+//
 // btrfs has no ioctls in golang.org/x/sys/unix, and the Go btrfs libraries
 // either need cgo and libbtrfs headers (containerd/btrfs) or lack qgroups, so
 // the handful of ioctls used here are issued directly (see ioctl.go).
@@ -47,8 +56,9 @@ type Pool struct {
 	sysfs string
 
 	mu sync.Mutex
-	// ids caches the subvolume id of each sandbox directory by name, so
-	// that kill does not have to look at every other sandbox.
+	// ids caches the subvolume id of each directory of the pool by its path
+	// relative to the mount point ("<id>" or ".snapshots/<name>", see key),
+	// so that kill does not have to look at every other sandbox.
 	ids map[string]uint64
 	// pending holds qgroups of deleted subvolumes not removed yet: the kernel
 	// drops a subvolume in the background and refuses (EBUSY) to remove its
@@ -62,6 +72,11 @@ type Pool struct {
 // filesystem is already mounted at mountPoint (a restarted server), it is
 // adopted as is.
 func Open(image, mountPoint string, size int64) (*Pool, error) {
+	// Absolute, so that key can relate any directory to it.
+	mountPoint, err := filepath.Abs(mountPoint)
+	if err != nil {
+		return nil, fmt.Errorf("diskquota: %w", err)
+	}
 	if err := os.MkdirAll(mountPoint, 0o755); err != nil {
 		return nil, fmt.Errorf("diskquota: %w", err)
 	}
@@ -115,6 +130,7 @@ func (p *Pool) init() error {
 		}
 	}
 	p.sweep()
+	p.rescanIfInconsistent(fd)
 	return nil
 }
 
@@ -284,7 +300,7 @@ func (p *Pool) Create(dir string, limit int64) error {
 		return err
 	}
 	p.mu.Lock()
-	p.ids[filepath.Base(dir)] = id
+	p.ids[filepath.Base(dir)] = id // key of a direct child
 	p.mu.Unlock()
 	if err := p.SetLimit(dir, limit); err != nil {
 		_ = p.Remove(dir)
@@ -294,21 +310,31 @@ func (p *Pool) Create(dir string, limit int64) error {
 }
 
 // SetLimit changes the limit of a sandbox directory (a warm sandbox gets the
-// size its claimer asked for).
+// size its claimer asked for). A limit <= 0 lifts it: the kernel would read 0
+// as a limit of zero bytes.
 func (p *Pool) SetLimit(dir string, limit int64) error {
 	id, err := p.id(dir)
 	if err != nil {
 		return err
 	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("diskquota: %w", err)
-	}
-	defer unix.Close(fd)
-	if err := qgroupLimit(fd, id, uint64(limit)); err != nil {
+	if err := p.setLimit(id, limit); err != nil {
 		return fmt.Errorf("diskquota: limit %s to %d bytes: %w", dir, limit, err)
 	}
 	return nil
+}
+
+// setLimit issues the limit ioctl on the mount point, not on the subvolume:
+// the ioctl's transaction reserves space in the qgroup of the subvolume its fd
+// is on, so on a subvolume over its limit (one lowered below its usage) it
+// would fail with EDQUOT, and the limit could never be raised again. The
+// top-level subvolume has no limit.
+func (p *Pool) setLimit(id uint64, limit int64) error {
+	fd, err := unix.Open(p.mountPoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return qgroupLimit(fd, id, limit)
 }
 
 // Usage returns the bytes a sandbox directory references and its limit, as
@@ -340,10 +366,36 @@ func readInt(path string) (int64, error) {
 	return v, nil
 }
 
-// id returns the subvolume id of a sandbox directory.
+// key names a directory of the pool in ids: its path relative to the mount
+// point. Subvolumes live only directly under the mount point (sandboxes,
+// temporaries) and directly under the snapshot store, the two places sweep
+// looks, so any other path is refused.
+func (p *Pool) key(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("diskquota: %w", err)
+	}
+	rel, err := filepath.Rel(p.mountPoint, abs)
+	if err == nil {
+		parent, name := filepath.Split(rel)
+		parent = strings.TrimSuffix(parent, "/")
+		ok := name != "" && name != "." && name != ".." &&
+			(parent == "" && name != SnapshotsDir || parent == SnapshotsDir)
+		if ok {
+			return rel, nil
+		}
+	}
+	return "", fmt.Errorf("diskquota: %s is neither directly under %s nor under its %s", dir, p.mountPoint, SnapshotsDir)
+}
+
+// id returns the subvolume id of a directory of the pool.
 func (p *Pool) id(dir string) (uint64, error) {
+	k, err := p.key(dir)
+	if err != nil {
+		return 0, err
+	}
 	p.mu.Lock()
-	id, ok := p.ids[filepath.Base(dir)]
+	id, ok := p.ids[k]
 	p.mu.Unlock()
 	if ok {
 		return id, nil
@@ -351,14 +403,18 @@ func (p *Pool) id(dir string) (uint64, error) {
 	return subvolID(dir)
 }
 
-// Remove deletes a sandbox directory's subvolume (if the runtime has not
-// removed it already) and its qgroup. Whatever is inside goes with it, so the
-// caller unmounts first.
+// Remove deletes a sandbox directory's or snapshot's subvolume (if the
+// runtime has not removed it already) and its qgroup. Whatever is inside goes
+// with it, so the caller unmounts first.
 func (p *Pool) Remove(dir string) error {
+	k, err := p.key(dir)
+	if err != nil {
+		return err
+	}
 	name := filepath.Base(dir)
 	p.mu.Lock()
-	id, known := p.ids[name]
-	delete(p.ids, name)
+	id, known := p.ids[k]
+	delete(p.ids, k)
 	p.mu.Unlock()
 	var errs []error
 	if _, err := os.Lstat(dir); err == nil {
@@ -403,21 +459,44 @@ func (p *Pool) removePending() {
 		return
 	}
 	defer unix.Close(fd)
+	dropped := false
 	for id := range p.pending {
 		if err := qgroupRemove(fd, id); err == nil || errors.Is(err, unix.ENOENT) {
 			delete(p.pending, id)
+			dropped = true
 		}
+	}
+	if dropped {
+		p.rescanIfInconsistent(fd)
 	}
 }
 
-// sweep, at Open, learns the subvolume of every sandbox directory and queues
-// the qgroups whose subvolume is gone (left by an earlier server).
+// rescanIfInconsistent recounts the qgroups when the kernel gave up counting
+// them, which it may do when it drops a subvolume sharing a tall subtree with
+// another (a sandbox and its snapshot or fork: past drop_subtree_threshold
+// levels, tracing the subtree would stall commits): the numbers, and so the
+// limits, would stay wrong until a rescan. The rescan runs in the background;
+// fd is any file of the filesystem.
+func (p *Pool) rescanIfInconsistent(fd int) {
+	if v, err := readInt(filepath.Join(p.sysfs, "qgroups", "inconsistent")); err != nil || v == 0 {
+		return
+	}
+	_ = quotaRescan(fd) // EINPROGRESS: one is running already
+}
+
+// sweep, at Open, removes the temporaries a crash left half made (a snapshot
+// or copy not yet renamed into place), learns the subvolume of every sandbox
+// directory and snapshot, and queues the qgroups whose subvolume is gone
+// (left by an earlier server).
 func (p *Pool) sweep() {
-	entries, err := os.ReadDir(filepath.Join(p.sysfs, "qgroups"))
+	live, temps, err := p.subvolIDs()
 	if err != nil {
 		return
 	}
-	live, err := p.subvolIDs()
+	for _, t := range temps {
+		_ = p.Remove(t)
+	}
+	entries, err := os.ReadDir(filepath.Join(p.sysfs, "qgroups"))
 	if err != nil {
 		return
 	}
@@ -444,23 +523,34 @@ func (p *Pool) sweep() {
 	p.removePending()
 }
 
-// subvolIDs returns the ids of the subvolumes, by name, directly under the mount point
-// (the only place sandboxes create them).
-func (p *Pool) subvolIDs() (map[string]uint64, error) {
-	entries, err := os.ReadDir(p.mountPoint)
-	if err != nil {
-		return nil, fmt.Errorf("diskquota: %w", err)
-	}
-	ids := map[string]uint64{}
-	for _, e := range entries {
-		if !e.IsDir() {
+// subvolIDs returns the ids of the subvolumes, by key, directly under the
+// mount point and the snapshot store (the only places the pool makes them),
+// and the paths of the temporaries there.
+func (p *Pool) subvolIDs() (ids map[string]uint64, temps []string, err error) {
+	ids = map[string]uint64{}
+	for _, sub := range []string{"", SnapshotsDir} {
+		entries, err := os.ReadDir(filepath.Join(p.mountPoint, sub))
+		if errors.Is(err, os.ErrNotExist) && sub != "" {
 			continue
 		}
-		if id, err := subvolID(filepath.Join(p.mountPoint, e.Name())); err == nil {
-			ids[e.Name()] = id
+		if err != nil {
+			return nil, nil, fmt.Errorf("diskquota: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || sub == "" && e.Name() == SnapshotsDir {
+				continue
+			}
+			path := filepath.Join(p.mountPoint, sub, e.Name())
+			if isTemp(e.Name()) {
+				temps = append(temps, path)
+				continue
+			}
+			if id, err := subvolID(path); err == nil {
+				ids[filepath.Join(sub, e.Name())] = id
+			}
 		}
 	}
-	return ids, nil
+	return ids, temps, nil
 }
 
 // IsSubvolume reports whether dir is the root of a subvolume (a directory

@@ -14,19 +14,26 @@ import (
 
 // openTestPool mounts a fresh 512 MiB image under a temp dir and unmounts
 // and deletes it when the test ends.
-func openTestPool(t testing.TB) *Pool {
+func openTestPool(t testing.TB) *Pool { return openTestPoolSize(t, 512<<20) }
+
+func openTestPoolSize(t testing.TB, size int64) *Pool {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
 	tmp := t.TempDir()
-	p, err := Open(filepath.Join(tmp, "img"), filepath.Join(tmp, "mnt"), 512<<20)
+	p, err := Open(filepath.Join(tmp, "img"), filepath.Join(tmp, "mnt"), size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(true); err != nil {
 			t.Error(err)
+			// Something still holds the mount (a file a failed test left
+			// open): detach it lazily so the autoclear loop device goes
+			// when the holder does, not never.
+			_ = unix.Unmount(p.mountPoint, unix.MNT_DETACH)
+			_ = os.Remove(p.image)
 		}
 	})
 	return p

@@ -13,13 +13,18 @@ const (
 	iocSubvolCreate = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
 	iocSnapDestroy  = 0x5000940f // _IOW(0x94, 15, struct btrfs_ioctl_vol_args)
 	iocInoLookup    = 0xd0009412 // _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)
+	iocSnapCreateV2 = 0x50009417 // _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)
 	iocFSInfo       = 0x8400941f // _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)
 	iocQuotaCtl     = 0xc0109428 // _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)
 	iocQgroupCreate = 0x4010942a // _IOW(0x94, 42, struct btrfs_ioctl_qgroup_create_args)
 	iocQgroupLimit  = 0x8030942b // _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
+	iocQuotaRescan  = 0x4040942c // _IOW(0x94, 44, struct btrfs_ioctl_quota_rescan_args)
 
 	quotaCtlEnable = 1
 	limitMaxRfer   = 1 // BTRFS_QGROUP_LIMIT_MAX_RFER
+	// limitClear as a limit value lifts the limit (the kernel's CLEAR_VALUE);
+	// 0 would be a limit of zero bytes.
+	limitClear = ^uint64(0)
 
 	// firstFreeObjectID is the inode number of every subvolume's root
 	// directory (BTRFS_FIRST_FREE_OBJECTID).
@@ -31,6 +36,24 @@ type volArgs struct {
 	fd   int64
 	name [4088]byte
 }
+
+// volArgsV2 is struct btrfs_ioctl_vol_args_v2 (4096 bytes): fd is the
+// source subvolume of a snapshot, flags 0 makes it writable, and no qgroup
+// inherit list is passed (the kernel still gives the snapshot its own level-0
+// qgroup, starting from the source's numbers and limit).
+type volArgsV2 struct {
+	fd      int64
+	transid uint64
+	flags   uint64
+	unused  [4]uint64
+	name    [4040]byte
+}
+
+// The kernel reads exactly 4096 bytes; a layout mistake must not compile.
+var (
+	_ [4096 - unsafe.Sizeof(volArgsV2{})]byte
+	_ [unsafe.Sizeof(volArgsV2{}) - 4096]byte
+)
 
 // inoLookupArgs is struct btrfs_ioctl_ino_lookup_args.
 type inoLookupArgs struct {
@@ -55,6 +78,13 @@ type quotaCtlArgs struct {
 type qgroupCreateArgs struct {
 	create   uint64
 	qgroupID uint64
+}
+
+// quotaRescanArgs is struct btrfs_ioctl_quota_rescan_args.
+type quotaRescanArgs struct {
+	flags    uint64
+	progress uint64
+	reserved [6]uint64
 }
 
 // qgroupLimitArgs is struct btrfs_ioctl_qgroup_limit_args.
@@ -90,6 +120,17 @@ func subvolCreate(parentFD int, name string) error {
 		return err
 	}
 	return ioctl(parentFD, iocSubvolCreate, unsafe.Pointer(a))
+}
+
+// snapCreate makes name, in the directory parentFD, a writable snapshot of
+// the subvolume srcFD is the root of.
+func snapCreate(parentFD, srcFD int, name string) error {
+	a := &volArgsV2{fd: int64(srcFD)}
+	if len(name) == 0 || len(name) >= len(a.name) {
+		return fmt.Errorf("bad subvolume name %q", name)
+	}
+	copy(a.name[:], name)
+	return ioctl(parentFD, iocSnapCreateV2, unsafe.Pointer(a))
 }
 
 func subvolDestroy(parentFD int, name string) error {
@@ -140,13 +181,23 @@ func quotaEnable(fd int) error {
 }
 
 // qgroupLimit sets the referenced-bytes limit of the level-0 qgroup of a
-// subvolume; fd is any file of the filesystem.
-func qgroupLimit(fd int, subvol, limit uint64) error {
-	a := &qgroupLimitArgs{qgroupID: subvol, flags: limitMaxRfer, maxRfer: limit}
+// subvolume (limit <= 0 lifts it); fd is any file of the filesystem.
+func qgroupLimit(fd int, subvol uint64, limit int64) error {
+	max := uint64(limit)
+	if limit <= 0 {
+		max = limitClear
+	}
+	a := &qgroupLimitArgs{qgroupID: subvol, flags: limitMaxRfer, maxRfer: max}
 	return ioctl(fd, iocQgroupLimit, unsafe.Pointer(a))
 }
 
 func qgroupRemove(fd int, subvol uint64) error {
 	a := &qgroupCreateArgs{create: 0, qgroupID: subvol}
 	return ioctl(fd, iocQgroupCreate, unsafe.Pointer(a))
+}
+
+// quotaRescan starts a recount of every qgroup in the background.
+func quotaRescan(fd int) error {
+	a := &quotaRescanArgs{}
+	return ioctl(fd, iocQuotaRescan, unsafe.Pointer(a))
 }

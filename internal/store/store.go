@@ -1,6 +1,9 @@
 // Package store persists sandbox records so that a restarted server knows which
-// sandboxes it owns. The interface is small so that a cluster can put it on
-// PostgreSQL; the default implementation is embedded SQLite (pure Go).
+// sandboxes it owns, the records of snapshots, and a journal of multi-step
+// operations for Recover to finish or undo. It holds data only: the files a
+// record names are the manager's. The interface is small so that a cluster can
+// put it on PostgreSQL; the default implementation is embedded SQLite (pure
+// Go).
 package store
 
 import (
@@ -14,7 +17,7 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// ErrNotFound is returned for an unknown sandbox id.
+// ErrNotFound is returned for an unknown sandbox or snapshot.
 var ErrNotFound = errors.New("store: not found")
 
 // Sandbox is the persisted record of one sandbox.
@@ -40,7 +43,33 @@ type Sandbox struct {
 	// Network is the sandbox's network configuration (egress rules and
 	// public-traffic token), kept so a restarted server re-applies it.
 	Network Network
+	// Lifecycle is what the sandbox's timeout does, as set at create.
+	Lifecycle Lifecycle
+	// PausedWithMemory tells, for a paused sandbox, whether a checkpoint of
+	// its processes was kept (resume restores it) or only its filesystem
+	// (resume boots it afresh); Recover needs it to know what it has.
+	PausedWithMemory bool
+	// PausedAt is when a paused sandbox was paused; zero otherwise.
+	PausedAt time.Time
+	// HostKey is the secret the host presents to envd to initialise it again
+	// after a restore, stored as AccessToken is.
+	HostKey string
 }
+
+// Lifecycle is the persisted form of a sandbox's lifecycle settings.
+type Lifecycle struct {
+	// OnTimeout is OnTimeoutKill or OnTimeoutPause; "" reads as kill, and a
+	// record is always read back with one of the two.
+	OnTimeout  string
+	DropMemory bool
+	AutoResume bool
+}
+
+// The values of Lifecycle.OnTimeout.
+const (
+	OnTimeoutKill  = "kill"
+	OnTimeoutPause = "pause"
+)
 
 // Network is the persisted part of a sandbox's network configuration.
 type Network struct {
@@ -50,7 +79,7 @@ type Network struct {
 	TrafficAccessToken string   `json:"trafficAccessToken,omitempty"`
 }
 
-// Store holds sandbox records.
+// Store holds sandbox records, snapshot records and the operation journal.
 type Store interface {
 	// Put inserts or replaces a record.
 	Put(ctx context.Context, s Sandbox) error
@@ -63,6 +92,28 @@ type Store interface {
 	AddEvent(ctx context.Context, e Event) error
 	// Events returns a sandbox's events, oldest first.
 	Events(ctx context.Context, sandboxID string) ([]Event, error)
+
+	// PutSnapshot inserts or replaces (by ID) a snapshot record. If its Name
+	// is held by another snapshot, that record is deleted in the same
+	// transaction and its ID returned, so the caller can delete its files:
+	// no moment has two snapshots with one name.
+	PutSnapshot(ctx context.Context, s Snapshot) (replaced string, err error)
+	// GetSnapshot finds a snapshot by its ID or name, either bare or with
+	// ":default"; an ID match wins over a name match. ErrNotFound if none.
+	GetSnapshot(ctx context.Context, idOrName string) (Snapshot, error)
+	// ListSnapshots returns the snapshots f selects, newest first.
+	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error)
+	// DeleteSnapshot removes a snapshot record by its ID and reports whether
+	// it existed.
+	DeleteSnapshot(ctx context.Context, id string) (bool, error)
+
+	// PutOp records (or updates, by ID) an operation in progress.
+	PutOp(ctx context.Context, op Op) error
+	// DeleteOp removes a finished operation; an unknown ID is no error.
+	DeleteOp(ctx context.Context, id string) error
+	// ListOps returns the operations left unfinished, oldest first.
+	ListOps(ctx context.Context) ([]Op, error)
+
 	Close() error
 }
 
@@ -98,7 +149,13 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	disk_size_mb  INTEGER NOT NULL,
 	allow_internet INTEGER,
 	owner         TEXT NOT NULL DEFAULT '',
-	network       TEXT NOT NULL DEFAULT '{}'
+	network       TEXT NOT NULL DEFAULT '{}',
+	on_timeout    TEXT NOT NULL DEFAULT 'kill',
+	drop_memory   INTEGER NOT NULL DEFAULT 0,
+	auto_resume   INTEGER NOT NULL DEFAULT 0,
+	paused_with_memory INTEGER NOT NULL DEFAULT 0,
+	paused_at     INTEGER NOT NULL DEFAULT 0,
+	host_key      TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS events (
 	sandbox_id TEXT NOT NULL,
@@ -107,13 +164,38 @@ CREATE TABLE IF NOT EXISTS events (
 	count      INTEGER NOT NULL,
 	message    TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, at);`
+CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, at);
+CREATE TABLE IF NOT EXISTS snapshots (
+	id          TEXT PRIMARY KEY,
+	name        TEXT UNIQUE,           -- NULL when unnamed
+	sandbox_id  TEXT NOT NULL,
+	template_id TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	spec        TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS snapshots_created ON snapshots (created_at);
+CREATE TABLE IF NOT EXISTS ops (
+	id         TEXT PRIMARY KEY,
+	kind       TEXT NOT NULL,
+	sandbox_id TEXT NOT NULL,
+	data       TEXT NOT NULL DEFAULT '',
+	started_at INTEGER NOT NULL
+);`
 
-// migrations bring a database made by an older Airlock up to the schema above;
-// each is applied only when its column is missing.
+// migrations bring a database made by an older Airlock up to the schema above
+// (new tables come from its CREATE IF NOT EXISTS); each is applied only when
+// its column is missing. Only additive changes with defaults: an older row
+// reads as a sandbox that was never paused, killed at its timeout.
 var migrations = []struct{ column, ddl string }{
 	{"owner", `ALTER TABLE sandboxes ADD COLUMN owner TEXT NOT NULL DEFAULT ''`},
 	{"network", `ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'`},
+	{"on_timeout", `ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'kill'`},
+	{"drop_memory", `ALTER TABLE sandboxes ADD COLUMN drop_memory INTEGER NOT NULL DEFAULT 0`},
+	{"auto_resume", `ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0`},
+	{"paused_with_memory", `ALTER TABLE sandboxes ADD COLUMN paused_with_memory INTEGER NOT NULL DEFAULT 0`},
+	{"paused_at", `ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER NOT NULL DEFAULT 0`},
+	{"host_key", `ALTER TABLE sandboxes ADD COLUMN host_key TEXT NOT NULL DEFAULT ''`},
 }
 
 // OpenSQLite opens (creating if needed) the database file at path.
@@ -179,18 +261,28 @@ func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
 	if sb.AllowInternet != nil {
 		allow = *sb.AllowInternet
 	}
+	onTimeout := sb.Lifecycle.OnTimeout
+	switch onTimeout {
+	case "":
+		onTimeout = OnTimeoutKill
+	case OnTimeoutKill, OnTimeoutPause:
+	default:
+		return fmt.Errorf("store: put %s: unknown on-timeout action %q", sb.ID, onTimeout)
+	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
-		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner, string(netJSON))
+		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner, string(netJSON),
+		onTimeout, sb.Lifecycle.DropMemory, sb.Lifecycle.AutoResume, sb.PausedWithMemory, unixNano(sb.PausedAt), sb.HostKey)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
 	return nil
 }
 
-const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner, network`
+const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner, network,
+	on_timeout, drop_memory, auto_resume, paused_with_memory, paused_at, host_key`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -265,9 +357,11 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 		started, endAt int64
 		allow          sql.NullBool
 		netJSON        string
+		pausedAt       int64
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
-		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner, &netJSON); err != nil {
+		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner, &netJSON,
+		&sb.Lifecycle.OnTimeout, &sb.Lifecycle.DropMemory, &sb.Lifecycle.AutoResume, &sb.PausedWithMemory, &pausedAt, &sb.HostKey); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
@@ -281,11 +375,28 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	}
 	sb.StartedAt = time.Unix(0, started)
 	sb.EndAt = time.Unix(0, endAt)
+	sb.PausedAt = fromUnixNano(pausedAt)
 	if allow.Valid {
 		v := allow.Bool
 		sb.AllowInternet = &v
 	}
 	return sb, nil
+}
+
+// unixNano stores a time that may be unset: the zero time as 0 (its own
+// UnixNano is out of range), so fromUnixNano gives the zero time back.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 func nonNil(m map[string]string) map[string]string {

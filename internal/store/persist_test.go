@@ -1,0 +1,341 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+)
+
+func openTest(t *testing.T) (*SQLite, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func TestPausedSandboxFieldsRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	paused := time.Unix(1700000000, 123)
+	in := Sandbox{
+		ID: "p1", State: "paused",
+		Lifecycle:        Lifecycle{OnTimeout: OnTimeoutPause, DropMemory: true, AutoResume: true},
+		PausedWithMemory: true, PausedAt: paused, HostKey: "hk-secret",
+	}
+	if err := s.Put(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Lifecycle != in.Lifecycle || !got.PausedWithMemory || !got.PausedAt.Equal(paused) || got.HostKey != "hk-secret" {
+		t.Fatalf("paused record = %+v", got)
+	}
+	// The zero values: kill at timeout, never paused.
+	if err := s.Put(ctx, Sandbox{ID: "r1", State: "running"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Get(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Lifecycle != (Lifecycle{OnTimeout: OnTimeoutKill}) || got.PausedWithMemory || !got.PausedAt.IsZero() || got.HostKey != "" {
+		t.Fatalf("running record = %+v", got)
+	}
+	if err := s.Put(ctx, Sandbox{ID: "bad", Lifecycle: Lifecycle{OnTimeout: "hibernate"}}); err == nil {
+		t.Errorf("an unknown on-timeout action was stored")
+	}
+}
+
+// TestSQLiteMigratesPrePersistenceSchema opens a database made by the Airlock
+// before pause-to-disk and snapshots (the schema below is that version's):
+// its rows must read as never-paused sandboxes killed at their timeout, and
+// the new columns and tables must work.
+func TestSQLiteMigratesPrePersistenceSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE sandboxes (
+	id            TEXT PRIMARY KEY,
+	template_id   TEXT NOT NULL,
+	alias         TEXT NOT NULL,
+	client_id     TEXT NOT NULL,
+	metadata      TEXT NOT NULL,
+	env_vars      TEXT NOT NULL,
+	access_token  TEXT NOT NULL,
+	started_at    INTEGER NOT NULL,
+	end_at        INTEGER NOT NULL,
+	state         TEXT NOT NULL,
+	cpu_count     INTEGER NOT NULL,
+	memory_mb     INTEGER NOT NULL,
+	disk_size_mb  INTEGER NOT NULL,
+	allow_internet INTEGER,
+	owner         TEXT NOT NULL DEFAULT '',
+	network       TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE events (
+	sandbox_id TEXT NOT NULL,
+	at         INTEGER NOT NULL,
+	kind       TEXT NOT NULL,
+	count      INTEGER NOT NULL,
+	message    TEXT NOT NULL
+);
+CREATE INDEX events_sandbox ON events (sandbox_id, at);
+INSERT INTO sandboxes VALUES ('old1','base','base','c','{"k":"v"}','{}','tok',1,2,'running',2,512,1024,1,'k1','{"allowOut":["1.1.1.1"]}');
+INSERT INTO events VALUES ('old1', 5, 'oom', 1, 'm');`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	for range 2 { // a second open finds nothing to migrate
+		s, err := OpenSQLite(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := s.Get(ctx, "old1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if old.State != "running" || old.Owner != "k1" || old.AccessToken != "tok" || old.Metadata["k"] != "v" ||
+			len(old.Network.AllowOut) != 1 || old.AllowInternet == nil || !*old.AllowInternet {
+			t.Fatalf("old record lost data: %+v", old)
+		}
+		if old.Lifecycle != (Lifecycle{OnTimeout: OnTimeoutKill}) || old.PausedWithMemory || !old.PausedAt.IsZero() || old.HostKey != "" {
+			t.Fatalf("old record's new fields = %+v", old)
+		}
+		if evs, err := s.Events(ctx, "old1"); err != nil || len(evs) != 1 {
+			t.Fatalf("old events = %v, %v", evs, err)
+		}
+		old.State, old.PausedAt, old.HostKey = "paused", time.Unix(9, 0), "hk"
+		if err := s.Put(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Get(ctx, "old1"); err != nil || got.HostKey != "hk" || !got.PausedAt.Equal(time.Unix(9, 0)) {
+			t.Fatalf("updated old record = %+v, %v", got, err)
+		}
+		old.PausedAt, old.HostKey, old.State = time.Time{}, "", "running"
+		if err := s.Put(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PutSnapshot(ctx, Snapshot{ID: "sn1", SandboxID: "old1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.PutOp(ctx, Op{ID: "op1", Kind: OpPause, SandboxID: "old1"}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+}
+
+func TestSnapshotRecords(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTest(t)
+	t0 := time.Unix(1700000000, 0)
+	put := func(sn Snapshot) string {
+		t.Helper()
+		replaced, err := s.PutSnapshot(ctx, sn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return replaced
+	}
+	spec := json.RawMessage(`{"rootfs":"x","memoryMB":512}`)
+	put(Snapshot{ID: "a", SandboxID: "sb1", TemplateID: "base", Owner: "k1", CreatedAt: t0, Spec: spec})
+	if r := put(Snapshot{ID: "b", Name: "nightly", SandboxID: "sb1", TemplateID: "base", Owner: "k1", CreatedAt: t0.Add(time.Second)}); r != "" {
+		t.Fatalf("first use of a name replaced %q", r)
+	}
+	put(Snapshot{ID: "u", SandboxID: "sb2", Owner: "k2", CreatedAt: t0.Add(2 * time.Second)}) // a second unnamed one
+
+	for _, key := range []string{"a", "a:default"} {
+		got, err := s.GetSnapshot(ctx, key)
+		if err != nil || got.ID != "a" || got.Name != "" || string(got.Spec) != string(spec) || !got.CreatedAt.Equal(t0) || got.TemplateID != "base" {
+			t.Fatalf("GetSnapshot(%s) = %+v, %v", key, got, err)
+		}
+	}
+	for _, key := range []string{"b", "b:default", "nightly", "nightly:default"} {
+		if got, err := s.GetSnapshot(ctx, key); err != nil || got.ID != "b" || got.Name != "nightly" || got.Spec != nil {
+			t.Fatalf("GetSnapshot(%s) = %+v, %v", key, got, err)
+		}
+	}
+	if _, err := s.GetSnapshot(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetSnapshot(nope): %v", err)
+	}
+
+	// A new snapshot takes the name: the old one is gone in the same step.
+	if r := put(Snapshot{ID: "c", Name: "nightly", SandboxID: "sb1", Owner: "k1", CreatedAt: t0.Add(3 * time.Second)}); r != "b" {
+		t.Fatalf("replacing put reported %q, want b", r)
+	}
+	if _, err := s.GetSnapshot(ctx, "b"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("replaced snapshot still there: %v", err)
+	}
+	if got, _ := s.GetSnapshot(ctx, "nightly:default"); got.ID != "c" {
+		t.Errorf("name resolves to %q", got.ID)
+	}
+	// Putting the holder again (an update) replaces nothing.
+	if r := put(Snapshot{ID: "c", Name: "nightly", SandboxID: "sb1", Owner: "k1", CreatedAt: t0.Add(3 * time.Second), Spec: spec}); r != "" {
+		t.Errorf("update of the name's holder replaced %q", r)
+	}
+	// An id wins over another snapshot's name equal to it.
+	put(Snapshot{ID: "d", Name: "a", SandboxID: "sb3", CreatedAt: t0.Add(4 * time.Second)})
+	if got, _ := s.GetSnapshot(ctx, "a"); got.ID != "a" {
+		t.Errorf("GetSnapshot(a) = %s, want the id match", got.ID)
+	}
+
+	ids := func(f SnapshotFilter) string {
+		t.Helper()
+		list, err := s.ListSnapshots(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := ""
+		for _, sn := range list {
+			out += sn.ID
+		}
+		return out
+	}
+	for f, want := range map[SnapshotFilter]string{
+		{}:                                  "dcua",
+		{SandboxID: "sb1"}:                  "ca",
+		{Owner: "k1"}:                       "ca",
+		{Owner: "k2"}:                       "u",
+		{Name: "nightly"}:                   "c",
+		{Name: "nightly:default"}:           "c",
+		{Name: "u:default"}:                 "u",
+		{Name: "a"}:                         "da",
+		{SandboxID: "sb1", Name: "nightly"}: "c",
+		{SandboxID: "sb2", Name: "nightly"}: "",
+	} {
+		if got := ids(f); got != want {
+			t.Errorf("ListSnapshots(%+v) = %q, want %q", f, got, want)
+		}
+	}
+
+	for _, bad := range []Snapshot{{ID: ""}, {ID: "x:default"}, {ID: "x", Name: "n:tag"}, {ID: "x", Spec: json.RawMessage(`{`)}} {
+		if _, err := s.PutSnapshot(ctx, bad); err == nil {
+			t.Errorf("PutSnapshot(%+v) succeeded", bad)
+		}
+	}
+
+	if ok, err := s.DeleteSnapshot(ctx, "c"); err != nil || !ok {
+		t.Fatalf("DeleteSnapshot(c) = %v, %v", ok, err)
+	}
+	if ok, err := s.DeleteSnapshot(ctx, "c"); err != nil || ok {
+		t.Fatalf("second DeleteSnapshot(c) = %v, %v", ok, err)
+	}
+	// The name is free again.
+	if r := put(Snapshot{ID: "e", Name: "nightly", CreatedAt: t0.Add(5 * time.Second)}); r != "" {
+		t.Errorf("a deleted snapshot's name replaced %q", r)
+	}
+
+	s.Close()
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if list, err := s2.ListSnapshots(ctx, SnapshotFilter{}); err != nil || len(list) != 4 || list[0].ID != "e" {
+		t.Fatalf("after reopen: %+v, %v", list, err)
+	}
+}
+
+// TestSnapshotNameRace puts many snapshots with one name at once: whatever
+// the interleaving, one holds the name at the end, and every other one was
+// reported replaced exactly once (so the caller deletes each one's files).
+func TestSnapshotNameRace(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	const n = 20
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		replaced []string
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.PutSnapshot(ctx, Snapshot{ID: fmt.Sprintf("s%02d", i), Name: "same", CreatedAt: time.Unix(int64(i), 0)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if r != "" {
+				mu.Lock()
+				replaced = append(replaced, r)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	list, err := s.ListSnapshots(ctx, SnapshotFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Name != "same" {
+		t.Fatalf("after the race: %+v", list)
+	}
+	all := append(replaced, list[0].ID)
+	sort.Strings(all)
+	for i, id := range all {
+		if id != fmt.Sprintf("s%02d", i) {
+			t.Fatalf("replaced ids plus the survivor = %v, want each of s00..s%02d once", all, n-1)
+		}
+	}
+}
+
+func TestOpJournal(t *testing.T) {
+	ctx := context.Background()
+	s, path := openTest(t)
+	t0 := time.Unix(1700000000, 0)
+	if err := s.PutOp(ctx, Op{ID: "2", Kind: OpFork, SandboxID: "sb2", StartedAt: t0.Add(time.Second), Data: json.RawMessage(`{"forks":["f1","f2"]}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutOp(ctx, Op{ID: "1", Kind: OpPause, SandboxID: "sb1", StartedAt: t0}); err != nil {
+		t.Fatal(err)
+	}
+	// An op records its progress by being put again.
+	if err := s.PutOp(ctx, Op{ID: "1", Kind: OpPause, SandboxID: "sb1", StartedAt: t0, Data: json.RawMessage(`{"step":"checkpointed"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutOp(ctx, Op{ID: "3", Data: json.RawMessage(`nope`)}); err == nil {
+		t.Errorf("an op with data that is not JSON was stored")
+	}
+	s.Close()
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ops, err := s.ListOps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 2 || ops[0].ID != "1" || ops[0].Kind != OpPause || string(ops[0].Data) != `{"step":"checkpointed"}` || !ops[0].StartedAt.Equal(t0) ||
+		ops[1].ID != "2" || ops[1].SandboxID != "sb2" || string(ops[1].Data) != `{"forks":["f1","f2"]}` {
+		t.Fatalf("ops = %+v", ops)
+	}
+	if err := s.DeleteOp(ctx, "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteOp(ctx, "unknown"); err != nil {
+		t.Errorf("DeleteOp of an unknown op: %v", err)
+	}
+	if ops, _ := s.ListOps(ctx); len(ops) != 1 || ops[0].ID != "2" {
+		t.Errorf("ops after delete = %+v", ops)
+	}
+}

@@ -1,0 +1,157 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Snapshot is the record of a saved sandbox state that new sandboxes start
+// from.
+type Snapshot struct {
+	// ID is the raw id (no ":default").
+	ID string
+	// Name is optional and unique among snapshots; bare, like ID.
+	Name       string
+	SandboxID  string
+	TemplateID string
+	Owner      string
+	CreatedAt  time.Time
+	// Spec is what the manager needs to start a sandbox from the snapshot,
+	// opaque to the store (valid JSON, or empty).
+	Spec json.RawMessage
+}
+
+// SnapshotFilter selects snapshots; zero fields match all.
+type SnapshotFilter struct {
+	SandboxID string
+	// Name matches a snapshot's ID or name, bare or with ":default".
+	Name  string
+	Owner string
+}
+
+// defaultTag is the one tag a snapshot's full name carries ("<name>:default").
+const defaultTag = ":default"
+
+const snapshotColumns = `id, name, sandbox_id, template_id, owner, created_at, spec`
+
+func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string, err error) {
+	// A ':' would make "<x>:default" ambiguous between a bare and a tagged
+	// form.
+	if sn.ID == "" || strings.Contains(sn.ID, ":") || strings.Contains(sn.Name, ":") {
+		return "", fmt.Errorf("store: snapshot id %q or name %q: empty id, or a ':' in either", sn.ID, sn.Name)
+	}
+	if len(sn.Spec) > 0 && !json.Valid(sn.Spec) {
+		return "", fmt.Errorf("store: snapshot %s: spec is not JSON", sn.ID)
+	}
+	var name any // NULL: UNIQUE does not apply to unnamed snapshots
+	if sn.Name != "" {
+		name = sn.Name
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+	}
+	defer tx.Rollback()
+	if sn.Name != "" {
+		err := tx.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE name = ? AND id != ?`, sn.Name, sn.ID).Scan(&replaced)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+		default:
+			if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, replaced); err != nil {
+				return "", fmt.Errorf("store: put snapshot %s: replace %s: %w", sn.ID, replaced, err)
+			}
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, name, sn.SandboxID, sn.TemplateID, sn.Owner, unixNano(sn.CreatedAt), string(sn.Spec)); err != nil {
+		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+	}
+	return replaced, nil
+}
+
+func (s *SQLite) GetSnapshot(ctx context.Context, idOrName string) (Snapshot, error) {
+	key := strings.TrimSuffix(idOrName, defaultTag)
+	row := s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots
+		WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1`, key)
+	sn, err := scanSnapshot(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Snapshot{}, fmt.Errorf("%w: snapshot %s", ErrNotFound, idOrName)
+	}
+	return sn, err
+}
+
+func (s *SQLite) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
+	q := `SELECT ` + snapshotColumns + ` FROM snapshots WHERE 1`
+	var args []any
+	if f.SandboxID != "" {
+		q += ` AND sandbox_id = ?`
+		args = append(args, f.SandboxID)
+	}
+	if f.Owner != "" {
+		q += ` AND owner = ?`
+		args = append(args, f.Owner)
+	}
+	if f.Name != "" {
+		key := strings.TrimSuffix(f.Name, defaultTag)
+		q += ` AND (id = ? OR name = ?)`
+		args = append(args, key, key)
+	}
+	q += ` ORDER BY created_at DESC, rowid DESC`
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sn)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQLite) DeleteSnapshot(ctx context.Context, id string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	if err != nil {
+		return false, fmt.Errorf("store: delete snapshot %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: delete snapshot %s: %w", id, err)
+	}
+	return n > 0, nil
+}
+
+func scanSnapshot(row interface{ Scan(...any) error }) (Snapshot, error) {
+	var (
+		sn      Snapshot
+		name    sql.NullString
+		created int64
+		spec    string
+	)
+	if err := row.Scan(&sn.ID, &name, &sn.SandboxID, &sn.TemplateID, &sn.Owner, &created, &spec); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return Snapshot{}, err
+		}
+		return Snapshot{}, fmt.Errorf("store: scan snapshot: %w", err)
+	}
+	sn.Name = name.String
+	sn.CreatedAt = fromUnixNano(created)
+	if spec != "" {
+		sn.Spec = json.RawMessage(spec)
+	}
+	return sn, nil
+}
