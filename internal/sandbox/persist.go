@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
@@ -403,7 +404,7 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 			err = fmt.Errorf("capture %s: thaw: %w", e.id, rerr)
 		}
 	}()
-	if err := copyTree(e.dir, filepath.Join(dst, captureFS)); err != nil {
+	if err := copySandboxDir(e.dir, filepath.Join(dst, captureFS)); err != nil {
 		return false, fmt.Errorf("capture %s: %w", e.id, err)
 	}
 	if ck, ok := e.rt.(runtime.Checkpointer); ok {
@@ -419,6 +420,25 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 		}
 	}
 	return false, nil
+}
+
+// copySandboxDir copies what a sandbox directory holds of the sandbox's
+// state into dst: the writable layer, the boot record, and envd's log (a
+// restored envd holds it open). Mount points, overlay's work dir and sockets
+// are made afresh by the next boot.
+func copySandboxDir(src, dst string) error {
+	if err := os.MkdirAll(filepath.Join(dst, envdapi.HostRunDir), 0o700); err != nil {
+		return err
+	}
+	for _, name := range []string{"upper", bootRecordName, filepath.Join(envdapi.HostRunDir, envdapi.LogName)} {
+		if _, err := os.Lstat(filepath.Join(src, name)); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := copyTree(filepath.Join(src, name), filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // copyTree copies a sandbox directory with everything that matters to an
@@ -469,7 +489,7 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		if err := m.makeSandboxDir(e.dir, info.DiskSizeMB); err != nil {
 			return err
 		}
-		if err := copyInto(filepath.Join(dir, captureFS), e.dir); err != nil {
+		if err := copySandboxDir(filepath.Join(dir, captureFS), e.dir); err != nil {
 			return err
 		}
 		rec.Timeout, rec.Lifecycle = timeout, info.Lifecycle
@@ -507,11 +527,6 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 	e.op.Unlock()
 	go m.sample(e)
 	return out, nil
-}
-
-// copyInto copies the contents of src into the existing directory dst.
-func copyInto(src, dst string) error {
-	return copyTree(src+"/.", dst)
 }
 
 // Fork starts req.Count sandboxes from one capture of sandbox id, which runs
