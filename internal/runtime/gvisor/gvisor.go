@@ -1,7 +1,8 @@
 // Package gvisor is the stronger runtime backend: every sandbox runs on gVisor's
 // user-space kernel (the sentry, platform systrap), so the sandbox's system calls
 // never reach the host kernel directly. It drives the runsc command line (create,
-// start, state, pause, resume, delete); no Go API of gVisor is linked in.
+// start, state, pause, resume, checkpoint, restore, delete); no Go API of gVisor
+// is linked in. Checkpoint and restore are described in checkpoint.go.
 //
 // On the host, a sandbox is:
 //
@@ -10,7 +11,7 @@
 //	                         survives Destroy (recorded as a bundle annotation)
 //	<Spec.Dir>/rootfs        the overlay mount, handed to runsc as the OCI root
 //	<Spec.Dir>/bundle        the OCI bundle (config.json)
-//	<Spec.Dir>/runsc.log     runsc's own error messages from create
+//	<Spec.Dir>/runsc.log     runsc's own error messages from create or restore
 //	<stateRoot>/             runsc --root: one state file per sandbox, the control
 //	                         sockets, and runsc's shared "null-netns" pin
 //	cgroup <each controller>/airlock/<id>   the sentry's and the gofer's host threads
@@ -161,7 +162,13 @@ func (r *Runtime) runsc(ctx context.Context, network string, args ...string) ([]
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		msg := strings.TrimSpace(stderr.String())
+		// A save that fails inside the sentry comes back with the sentry's
+		// Go stack traces after the line that says why.
+		if first, rest, ok := strings.Cut(msg, "\n"); ok && strings.Contains(rest, "goroutine ") {
+			msg = strings.TrimSuffix(first, ":")
+		}
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, msg)
 	}
 	return out, nil
 }
@@ -170,81 +177,122 @@ func cid(id string) string { return id + cidSuffix }
 
 // Create assembles the root filesystem and the OCI bundle, then creates and
 // starts the sandbox with runsc.
+//
+// Spec.Dir may already hold the writable layer of an earlier sandbox that was
+// Released (a pause that kept the files but not the processes): the sandbox
+// then boots afresh on it. A Create that fails removes only what it made: a
+// Dir that held a layer before keeps it.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
-	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
-		return nil, errors.New("gvisor runtime: spec needs ID, Dir, Lower and Init.Args")
-	}
-	if !validID.MatchString(spec.ID) {
-		return nil, fmt.Errorf("gvisor runtime: sandbox id %q: want [a-z0-9]+", spec.ID)
-	}
-	if err := runtime.CheckUpper(spec); err != nil {
-		return nil, fmt.Errorf("gvisor runtime: %w", err)
-	}
-	// runsc's control socket lives in --root; a unix socket path has 108 bytes.
-	if sock := filepath.Join(r.root, "runsc-"+cid(spec.ID)+".sock"); len(sock) >= 108 {
-		return nil, fmt.Errorf("gvisor runtime: control socket path %s is too long for a unix socket; use a shorter state dir", sock)
-	}
-	dir, err := filepath.Abs(spec.Dir)
+	s, fresh, err := r.prepare(spec)
 	if err != nil {
-		return nil, fmt.Errorf("gvisor runtime: %w", err)
+		return nil, err
 	}
-	network := "none"
-	if spec.NetNS != "" {
-		network = "sandbox"
-	}
-	s := &sandbox{rt: r, id: spec.ID, dir: dir, network: network, upper: spec.Upper}
 	defer func() {
 		if retErr != nil {
-			_ = s.Destroy(context.WithoutCancel(ctx))
+			s.undo(context.WithoutCancel(ctx), fresh)
 		}
 	}()
-	rootfs, err := mountOverlay(spec.Lower, dir, s.upperDir())
+	bundle, err := s.assemble(spec)
 	if err != nil {
 		return nil, err
 	}
-	bundle := filepath.Join(dir, "bundle")
-	if err := os.MkdirAll(bundle, 0o700); err != nil {
-		return nil, fmt.Errorf("gvisor runtime: %w", err)
-	}
-	cfg, err := json.Marshal(ociSpec(spec, rootfs, r.cpus.Pick(spec.ID, spec.Resources.CPUs)))
-	if err != nil {
-		return nil, fmt.Errorf("gvisor runtime: config: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
-		return nil, fmt.Errorf("gvisor runtime: config: %w", err)
-	}
-	if err := r.create(ctx, spec, dir, bundle, network); err != nil {
+	if err := r.launch(ctx, spec, s.dir, spec.Init.Stdin, "create", "--bundle="+bundle, cid(spec.ID)); err != nil {
 		return nil, err
 	}
-	if _, err := r.runsc(ctx, network, "start", cid(spec.ID)); err != nil {
+	if _, err := r.runsc(ctx, s.network, "start", cid(spec.ID)); err != nil {
 		return nil, fmt.Errorf("gvisor runtime: start %s: %w", spec.ID, err)
 	}
 	return s, nil
 }
 
-// create runs `runsc create`. The init process gets runsc's own stdio: stdin
-// from an unlinked file holding Spec.Init.Stdin, stdout and stderr appended to
-// Spec.Init.LogPath. Files, not pipes, so that the sandbox outlives us.
-func (r *Runtime) create(ctx context.Context, spec runtime.Spec, dir, bundle, network string) error {
-	stdin, err := os.Open(os.DevNull)
+// prepare validates spec and returns the handle of the sandbox it describes,
+// and whether Spec.Dir was fresh (absent or empty) before, so that a failed
+// Create or Restore knows whether Dir is its to remove.
+func (r *Runtime) prepare(spec runtime.Spec) (*sandbox, bool, error) {
+	if spec.ID == "" || spec.Dir == "" || spec.Lower == "" || len(spec.Init.Args) == 0 {
+		return nil, false, errors.New("gvisor runtime: spec needs ID, Dir, Lower and Init.Args")
+	}
+	if !validID.MatchString(spec.ID) {
+		return nil, false, fmt.Errorf("gvisor runtime: sandbox id %q: want [a-z0-9]+", spec.ID)
+	}
+	if err := runtime.CheckUpper(spec); err != nil {
+		return nil, false, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	// runsc's control socket lives in --root; a unix socket path has 108 bytes.
+	if sock := filepath.Join(r.root, "runsc-"+cid(spec.ID)+".sock"); len(sock) >= 108 {
+		return nil, false, fmt.Errorf("gvisor runtime: control socket path %s is too long for a unix socket; use a shorter state dir", sock)
+	}
+	dir, err := filepath.Abs(spec.Dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("gvisor runtime: %w", err)
+	}
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	return &sandbox{rt: r, id: spec.ID, dir: dir, network: network, upper: spec.Upper}, len(entries) == 0, nil
+}
+
+// undo tears down a sandbox whose Create or Restore failed: everything, or,
+// when Dir held a writable layer before, everything but Dir.
+func (s *sandbox) undo(ctx context.Context, fresh bool) {
+	if fresh {
+		_ = s.Destroy(ctx)
+	} else {
+		_ = s.Release(ctx)
+	}
+}
+
+// assemble mounts the root overlay and writes the OCI bundle; it returns the
+// bundle directory.
+func (s *sandbox) assemble(spec runtime.Spec) (string, error) {
+	rootfs, err := mountOverlay(spec.Lower, s.dir, s.upperDir())
+	if err != nil {
+		return "", err
+	}
+	bundle := filepath.Join(s.dir, "bundle")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return "", fmt.Errorf("gvisor runtime: %w", err)
+	}
+	cfg, err := json.Marshal(ociSpec(spec, rootfs, s.rt.cpus.Pick(spec.ID, spec.Resources.CPUs)))
+	if err != nil {
+		return "", fmt.Errorf("gvisor runtime: config: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
+		return "", fmt.Errorf("gvisor runtime: config: %w", err)
+	}
+	return bundle, nil
+}
+
+// launch runs the runsc command that brings a sandbox up (create, or restore
+// --detach), which forks the sentry and the gofer. The first process gets
+// runsc's own stdio: stdin from an unlinked file holding stdin (empty: the
+// null device), stdout and stderr appended to Spec.Init.LogPath. Files, not
+// pipes, so that the sandbox outlives us.
+func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, dir string, stdin []byte, args ...string) error {
+	in, err := os.Open(os.DevNull)
 	if err != nil {
 		return err
 	}
-	defer stdin.Close()
-	if len(spec.Init.Stdin) > 0 {
+	defer in.Close()
+	if len(stdin) > 0 {
 		f, err := os.CreateTemp(dir, ".stdin-*")
 		if err != nil {
 			return fmt.Errorf("gvisor runtime: stdin: %w", err)
 		}
 		defer f.Close()
 		_ = os.Remove(f.Name())
-		if _, err := f.Write(spec.Init.Stdin); err != nil {
+		if _, err := f.Write(stdin); err != nil {
 			return fmt.Errorf("gvisor runtime: stdin: %w", err)
 		}
 		if _, err := f.Seek(0, 0); err != nil {
 			return fmt.Errorf("gvisor runtime: stdin: %w", err)
 		}
-		stdin = f
+		in = f
 	}
 	out, err := os.Open(os.DevNull)
 	if err != nil {
@@ -259,26 +307,35 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, dir, bundle, ne
 	}
 	defer out.Close()
 	// runsc's stderr is the sandbox's, so its error messages are taken from
-	// --log, where runsc writes them as JSON lines.
+	// --log, where runsc writes them as JSON lines. A Dir reused from an
+	// earlier sandbox holds that one's log: start afresh, so that an error
+	// reported is this launch's.
 	errLog := filepath.Join(dir, "runsc.log")
+	if err := os.Remove(errLog); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("gvisor runtime: %w", err)
+	}
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
 	ctx, cancel := context.WithTimeout(ctx, runscTimeout)
 	defer cancel()
-	args := append(r.flags(network), "--log="+errLog, "create", "--bundle="+bundle, cid(spec.ID))
+	argv := append(append(r.flags(network), "--log="+errLog), args...)
 	bin := r.bin
 	if choom, err := exec.LookPath("choom"); err == nil {
 		// See stubOOMScoreAdj: everything runsc forks starts at that score,
 		// and runsc lowers the sentry's and the gofer's to the spec's
 		// OOMScoreAdj (0) once they run.
-		bin, args = choom, append([]string{"-n", strconv.Itoa(stubOOMScoreAdj), "--", r.bin}, args...)
+		bin, argv = choom, append([]string{"-n", strconv.Itoa(stubOOMScoreAdj), "--", r.bin}, argv...)
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, out
+	cmd := exec.CommandContext(ctx, bin, argv...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, out, out
 	// The sandbox and gofer processes runsc forks stay in this session; a new
 	// one keeps a terminal's Ctrl-C on the server from reaching them (they are
 	// re-adopted after a restart).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("gvisor runtime: create %s: %w: %s", spec.ID, err, runscErrors(errLog))
+		return fmt.Errorf("gvisor runtime: %s %s: %w: %s", args[0], spec.ID, err, runscErrors(errLog))
 	}
 	return nil
 }
@@ -662,10 +719,31 @@ func (s *sandbox) Status() (runtime.Status, error) {
 	case "created", "running":
 		return runtime.StatusRunning, nil
 	case "paused":
+		// runsc checks that the sentry lives only for a created or running
+		// sandbox; a paused one whose sentry died (killed after its
+		// checkpoint, or by the host's OOM killer) stays "paused" in its state.
+		if !sentryAlive(st.Pid, cid(s.id)) {
+			return runtime.StatusStopped, nil
+		}
 		return runtime.StatusPaused, nil
 	default:
 		return runtime.StatusStopped, nil
 	}
+}
+
+// sentryAlive reports whether pid is the running sentry of the runsc
+// container cid: its command line is runsc-sandbox's, ending with cid (an
+// exited process, even one not yet reaped, has none).
+func sentryAlive(pid int, cid string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	return len(args) > 1 && args[0] == "runsc-sandbox" && args[len(args)-1] == cid
 }
 
 // cgroup returns a manager for the sandbox's cgroup (only read and removed;
@@ -738,11 +816,26 @@ func (s *sandbox) Resume() error {
 	return nil
 }
 
-// Destroy tears down in order: the sandbox (runsc delete --force kills the
-// sentry and the gofer, paused or not, and removes runsc's state and the
-// cgroup), then anything left in the cgroup, the cgroup, the overlay mount, the
-// sandbox directory, and runsc's null-netns pin once no sandbox is left.
+// Destroy tears down in order: what Release frees (the sandbox, anything left
+// in its cgroup, the cgroup, the overlay mount, runsc's null-netns pin once no
+// sandbox is left), then the sandbox directory.
 func (s *sandbox) Destroy(ctx context.Context) error {
+	errs := s.release(ctx)
+	if err := mountutil.RemoveAll(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("gvisor runtime: destroy %s: %w", s.id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// release frees everything the sandbox holds on the host but its directory:
+// runsc delete --force kills the sentry and the gofer, paused or not, and
+// removes runsc's state and the cgroup; then anything left in the cgroup, the
+// cgroup, the overlay mount, and runsc's null-netns pin once no sandbox is
+// left.
+func (s *sandbox) release(ctx context.Context) []error {
 	var errs []error
 	if s.rt.exists(s.id) {
 		if _, err := s.rt.runsc(ctx, s.network, "delete", "--force", cid(s.id)); err != nil && s.rt.exists(s.id) {
@@ -755,15 +848,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	if err := mountutil.Unmount(filepath.Join(s.dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
-	if err := mountutil.RemoveAll(s.dir); err != nil {
-		errs = append(errs, err)
-	}
 	s.rt.releaseNullNetNS()
 	s.rt.cpus.Release(s.id)
-	if len(errs) > 0 {
-		return fmt.Errorf("gvisor runtime: destroy %s: %w", s.id, errors.Join(errs...))
-	}
-	return nil
+	return errs
 }
 
 // removeCgroup kills whatever is still in the sandbox's cgroup (after a failed

@@ -48,6 +48,10 @@ type Harness struct {
 	// run as the first process would not see it. Required: without it that
 	// test fails.
 	Envd string
+	// NoCheckpoint says the backend does not implement runtime.Checkpointer
+	// and runtime.Restorer; the checkpoint tests are then skipped instead of
+	// failing.
+	NoCheckpoint bool
 	// Rehome, if set, moves every process of the sandbox into child cgroups
 	// of its own cgroup (as a backend that splits envd from user processes
 	// does); the limits test then checks the views again.
@@ -90,6 +94,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("UpperKeptAfterDestroy", func(t *testing.T) { testUpperKept(t, h) })
 	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })
 	t.Run("NeighboursInvisible", func(t *testing.T) { testNeighbours(t, h) })
+	t.Run("Checkpoint", func(t *testing.T) { testCheckpoint(t, h) })
 }
 
 var seq int
