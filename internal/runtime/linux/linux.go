@@ -219,9 +219,13 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		stateRoot: r.stateRoot, log: r.log, idmaps: r.idmaps, upper: spec.Upper, cpus: r.cpus,
 		hostID: int(r.ids.HostID),
 	}
+	// A Dir that holds a writable layer already (a pause without memory, a
+	// restore) is not this attempt's to remove when it fails.
+	_, statErr := os.Stat(spec.Dir)
+	existed := statErr == nil
 	defer func() {
 		if retErr != nil {
-			_ = s.Destroy(context.WithoutCancel(ctx))
+			_ = s.teardown(context.WithoutCancel(ctx), !existed)
 		}
 	}()
 	lower, err := r.idmaps.acquire(spec.Lower, spec.ID)

@@ -35,7 +35,6 @@ func TestConformance(t *testing.T) {
 		Rehome: rehome,
 		Envd:   testenv.EnvdBinary(t),
 		// Until the CRIU Checkpointer and Restorer land.
-		NoCheckpoint: true,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
