@@ -215,5 +215,3 @@ func unstageBindSources(dir string) {
 	}
 	_ = os.Remove(dir)
 }
-
-
