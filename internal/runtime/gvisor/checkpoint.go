@@ -61,8 +61,8 @@ const stopTimeout = 30 * time.Second
 //
 // runsc checkpoint without --leave-running kills the sandbox whether or not
 // the save succeeded, so it is never used: the sandbox is paused, saved with
-// --leave-running (a paused kernel stays paused after the save), and only then
-// killed; a failed save resumes it instead. The pause also keeps the
+// --leave-running (a paused kernel stays paused after the save), the image
+// synced to disk, and only then killed; a failed save resumes it instead. The pause also keeps the
 // sandbox's processes from writing to the writable layer after their memory
 // was saved. With LeaveRunning the sandbox is left as the caller had it,
 // paused or running.
@@ -97,7 +97,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		}
 		pausedHere = true
 	}
-	if _, err := s.rt.runsc(ctx, s.network, "checkpoint", "--leave-running", "--image-path="+img, cid(s.id)); err != nil {
+	_, err = s.rt.runsc(ctx, s.network, "checkpoint", "--leave-running", "--image-path="+img, cid(s.id))
+	if err == nil {
+		err = syncDir(img)
+	}
+	if err != nil {
 		err = fmt.Errorf("gvisor runtime: checkpoint %s: %w", s.id, err)
 		if pausedHere {
 			err = errors.Join(err, s.Resume())
@@ -153,6 +157,32 @@ func makeImageDir(dir string) (bool, error) {
 		return false, fmt.Errorf("image dir %s is not empty", dir)
 	}
 	return false, nil
+}
+
+// syncDir flushes the files of an image and the directory itself to disk:
+// runsc leaves them in the page cache, and once the sandbox is killed the
+// image is all there is of its processes, also after a crash of the host.
+func syncDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(entries, nil) {
+		path := dir
+		if e != nil {
+			path = filepath.Join(dir, e.Name())
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // clearImageDir removes what a failed checkpoint wrote: the directory if it

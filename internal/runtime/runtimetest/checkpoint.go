@@ -30,9 +30,9 @@ const counterMarker = "airlock-counter"
 // step reports, atomically in /out/state, what the kernel says of it: its pid
 // (/proc/self read by the shell itself), its working directory and fd 3
 // (through /proc), how many lines the file holds, whether it was poked (a
-// write the host asks for through /out/poke), how many times it started, and
-// the first step whose file was there before the step (the writable layer
-// ahead of the counter's memory). With a writable layer of the same instant
+// write the host asks for through /out/poke), how many times it started, the
+// first step whose file was there before the step (the writable layer ahead
+// of the counter's memory), and the boot id. With a writable layer of the same instant
 // as the memory, lines == i at every report and no step is ahead; a layer
 // copied before the image has fewer lines, one copied after it steps ahead.
 const counter = `# ` + counterMarker + `
@@ -50,8 +50,9 @@ while :; do
   echo $i >&3
   if [ -e /out/poke ]; then echo poked > /root/poked; rm -f /out/poke; fi
   read -r pid rest < /proc/self/stat
-  printf '%s %s %s %s %s %s %s %s\n' "$i" "$pid" "$(readlink /proc/$pid/cwd)" "$(readlink /proc/$pid/fd/3)" \
-    "$(wc -l < /root/held)" "$(cat /root/poked 2>/dev/null || echo -)" "$(wc -l < /root/starts)" "$ahead" > /out/state.tmp
+  read -r boot < /proc/sys/kernel/random/boot_id
+  printf '%s %s %s %s %s %s %s %s %s\n' "$i" "$pid" "$(readlink /proc/$pid/cwd)" "$(readlink /proc/$pid/fd/3)" \
+    "$(wc -l < /root/held)" "$(cat /root/poked 2>/dev/null || echo -)" "$(wc -l < /root/starts)" "$ahead" "$boot" > /out/state.tmp
   mv /out/state.tmp /out/state
   sleep 0.2
 done
@@ -67,10 +68,11 @@ type counterState struct {
 	Poked  string
 	Starts int
 	Ahead  string
+	BootID string
 }
 
 func (s counterState) String() string {
-	return fmt.Sprintf("i=%d pid=%s cwd=%s fd3=%s lines=%d poked=%s starts=%d ahead=%s", s.I, s.Pid, s.Cwd, s.FD3, s.Lines, s.Poked, s.Starts, s.Ahead)
+	return fmt.Sprintf("i=%d pid=%s cwd=%s fd3=%s lines=%d poked=%s starts=%d ahead=%s boot_id=%s", s.I, s.Pid, s.Cwd, s.FD3, s.Lines, s.Poked, s.Starts, s.Ahead, s.BootID)
 }
 
 // readCounter returns the counter's last report in out, if there is one.
@@ -80,7 +82,7 @@ func readCounter(out string) (counterState, bool) {
 		return counterState{}, false
 	}
 	f := strings.Fields(string(b))
-	if len(f) != 8 {
+	if len(f) != 9 {
 		return counterState{}, false
 	}
 	var s counterState
@@ -88,7 +90,7 @@ func readCounter(out string) (counterState, bool) {
 	s.I, errs[0] = strconv.Atoi(f[0])
 	s.Lines, errs[1] = strconv.Atoi(f[4])
 	s.Starts, errs[2] = strconv.Atoi(f[6])
-	s.Pid, s.Cwd, s.FD3, s.Poked, s.Ahead = f[1], f[2], f[3], f[5], f[7]
+	s.Pid, s.Cwd, s.FD3, s.Poked, s.Ahead, s.BootID = f[1], f[2], f[3], f[5], f[7], f[8]
 	return s, errors.Join(errs[:]...) == nil
 }
 
@@ -106,8 +108,8 @@ func waitCounter(t *testing.T, out string, after int) counterState {
 }
 
 // checkIntact checks a counter report taken after a restore against one taken
-// before the checkpoint: same process, same working directory and fd 3, one
-// start, and a writable layer that agrees with the counter's memory.
+// before the checkpoint: same process, same working directory and fd 3, same
+// boot, one start, and a writable layer that agrees with the counter's memory.
 func checkIntact(t *testing.T, what string, before, after counterState) {
 	t.Helper()
 	if after.Pid != before.Pid {
@@ -118,6 +120,9 @@ func checkIntact(t *testing.T, what string, before, after counterState) {
 	}
 	if after.FD3 != "/root/held" {
 		t.Errorf("%s: the counter's fd 3 is %q, want /root/held", what, after.FD3)
+	}
+	if after.BootID != before.BootID {
+		t.Errorf("%s: the boot id is %s, was %s: a restore is not a boot", what, after.BootID, before.BootID)
 	}
 	if after.Starts != 1 {
 		t.Errorf("%s: the counter started %d times; a restore must not rerun it", what, after.Starts)
