@@ -62,10 +62,10 @@ const stopTimeout = 30 * time.Second
 // runsc checkpoint without --leave-running kills the sandbox whether or not
 // the save succeeded, so it is never used: the sandbox is paused, saved with
 // --leave-running (a paused kernel stays paused after the save), the image
-// synced to disk, and only then killed; a failed save resumes it instead. The pause also keeps the
-// sandbox's processes from writing to the writable layer after their memory
-// was saved. With LeaveRunning the sandbox is left as the caller had it,
-// paused or running.
+// synced to disk, and only then killed; a failed save resumes it instead. The
+// pause also keeps the sandbox's processes from writing to the writable layer
+// after their memory was saved. With LeaveRunning the sandbox is left as the
+// caller had it, paused or running.
 func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions) (retErr error) {
 	if opts.ImageDir == "" {
 		return fmt.Errorf("gvisor runtime: checkpoint %s: no ImageDir", s.id)
@@ -111,14 +111,15 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if opts.LeaveRunning {
 		return nil
 	}
-	return s.stop(ctx, st.Pid)
+	return s.stop(st.Pid)
 }
 
 // stop kills a checkpointed sandbox's sentry (runsc state's pid), which is
 // paused, so that nothing of the sandbox runs after its image was taken, and
 // waits until it has exited; Status then says stopped. The gofer exits with the
-// sentry; Release deletes runsc's state.
-func (s *sandbox) stop(ctx context.Context, sentry int) error {
+// sentry; Release deletes runsc's state. Once the SIGKILL is sent the sandbox
+// is gone whatever the caller's context says, so the wait ignores it.
+func (s *sandbox) stop(sentry int) error {
 	if sentryAlive(sentry, cid(s.id)) {
 		if err := unix.Kill(sentry, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("gvisor runtime: stop %s after checkpoint: %w", s.id, err)
@@ -129,11 +130,7 @@ func (s *sandbox) stop(ctx context.Context, sentry int) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("gvisor runtime: the sentry of %s (pid %d) lives %v after SIGKILL", s.id, sentry, stopTimeout)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("gvisor runtime: stop %s after checkpoint: %w", s.id, ctx.Err())
-		case <-time.After(delay):
-		}
+		time.Sleep(delay)
 	}
 	return nil
 }
