@@ -379,6 +379,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
+	return m.publish(e), nil
+}
+
+// publish makes e, running and until now its creator's alone, a live
+// sandbox with its timer armed, and returns its info.
+func (m *Manager) publish(e *entry) Info {
 	// Published under op, so that its timer, if it fires at once, finds it
 	// in the map.
 	e.op.Lock()
@@ -393,7 +399,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	// A first sample right away, off the request path, so metrics exist before
 	// the first tick.
 	go m.sample(e)
-	return out, nil
+	return out
 }
 
 // createCold makes e, not yet published, a running sandbox of tpl; on error
@@ -995,15 +1001,7 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 // runtime without checkpoints it freezes every process, its memory resident.
 // A paused sandbox does not time out.
 func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
-	return m.with(id, func(e *entry) error {
-		e.mu.Lock()
-		paused := e.info.State == StatePaused
-		e.mu.Unlock()
-		if paused {
-			return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, id)
-		}
-		return m.pause(ctx, e, opts)
-	})
+	return m.with(id, func(e *entry) error { return m.pause(ctx, e, opts) })
 }
 
 // freeze pauses e in place: every process frozen, its memory resident. The
@@ -1012,9 +1010,16 @@ func (m *Manager) freeze(ctx context.Context, e *entry) error {
 	if err := e.rt.Pause(); err != nil {
 		return fmt.Errorf("pause %s: %w", e.id, err)
 	}
+	return m.markPaused(ctx, e, true)
+}
+
+// markPaused records that e, whose op lock the caller holds, is paused (with
+// its memory kept, on disk or frozen, or not) and stops its timer: a paused
+// sandbox does not time out.
+func (m *Manager) markPaused(ctx context.Context, e *entry, withMemory bool) error {
 	e.mu.Lock()
 	e.info.State = StatePaused
-	e.info.PausedWithMemory = true
+	e.info.PausedWithMemory = withMemory
 	e.info.PausedAt = time.Now()
 	if e.timer != nil {
 		e.timer.Stop()

@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -144,7 +145,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 		return fmt.Errorf("%w: sandbox %q is already paused", ErrConflict, e.id)
 	}
 	ck, ok := e.rt.(runtime.Checkpointer)
-	if !ok || e.rt == nil {
+	if !ok {
 		// A runtime without checkpoints freezes the sandbox in place.
 		return m.freeze(ctx, e)
 	}
@@ -189,17 +190,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 	}
 	e.undo.drop(stepRuntime)
 	e.rt = nil
-	now := time.Now()
-	e.mu.Lock()
-	e.info.State = StatePaused
-	e.info.PausedWithMemory = withMemory
-	e.info.PausedAt = now
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	rec := toRecord(e.info)
-	e.mu.Unlock()
-	if err := m.opts.Store.Put(context.WithoutCancel(ctx), rec); err != nil {
+	if err := m.markPaused(context.WithoutCancel(ctx), e, withMemory); err != nil {
 		return err
 	}
 	m.log.Info("sandbox paused", "id", e.id, "memory", withMemory)
@@ -423,32 +414,25 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 }
 
 // copySandboxDir copies what a sandbox directory holds of the sandbox's
-// state into dst: the writable layer, the boot record, and envd's log (a
-// restored envd holds it open). Mount points, overlay's work dir and sockets
-// are made afresh by the next boot.
+// state into dst: the writable layer (diskquota.CopyTree: xattrs such as
+// trusted.overlay.opaque and whiteout devices kept, data reflinked), the
+// boot record, and envd's log (a restored envd holds it open). Mount points,
+// overlay's work dir and sockets are made afresh by the next boot.
 func copySandboxDir(src, dst string) error {
 	if err := os.MkdirAll(filepath.Join(dst, envdapi.HostRunDir), 0o700); err != nil {
 		return err
 	}
-	for _, name := range []string{"upper", bootRecordName, filepath.Join(envdapi.HostRunDir, envdapi.LogName)} {
+	if err := diskquota.CopyTree(filepath.Join(src, "upper"), filepath.Join(dst, "upper")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, name := range []string{bootRecordName, filepath.Join(envdapi.HostRunDir, envdapi.LogName)} {
 		if _, err := os.Lstat(filepath.Join(src, name)); errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if err := copyTree(filepath.Join(src, name), filepath.Join(dst, name)); err != nil {
-			return err
+		out, err := exec.Command("cp", "-a", "--", filepath.Join(src, name), filepath.Join(dst, name)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("copy %s: %w: %s", name, err, strings.TrimSpace(string(out)))
 		}
-	}
-	return nil
-}
-
-// copyTree copies a sandbox directory with everything that matters to an
-// overlay upper (owners, modes, xattrs such as trusted.overlay.opaque,
-// whiteout devices, hard links), sharing the data where the filesystem can
-// (btrfs reflinks).
-func copyTree(src, dst string) error {
-	out, err := exec.Command("cp", "-a", "--reflink=auto", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("copy %s: %w: %s", src, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -516,17 +500,7 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
-	e.op.Lock()
-	m.mu.Lock()
-	m.sandboxes[e.id] = e
-	m.mu.Unlock()
-	e.mu.Lock()
-	m.armTimerLocked(e)
-	out := e.info
-	e.mu.Unlock()
-	e.op.Unlock()
-	go m.sample(e)
-	return out, nil
+	return m.publish(e), nil
 }
 
 // Fork starts req.Count sandboxes from one capture of sandbox id, which runs
