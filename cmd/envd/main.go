@@ -1,3 +1,9 @@
+// Go's net package opens TCP sockets as MPTCP by default, and CRIU cannot
+// checkpoint an MPTCP socket ("Unsupported proto 262"): envd's listeners and
+// the connections they accept must be plain TCP for a sandbox to pause with
+// its memory.
+//go:debug multipathtcp=0
+
 // Command envd is the in-sandbox agent. The host starts it as the sandbox's first
 // process and writes one JSON envdapi.Config object to its stdin.
 //

@@ -71,6 +71,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		// so the caller learns it without a failed dump.
 		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
 	}
+	if pid, ok := s.holdsSeccompListener(); ok {
+		// envd answers sysinfo(2) through seccomp user notifications
+		// (internal/sysinfo); CRIU cannot save the listener's fd.
+		return fmt.Errorf("linux runtime: checkpoint %s: %w: process %d holds a seccomp notification listener, which CRIU cannot save", s.id, runtime.ErrNotSupported, pid)
+	}
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
 	}
@@ -214,4 +219,26 @@ func unstageBindSources(dir string) {
 		_ = os.Remove(p)
 	}
 	_ = os.Remove(dir)
+}
+
+// holdsSeccompListener reports a process of the sandbox holding a seccomp
+// user-notification fd, and its host pid.
+func (s *sandbox) holdsSeccompListener() (int, bool) {
+	pids, err := s.c.Processes()
+	if err != nil {
+		return 0, false
+	}
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			if target, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && target == "anon_inode:seccomp notify" {
+				return pid, true
+			}
+		}
+	}
+	return 0, false
 }
