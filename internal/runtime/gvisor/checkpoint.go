@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -102,6 +103,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		err = syncDir(img)
 	}
 	if err != nil {
+		if strings.Contains(err.Error(), "bound host socket") {
+			// A unix socket listening in a directory bound from the host
+			// (envd's, in <Dir>/run) is state gVisor cannot save: the
+			// sandbox cannot be checkpointed as it is, which is not a fault.
+			err = fmt.Errorf("%w: %w", runtime.ErrNotSupported, err)
+		}
 		err = fmt.Errorf("gvisor runtime: checkpoint %s: %w", s.id, err)
 		if pausedHere {
 			err = errors.Join(err, s.Resume())

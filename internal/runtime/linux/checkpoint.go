@@ -80,7 +80,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
 	}
 	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning)); err != nil {
-		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, err, criuErrors(filepath.Join(opts.ImageDir, "dump.log")))
+		why := criuErrors(filepath.Join(opts.ImageDir, "dump.log"))
+		if strings.Contains(why, "seccomp notify") {
+			// A listener that appeared after the check above.
+			err = fmt.Errorf("%w: %w", runtime.ErrNotSupported, err)
+		}
+		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, err, why)
 	}
 	// CRIU restores part of the tree from inside the sandbox's user
 	// namespace and opens images there, first as an unmapped uid (before
