@@ -130,11 +130,42 @@ func run() int {
 	// first command (a warm-pool sandbox's first command comes right after
 	// its claim).
 	go usercgroup.Enabled()
+	// Registered before Serve: the host signals only an envd that answered.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, envdapi.QuiesceSignal, envdapi.WakeSignal)
+	go quiesceOnSignal(ctx, srv, sigs, logger)
 	if err := srv.Serve(ctx); err != nil {
 		logger.Error("serve", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// quiesceOnSignal quiesces and wakes srv as the host asks around a checkpoint
+// (envdapi.QuiesceSignal and WakeSignal, passed on by the reaper), one after
+// the other in the order they come.
+func quiesceOnSignal(ctx context.Context, srv *envd.Server, sigs <-chan os.Signal, logger *slog.Logger) {
+	select {
+	case <-srv.Ready():
+	case <-ctx.Done():
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-sigs:
+			var err error
+			if sig == envdapi.QuiesceSignal {
+				err = srv.Quiesce()
+			} else {
+				err = srv.Wake()
+			}
+			if err != nil {
+				logger.Error("envd: "+sig.String(), "err", err)
+			}
+		}
+	}
 }
 
 // redirectStdio points stdin at /dev/null and, when the config names a log

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
 )
 
@@ -38,10 +39,11 @@ func RunReaper(config []byte, logger *slog.Logger) int {
 		return 1
 	}
 	// Register before the child exists so no signal falls between the cracks.
-	// Only the signals the server handles (as a graceful stop) are forwarded; pid 1
-	// ignores the rest, as the kernel does for a namespace's init.
+	// Only the signals the server handles are forwarded (a graceful stop, and
+	// the host's quiesce and wake around a checkpoint: envdapi.QuiesceSignal);
+	// pid 1 ignores the rest, as the kernel does for a namespace's init.
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, envdapi.QuiesceSignal, envdapi.WakeSignal)
 	child, err := os.StartProcess(exe, os.Args, &os.ProcAttr{
 		Env:   append(os.Environ(), ChildEnv+"=1"),
 		Files: []*os.File{r, os.Stdout, os.Stderr},

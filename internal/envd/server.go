@@ -63,6 +63,9 @@ type Server struct {
 	handler http.Handler
 	ready   chan struct{}
 	interp  *interpHost
+	// socks are the servers on the unix sockets, which Quiesce closes and
+	// Wake opens again (quiesce.go).
+	socks socketServers
 
 	defaultUserOnce sync.Once
 }
@@ -172,8 +175,12 @@ func (s *Server) Serve(ctx context.Context) error {
 		return errors.New("no listen addresses configured")
 	}
 	var listeners, interpListeners []net.Listener
-	closeAll := func() {
-		for _, l := range append(listeners, interpListeners...) {
+	var closeAll func()
+	// The unix sockets are served apart (socketServers), so that Quiesce
+	// can close them and every connection made to them, and nothing else.
+	var unixListeners, unixInterpListeners []net.Listener
+	closeAll = func() {
+		for _, l := range append(append(append(listeners, interpListeners...), unixListeners...), unixInterpListeners...) {
 			l.Close()
 		}
 	}
@@ -183,7 +190,11 @@ func (s *Server) Serve(ctx context.Context) error {
 			closeAll()
 			return fmt.Errorf("listen %s: %w", addr, err)
 		}
-		listeners = append(listeners, l)
+		if isUnix(addr) {
+			unixListeners = append(unixListeners, l)
+		} else {
+			listeners = append(listeners, l)
+		}
 	}
 	for _, addr := range s.cfg.InterpListen {
 		l, err := listen(addr)
@@ -191,39 +202,21 @@ func (s *Server) Serve(ctx context.Context) error {
 			closeAll()
 			return fmt.Errorf("listen %s: %w", addr, err)
 		}
-		interpListeners = append(interpListeners, l)
+		if isUnix(addr) {
+			unixInterpListeners = append(unixInterpListeners, l)
+		} else {
+			interpListeners = append(interpListeners, l)
+		}
 	}
-	// HTTP/2 without TLS (h2c, prior knowledge) comes from net/http itself, which
-	// spares the binary the x/net copy of the HTTP/2 stack.
-	protocols := new(http.Protocols)
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{
-		Handler:           s.handler,
-		Protocols:         protocols,
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		ConnContext:       connContext,
-	}
-	// The interpreter has its own server: its handler differs, and its
-	// streams must not be cut by envd's limits.
-	isrv := &http.Server{
-		Handler:           s.interpHandler(),
-		Protocols:         protocols,
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-	}
-	errc := make(chan error, len(listeners)+len(interpListeners))
+	srv, isrv := s.httpServer(), s.interpServer()
+	errc := make(chan error, len(listeners)+len(interpListeners)+len(unixListeners)+len(unixInterpListeners))
 	for _, l := range listeners {
 		go func(l net.Listener) { errc <- srv.Serve(l) }(l)
 	}
 	for _, l := range interpListeners {
 		go func(l net.Listener) { errc <- isrv.Serve(l) }(l)
 	}
+	s.socks.start(s, unixListeners, unixInterpListeners, errc)
 	close(s.ready)
 	s.startKernels()
 	s.log.Info("envd ready", "version", envdapi.Version, "listen", s.cfg.Listen, "pid", os.Getpid())
@@ -238,6 +231,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	_ = srv.Shutdown(shutdownCtx)
 	srv.Close()
 	isrv.Close()
+	s.socks.stop()
 	s.interp.close()
 	s.procs.killAll()
 	s.watchers.closeAll()
@@ -250,6 +244,43 @@ func (s *Server) Serve(ctx context.Context) error {
 		err = nil
 	}
 	return err
+}
+
+// httpServer is an HTTP server of envd's protocol, for one set of listeners.
+func (s *Server) httpServer() *http.Server {
+	return &http.Server{
+		Handler:           s.handler,
+		Protocols:         serverProtocols(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ConnContext:       connContext,
+	}
+}
+
+// interpServer is an HTTP server of the code interpreter. The interpreter
+// has servers of its own: its handler differs, and its streams must not be
+// cut by envd's limits.
+func (s *Server) interpServer() *http.Server {
+	return &http.Server{
+		Handler:           s.interpHandler(),
+		Protocols:         serverProtocols(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+}
+
+// serverProtocols are HTTP/1.1 and HTTP/2 without TLS (h2c, prior
+// knowledge), which net/http does itself: that spares the binary the x/net
+// copy of the HTTP/2 stack.
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 func (s *Server) buildHandler() http.Handler {

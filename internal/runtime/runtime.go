@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -118,6 +119,19 @@ type Restorer interface {
 // right after a create. (gVisor marks envd's host stub processes.)
 type EnvdReadier interface {
 	EnvdReady() error
+}
+
+// InitSignaler is implemented by a Sandbox whose first process the host can
+// send a signal to. The manager quiesces and wakes envd, the first process,
+// this way around every checkpoint (envdapi.QuiesceSignal): the host cannot
+// reach envd over its socket while envd has closed it.
+type InitSignaler interface {
+	// SignalInit sends sig to the sandbox's first process (in a restored
+	// sandbox, the restored one). What a signal the process has no handler
+	// for does differs between backends (the host kernel drops it for a pid
+	// namespace's init; gVisor's sentry applies its default action), so a
+	// caller sends only signals the first process handles.
+	SignalInit(sig syscall.Signal) error
 }
 
 // Status of a sandbox's first process.

@@ -556,6 +556,13 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
+	if m.opts.Network != nil && e.net != nil {
+		// A namespace kept from before (a pause): a gVisor sandbox that ran
+		// in it stripped its addresses, which the next one needs.
+		if err := m.opts.Network.Readdress(info.ID); err != nil {
+			return fmt.Errorf("sandbox %s: %w", info.ID, err)
+		}
+	}
 	if m.opts.Network != nil && e.net == nil {
 		// A pooled sandbox has no client yet: it starts with all egress denied
 		// and gets the client's policy when claimed.
@@ -600,6 +607,13 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		e.started = startedFromOf(tpl)
 	}
 	m.pushRuntime(e, rt)
+	if sig, ok := rt.(runtime.InitSignaler); ok && mode.image != "" {
+		// The image's envd was quiesced for the checkpoint: it listens again
+		// once woken (envdapi.QuiesceSignal).
+		if err := sig.SignalInit(envdapi.WakeSignal); err != nil {
+			return fmt.Errorf("sandbox %s: wake the restored envd: %w", info.ID, err)
+		}
+	}
 	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 1024) + logTail(filepath.Join(runDir, envdapi.LogName), 1024)
@@ -1271,7 +1285,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
-				alive = false
+				// The server may have died while envd was quiesced for a
+				// checkpoint that never came: wake it.
+				alive = m.wakeEnvd(ctx, e, 2*time.Second) == nil
 			}
 		}
 		if !alive && m.recoverPaused(ctx, e, rt) {

@@ -136,6 +136,69 @@ func (m *Manager) quiesce(e *entry) {
 	e.conns.closeAll()
 }
 
+// quiesceEnvd asks envd to let go of what a checkpoint cannot save (its
+// sockets in RunDir, its sysinfo seccomp listeners: envdapi.QuiesceSignal)
+// and waits until it has, that is until no socket file is left in its run
+// directory. On failure (the runtime cannot signal envd, or envd did not
+// finish within envdapi.QuiesceTimeout, as an envd older than the protocol
+// does not) envd is woken again and the error says why; the caller then goes
+// on as when the runtime cannot checkpoint the sandbox.
+func (m *Manager) quiesceEnvd(ctx context.Context, e *entry) error {
+	sig, ok := e.rt.(runtime.InitSignaler)
+	if !ok {
+		return fmt.Errorf("the %T runtime cannot signal envd", e.rt)
+	}
+	if err := sig.SignalInit(envdapi.QuiesceSignal); err != nil {
+		return fmt.Errorf("quiesce envd: %w", err)
+	}
+	runDir := filepath.Join(e.dir, envdapi.HostRunDir)
+	deadline := time.Now().Add(envdapi.QuiesceTimeout)
+	for delay := time.Millisecond; ; delay = min(2*delay, 20*time.Millisecond) {
+		left := socketsIn(runDir)
+		if left == "" {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			err := fmt.Errorf("envd did not quiesce within %v (%s still there)", envdapi.QuiesceTimeout, left)
+			if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil {
+				err = errors.Join(err, werr)
+			}
+			return err
+		}
+		time.Sleep(delay)
+	}
+}
+
+// socketsIn names a unix socket in dir, or returns "" when there is none.
+func socketsIn(dir string) string {
+	entries, _ := os.ReadDir(dir)
+	for _, de := range entries {
+		if de.Type()&os.ModeSocket != 0 {
+			return de.Name()
+		}
+	}
+	return ""
+}
+
+// envdWakeLimit bounds the wait for a woken envd to answer.
+const envdWakeLimit = 10 * time.Second
+
+// wakeEnvd ends a quiesce (envdapi.WakeSignal): envd listens again, and the
+// host waits, up to limit, until it answers.
+func (m *Manager) wakeEnvd(ctx context.Context, e *entry, limit time.Duration) error {
+	sig, ok := e.rt.(runtime.InitSignaler)
+	if !ok {
+		return nil // never quiesced
+	}
+	if err := sig.SignalInit(envdapi.WakeSignal); err != nil {
+		return fmt.Errorf("wake envd: %w", err)
+	}
+	if err := waitEnvd(ctx, e.transport, limit); err != nil {
+		return fmt.Errorf("wake envd: envd does not answer: %w", err)
+	}
+	return nil
+}
+
 // pause is Pause on a running sandbox whose op lock the caller holds.
 func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error {
 	e.mu.Lock()
@@ -160,19 +223,30 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 		if err := os.MkdirAll(dirs.Paused(e.id), 0o700); err != nil {
 			return fmt.Errorf("pause %s: %w", e.id, err)
 		}
+		if err := m.quiesceEnvd(ctx, e); err != nil {
+			// envd runs on as it was (quiesceEnvd woke it): freeze the
+			// sandbox in place, as for one the runtime cannot save.
+			_ = os.RemoveAll(dirs.Paused(e.id))
+			m.log.Info("sandbox pause: memory stays resident", "id", e.id, "why", err)
+			return m.freeze(ctx, e)
+		}
 		if err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: img}); err != nil {
 			_ = os.RemoveAll(dirs.Paused(e.id))
+			if st, serr := e.rt.Status(); serr != nil || st != runtime.StatusRunning {
+				// CRIU and runsc let the processes run on when they fail; if
+				// they did not, the sandbox is lost, and is not left
+				// half-dead.
+				m.kill(context.WithoutCancel(ctx), e)
+				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
+			}
+			if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil {
+				return fmt.Errorf("pause %s: the checkpoint failed (%w) and envd did not wake after it: %w", e.id, err, werr)
+			}
 			if errors.Is(err, runtime.ErrNotSupported) {
 				// This sandbox cannot be saved with its processes: freeze it
 				// in place instead, its memory kept resident.
 				m.log.Info("sandbox pause: memory stays resident", "id", e.id, "why", err)
 				return m.freeze(ctx, e)
-			}
-			if st, serr := e.rt.Status(); serr != nil || st != runtime.StatusRunning {
-				// CRIU lets the processes run on when it fails; if they did
-				// not, the sandbox is lost, and is not left half-dead.
-				m.kill(context.WithoutCancel(ctx), e)
-				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
 			}
 			return fmt.Errorf("pause %s: the sandbox is still running: %w", e.id, err)
 		}
@@ -387,6 +461,22 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 		return false, err
 	}
 	m.quiesce(e)
+	ck, canCheckpoint := e.rt.(runtime.Checkpointer)
+	if canCheckpoint {
+		if qerr := m.quiesceEnvd(ctx, e); qerr != nil {
+			// envd runs on as it was (quiesceEnvd woke it); the capture
+			// keeps the files only.
+			m.log.Info("capture: filesystem only", "id", e.id, "why", qerr)
+			canCheckpoint = false
+		} else {
+			// Woken after the thaw below (deferred calls run last-first).
+			defer func() {
+				if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil && err == nil {
+					err = fmt.Errorf("capture %s: %w", e.id, werr)
+				}
+			}()
+		}
+	}
 	if err := e.rt.Pause(); err != nil {
 		return false, fmt.Errorf("capture %s: freeze: %w", e.id, err)
 	}
@@ -398,7 +488,7 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 	if err := copySandboxDir(e.dir, filepath.Join(dst, captureFS)); err != nil {
 		return false, fmt.Errorf("capture %s: %w", e.id, err)
 	}
-	if ck, ok := e.rt.(runtime.Checkpointer); ok {
+	if canCheckpoint {
 		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: filepath.Join(dst, captureMemory), LeaveRunning: true})
 		switch {
 		case err == nil:
@@ -445,8 +535,10 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 	if err != nil {
 		return Info{}, err
 	}
-	_, memErr := os.Stat(filepath.Join(dir, captureMemory, "inventory.img"))
-	withMemory := memErr == nil
+	// Any backend's image (CRIU's inventory.img, runsc's checkpoint.img):
+	// capture leaves memory/ only when the checkpoint succeeded.
+	entries, _ := os.ReadDir(filepath.Join(dir, captureMemory))
+	withMemory := len(entries) > 0
 	release, err := m.reserve(info.Owner)
 	if err != nil {
 		return Info{}, err

@@ -101,13 +101,16 @@ func attach(p paths) error {
 	// netpoller: waiting for it parks a goroutine, not an OS thread, which
 	// matters because envd's threads come out of the sandbox's small
 	// reserve of pids.
-	go serve(os.NewFile(fd, "seccomp-sysinfo"), p)
+	f := os.NewFile(fd, "seccomp-sysinfo")
+	live.add(f)
+	go serve(f, p)
 	return nil
 }
 
-// serve answers the listener's notifications until it hangs up.
+// serve answers the listener's notifications until it hangs up or
+// CloseListeners closes it.
 func serve(f *os.File, p paths) {
-	defer f.Close()
+	defer live.remove(f)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return

@@ -118,7 +118,10 @@ type placer struct {
 	v2    bool
 	next  atomic.Uint64
 	ready chan *spare // a thread readied to fork (keepSpare); nil: fork from any thread
-	mu    sync.Mutex  // serializes leaf creation and the sweep of empty leaves
+	// quiesce and wake reach keepSpare (Quiesce, Wake); each request is
+	// acknowledged by closing the channel it carries.
+	quiesce, wake chan chan struct{}
+	mu            sync.Mutex // serializes leaf creation and the sweep of empty leaves
 	// unborn are v2 leaves made for a start that has not forked into them
 	// yet: empty, but not to be swept (v1 leaves hold their spare thread).
 	unborn map[string]bool
@@ -150,6 +153,7 @@ func get() *placer {
 		// shed CAP_SYS_PTRACE (and carry the sysinfo filter) before it forks.
 		if (len(global.dirs) > 0 && !global.v2) || sysinfo.HoldsPtrace() {
 			global.ready = make(chan *spare)
+			global.quiesce, global.wake = make(chan chan struct{}), make(chan chan struct{})
 			go global.keepSpare()
 		}
 	})
@@ -215,15 +219,74 @@ type spare struct {
 
 // keepSpare readies one thread after another and offers it on p.ready; it
 // blocks while the offered one is unused, so at most one idle thread (one
-// task in a leaf's pids count) exists per sandbox.
+// task in a leaf's pids count) exists per sandbox. While quiesced (Quiesce)
+// it holds none and readies none until Wake.
 func (p *placer) keepSpare() {
 	for {
 		s := &spare{run: make(chan func() error), done: make(chan error, 1)}
 		readied := make(chan struct{})
 		sysinfo.OnDisposableThread(func() { p.spareThread(s, readied) })
 		<-readied
-		p.ready <- s
+		if !p.offer(s) {
+			p.asleep()
+		}
 	}
+}
+
+// offer offers s until a Start takes it (true) or a Quiesce discards it
+// (false).
+func (p *placer) offer(s *spare) bool {
+	for {
+		select {
+		case p.ready <- s:
+			return true
+		case ack := <-p.wake:
+			close(ack) // awake already
+		case ack := <-p.quiesce:
+			// The thread ends without forking, taking its filter, whose
+			// listener the caller then closes (sysinfo.CloseListeners), with
+			// it.
+			close(s.run)
+			close(ack)
+			return false
+		}
+	}
+}
+
+// asleep is keepSpare while quiesced: it readies nothing until a Wake, and
+// acknowledges further Quiesces at once.
+func (p *placer) asleep() {
+	for {
+		select {
+		case ack := <-p.quiesce:
+			close(ack)
+		case ack := <-p.wake:
+			close(ack)
+			return
+		}
+	}
+}
+
+// Quiesce discards the spare thread readied to fork the next user process,
+// if any, and readies no other until Wake; a Start meanwhile waits for the
+// Wake. envd calls it before a checkpoint (envdapi.QuiesceSignal): a spare
+// carries a seccomp filter whose listener is about to be closed
+// (sysinfo.CloseListeners), and a filter cannot get a new one, so every tree
+// forked from that thread would get ENOSYS from sysinfo(2). Where no spares
+// are kept (gVisor, envd outside a sandbox) it does nothing.
+func Quiesce() { get().request(get().quiesce) }
+
+// Wake ends a Quiesce: spares are readied again (each with a new filter and
+// listener). A Wake without a Quiesce does nothing.
+func Wake() { get().request(get().wake) }
+
+func (p *placer) request(c chan chan struct{}) {
+	if c == nil {
+		return
+	}
+	ack := make(chan struct{})
+	c <- ack
+	<-ack
 }
 
 // spareThread readies the thread of one spare (a disposable thread: it ends

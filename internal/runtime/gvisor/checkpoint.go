@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -254,3 +256,14 @@ var (
 	_ runtime.Checkpointer = (*sandbox)(nil)
 	_ runtime.Restorer     = (*Runtime)(nil)
 )
+
+// SignalInit implements runtime.InitSignaler: runsc kill without --all
+// signals the container's init process inside the sentry.
+func (s *sandbox) SignalInit(sig syscall.Signal) error {
+	if _, err := s.rt.runsc(context.Background(), s.network, "kill", cid(s.id), strconv.Itoa(int(sig))); err != nil {
+		return fmt.Errorf("gvisor runtime: signal %s: %w", s.id, err)
+	}
+	return nil
+}
+
+var _ runtime.InitSignaler = (*sandbox)(nil)

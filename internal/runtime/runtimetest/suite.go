@@ -87,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("CreateIsolatedAndDestroy", func(t *testing.T) { testCreateIsolatedAndDestroy(t, h) })
 	t.Run("LoadListAndDestroyIdempotent", func(t *testing.T) { testLoadList(t, h) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, h) })
+	t.Run("SignalInit", func(t *testing.T) { testSignalInit(t, h) })
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
 	t.Run("OwnLimitsVisible", func(t *testing.T) { testOwnLimits(t, h) })
 	t.Run("EnvdSysinfo", func(t *testing.T) { testEnvdSysinfo(t, h) })
