@@ -64,17 +64,20 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if opts.ImageDir == "" {
 		return errors.New("linux runtime: checkpoint: no image directory")
 	}
+	if pid, ok := s.holdsSeccompListener(); ok {
+		// envd answers sysinfo(2) through seccomp user notifications
+		// (internal/sysinfo), and CRIU cannot save the listener's fd; envd
+		// closes them when the manager quiesces it (envdapi.QuiesceSignal)
+		// before a checkpoint. Checked first, so that a sandbox the
+		// quiesce did not free says so whatever else stands in the way.
+		return fmt.Errorf("linux runtime: checkpoint %s: %w: process %d holds a seccomp notification listener, which CRIU cannot save", s.id, runtime.ErrNotSupported, pid)
+	}
 	if ns := s.c.Config().Namespaces; ns.PathOf(configs.NEWNET) != "" {
 		// CRIU dumps a task only when every namespace it is in belongs to
 		// its user namespace (criu/namespaces.c check_user_ns); a network
 		// namespace the host prepared belongs to the host's. Checked here,
 		// so the caller learns it without a failed dump.
 		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
-	}
-	if pid, ok := s.holdsSeccompListener(); ok {
-		// envd answers sysinfo(2) through seccomp user notifications
-		// (internal/sysinfo); CRIU cannot save the listener's fd.
-		return fmt.Errorf("linux runtime: checkpoint %s: %w: process %d holds a seccomp notification listener, which CRIU cannot save", s.id, runtime.ErrNotSupported, pid)
 	}
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
