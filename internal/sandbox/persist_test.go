@@ -272,8 +272,23 @@ func testPauseWithMemory(t *testing.T, r *rig, m *sandbox.Manager, p pausedSandb
 func TestGVisorCaptureLeavesRunning(t *testing.T) {
 	r := newRig(t)
 	m, _ := gvisorManager(t, r)
+	testCaptureLeavesRunning(t, m, "base-gvisor", "gvisor")
+}
+
+// TestLinuxCaptureLeavesRunning is TestGVisorCaptureLeavesRunning on the
+// linux runtime (CRIU), without a sandbox network (see
+// TestLinuxPauseWithMemoryNetwork).
+func TestLinuxCaptureLeavesRunning(t *testing.T) {
+	r := newRig(t)
+	if err := linux.CRIUAvailable(); err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	testCaptureLeavesRunning(t, r.manager(t, 0), "base", "linux")
+}
+
+func testCaptureLeavesRunning(t *testing.T, m *sandbox.Manager, template, name string) {
 	ctx := context.Background()
-	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base-gvisor", Timeout: 5 * time.Minute, Secure: true})
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: template, Timeout: 5 * time.Minute, Secure: true})
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -287,7 +302,7 @@ func TestGVisorCaptureLeavesRunning(t *testing.T) {
 	if err != nil || len(forks) != 1 || forks[0].Err != nil {
 		t.Fatalf("Fork: %v %+v", err, forks)
 	}
-	t.Logf("fork of 1: %v", time.Since(start))
+	t.Logf("%s: fork of 1: %v", name, time.Since(start))
 	fork := forks[0].Info
 	// The original serves on, its counter the same process.
 	orig := waitBG(t, m, info, before.I)
@@ -300,7 +315,7 @@ func TestGVisorCaptureLeavesRunning(t *testing.T) {
 		t.Errorf("a file the fork wrote is in the original")
 	}
 
-	snap, err := m.CreateSnapshot(ctx, info.ID, sandbox.SnapshotRequest{Name: "quiesce-test"})
+	snap, err := m.CreateSnapshot(ctx, info.ID, sandbox.SnapshotRequest{Name: "quiesce-" + name})
 	if err != nil {
 		t.Fatalf("CreateSnapshot: %v", err)
 	}

@@ -3,6 +3,7 @@
 package sysinfo
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -138,6 +139,10 @@ func TestHelperProcess(t *testing.T) {
 	mode := os.Getenv(helperEnv)
 	if mode == "" {
 		t.Skip("helper process only")
+	}
+	if mode == "ask" {
+		// Call only when told to (a line on stdin).
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	}
 	var r helperReport
 	if err := unix.Sysinfo(&r.Info); err != nil {
@@ -415,5 +420,80 @@ func TestSecondListenerRefused(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// seccompFDs counts this process's seccomp notification descriptors.
+func seccompFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == "anon_inode:seccomp notify" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCloseListeners: CloseListeners closes every listener (none is left
+// open when it returns), and a process whose tree's listener it closed gets
+// ENOSYS from sysinfo, the kernel's answer for a filter without a listener
+// (what a process started before a checkpoint sees after it).
+func TestCloseListeners(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: writes another process's memory")
+	}
+	p := fakeView(t, t.TempDir())
+	if n := seccompFDs(t); n != 0 {
+		t.Fatalf("%d seccomp listeners before the test", n)
+	}
+	cmd := helperCmd("ask", nil)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	cmd.Stdout = &out
+	err = onThread(t, func() error {
+		if err := DropPtrace(); err != nil {
+			return err
+		}
+		if err := attach(p); err != nil {
+			return err
+		}
+		return cmd.Start()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if n := seccompFDs(t); n != 1 {
+		t.Fatalf("%d seccomp listeners with one tree", n)
+	}
+	if n := CloseListeners(); n != 1 {
+		t.Errorf("CloseListeners closed %d, want 1", n)
+	}
+	if n := seccompFDs(t); n != 0 {
+		t.Fatalf("%d seccomp listeners open after CloseListeners returned", n)
+	}
+	if n := CloseListeners(); n != 0 {
+		t.Errorf("a second CloseListeners closed %d", n)
+	}
+	if _, err := stdin.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v: %s", err, out.String())
+	}
+	var r helperReport
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if r.Err != unix.ENOSYS.Error() || r.NullErrno != int(unix.ENOSYS) {
+		t.Fatalf("sysinfo after the listener closed: %q, sysinfo(NULL) errno %d; want ENOSYS", r.Err, r.NullErrno)
 	}
 }
