@@ -92,6 +92,18 @@ type Checkpointer interface {
 	Release(ctx context.Context) error
 }
 
+// CheckpointChecker is implemented by a Checkpointer that can tell, without
+// touching the sandbox, that Checkpoint would refuse it as it is set up (the
+// linux runtime: a network namespace CRIU cannot save). The manager asks
+// before it quiesces envd for a checkpoint (envdapi.QuiesceSignal), which
+// costs the process trees running then their sysinfo view: a quiesce for a
+// checkpoint that cannot happen would cost it for nothing.
+type CheckpointChecker interface {
+	// CanCheckpoint returns nil, or an error wrapping ErrNotSupported that
+	// says why Checkpoint cannot save the sandbox.
+	CanCheckpoint() error
+}
+
 // CheckpointOptions tell Checkpoint where to write and whether the sandbox
 // stops.
 type CheckpointOptions struct {

@@ -139,11 +139,19 @@ func (m *Manager) quiesce(e *entry) {
 // quiesceEnvd asks envd to let go of what a checkpoint cannot save (its
 // sockets in RunDir, its sysinfo seccomp listeners: envdapi.QuiesceSignal)
 // and waits until it has, that is until no socket file is left in its run
-// directory. On failure (the runtime cannot signal envd, or envd did not
-// finish within envdapi.QuiesceTimeout, as an envd older than the protocol
-// does not) envd is woken again and the error says why; the caller then goes
-// on as when the runtime cannot checkpoint the sandbox.
+// directory. On failure (the runtime says up front it cannot checkpoint the
+// sandbox, cannot signal envd, or envd did not finish within
+// envdapi.QuiesceTimeout, as an envd older than the protocol does not) envd
+// runs as before (woken again if it was signalled) and the error says why;
+// the caller then goes on as when the runtime cannot checkpoint the sandbox.
 func (m *Manager) quiesceEnvd(ctx context.Context, e *entry) error {
+	if c, ok := e.rt.(runtime.CheckpointChecker); ok {
+		// Not quiesced for a checkpoint that cannot happen: the quiesce
+		// costs the running process trees their sysinfo view.
+		if err := c.CanCheckpoint(); err != nil {
+			return err
+		}
+	}
 	sig, ok := e.rt.(runtime.InitSignaler)
 	if !ok {
 		return fmt.Errorf("the %T runtime cannot signal envd", e.rt)

@@ -467,12 +467,22 @@ func TestLinuxPauseWithMemoryNetwork(t *testing.T) {
 	// after the seccomp listeners.
 	ctx := context.Background()
 	probe := create(t, m, time.Minute)
-	run(t, m, probe, "true")
+	run(t, m, probe, "mkdir -p ~/w")
+	startAsker(t, m, probe)
 	if err := m.Pause(ctx, probe.ID, sandbox.PauseOptions{}); err != nil {
 		t.Fatalf("probe Pause: %v", err)
 	}
-	_ = m.Kill(ctx, probe.ID)
 	if _, err := os.Stat(layout.DataDir{Root: r.dataDir}.PausedComplete(probe.ID)); err != nil {
+		// Frozen in place: envd was not quiesced for a checkpoint the
+		// runtime said up front it cannot take, so a tree started before
+		// keeps the sandbox's sysinfo.
+		if _, _, err := m.Connect(ctx, probe.ID, time.Minute); err != nil {
+			t.Fatalf("probe Connect: %v", err)
+		}
+		if got := ask(t, m, probe); got != "0 "+strconv.Itoa(512<<20) {
+			t.Errorf("sysinfo in a tree started before a pause that froze in place: %q, want the sandbox's 512 MiB", got)
+		}
+		_ = m.Kill(ctx, probe.ID)
 		for _, l := range strings.Split(log.String(), "\n") {
 			if strings.Contains(l, "memory stays resident") {
 				if strings.Contains(l, "network namespace made outside its user namespace") && !strings.Contains(l, "seccomp") {
@@ -483,5 +493,6 @@ func TestLinuxPauseWithMemoryNetwork(t *testing.T) {
 		}
 		t.Fatalf("the pause was not to disk and the log does not say why:\n%s", log.String())
 	}
+	_ = m.Kill(ctx, probe.ID)
 	testPauseWithMemory(t, r, m, linuxPaused(r, true))
 }

@@ -72,12 +72,8 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		// quiesce did not free says so whatever else stands in the way.
 		return fmt.Errorf("linux runtime: checkpoint %s: %w: process %d holds a seccomp notification listener, which CRIU cannot save", s.id, runtime.ErrNotSupported, pid)
 	}
-	if ns := s.c.Config().Namespaces; ns.PathOf(configs.NEWNET) != "" {
-		// CRIU dumps a task only when every namespace it is in belongs to
-		// its user namespace (criu/namespaces.c check_user_ns); a network
-		// namespace the host prepared belongs to the host's. Checked here,
-		// so the caller learns it without a failed dump.
-		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
+	if err := s.CanCheckpoint(); err != nil {
+		return err
 	}
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
@@ -111,6 +107,23 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	}
 	return nil
 }
+
+// CanCheckpoint implements runtime.CheckpointChecker.
+func (s *sandbox) CanCheckpoint() error {
+	if s.c == nil {
+		return fmt.Errorf("linux runtime: checkpoint: sandbox %s is released", s.id)
+	}
+	if ns := s.c.Config().Namespaces; ns.PathOf(configs.NEWNET) != "" {
+		// CRIU dumps a task only when every namespace it is in belongs to
+		// its user namespace (criu/namespaces.c check_user_ns); a network
+		// namespace the host prepared belongs to the host's. Checked up
+		// front, so the caller learns it without a failed dump.
+		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
+	}
+	return nil
+}
+
+var _ runtime.CheckpointChecker = (*sandbox)(nil)
 
 // Release implements runtime.Checkpointer.
 func (s *sandbox) Release(ctx context.Context) error {

@@ -234,6 +234,13 @@ func testRestoreKeepsProcesses(t *testing.T, h Harness) {
 	spec, out := counterSpec(t, h)
 	sb := create(t, r, spec)
 	before := waitCounter(t, out, 2)
+	// A backend that says up front whether it can checkpoint a sandbox
+	// must not refuse the one it is about to checkpoint.
+	if c, ok := sb.(runtime.CheckpointChecker); ok {
+		if err := c.CanCheckpoint(); err != nil {
+			t.Fatalf("CanCheckpoint of a sandbox in its own network namespace: %v", err)
+		}
+	}
 	img := filepath.Join(t.TempDir(), "image")
 	if err := checkpointer(t, sb).Checkpoint(context.Background(), runtime.CheckpointOptions{ImageDir: img}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
