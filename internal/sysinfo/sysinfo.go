@@ -31,6 +31,19 @@
 //  4. Close. When the thread has ended and every process of the tree has
 //     exited and been reaped, the kernel reports POLLHUP on the listener and
 //     the goroutine closes it.
+//  5. Checkpoint. CRIU cannot dump a seccomp notification descriptor, so
+//     before a checkpoint envd quiesces (envdapi.QuiesceSignal): it stops
+//     readying spare threads and discards the readied one
+//     (usercgroup.Quiesce), then closes every listener (CloseListeners).
+//     A filter cannot be removed, nor given a new listener, so from then on
+//     the kernel answers the sysinfo(2) of every tree that was running with
+//     ENOSYS (a SECCOMP_RET_USER_NOTIF filter without a listener): in the
+//     sandbox that runs on after a fork's or snapshot's capture, and in a
+//     restored one, since CRIU restores filters but not listeners. Trees
+//     started after the wake get a filter and a listener of their own
+//     again. envd itself never carries the filter (its
+//     own threads are never spare threads), so nothing in envd calls into a
+//     dead listener.
 //
 // Writing into the memory of a process of another uid, or of a non-dumpable
 // one, needs CAP_SYS_PTRACE in the sandbox's user namespace, so the linux
