@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
@@ -495,4 +497,100 @@ func TestLinuxPauseWithMemoryNetwork(t *testing.T) {
 	}
 	_ = m.Kill(ctx, probe.ID)
 	testPauseWithMemory(t, r, m, linuxPaused(r, true))
+}
+
+// quiesce has envd of linux sandbox id quiesce, as the manager does before a
+// checkpoint, and waits until it has.
+func quiesce(t *testing.T, r *rig, id string) {
+	t.Helper()
+	sb, err := r.rt.Load(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.(runtime.InitSignaler).SignalInit(envdapi.QuiesceSignal); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "envd to remove its socket", func() bool {
+		_, err := os.Lstat(filepath.Join(r.dataDir, "sandboxes", id, envdapi.HostRunDir, envdapi.SocketName))
+		return os.IsNotExist(err)
+	})
+}
+
+// TestRecoverWakesQuiescedEnvd: a server that dies between quiescing envd
+// and waking it (mid-pause or mid-capture) leaves a running sandbox whose
+// envd does not listen; the next server's Recover wakes it and re-adopts the
+// sandbox with its processes instead of reporting it killed.
+func TestRecoverWakesQuiescedEnvd(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	first := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	info := create(t, first, 5*time.Minute)
+	if out, code := run(t, first, info, bgCounter); code != 0 || out != "started\n" {
+		t.Fatalf("starting the background processes: %q (exit %d)", out, code)
+	}
+	before := waitBG(t, first, info, 1)
+	quiesce(t, r, info.ID)
+	first.Close() // the server dies; the sandbox runs on, quiesced
+
+	second := r.recovered(t)
+	if _, err := second.Get(ctx, info.ID); err != nil {
+		t.Fatalf("the sandbox was not re-adopted: %v", err)
+	}
+	after := waitBG(t, second, info, before.I)
+	if after.Pid != before.Pid {
+		t.Errorf("the counter is pid %s, was %s", after.Pid, before.Pid)
+	}
+}
+
+// TestQuiesceTimeoutFallsBack: when envd does not finish quiescing in time
+// (here a socket that is not envd's stays in its run directory, as with an
+// envd older than the protocol, whose sockets stay), the manager wakes envd
+// and goes on as for a sandbox the runtime cannot save: a pause freezes it in
+// place, a fork carries its files only, and the sandbox serves throughout.
+func TestQuiesceTimeoutFallsBack(t *testing.T) {
+	r := newRig(t)
+	if err := linux.CRIUAvailable(); err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	m := r.manager(t, 0)
+	ctx := context.Background()
+	info := create(t, m, 5*time.Minute)
+	run(t, m, info, "echo kept > ~/mark")
+	stray, err := net.Listen("unix", filepath.Join(r.dataDir, "sandboxes", info.ID, envdapi.HostRunDir, "stray.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stray.Close()
+
+	start := time.Now()
+	if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if d := time.Since(start); d < envdapi.QuiesceTimeout {
+		t.Errorf("the pause took %v, less than the quiesce timeout: did it wait for the quiesce?", d)
+	}
+	if _, err := os.Stat(layout.DataDir{Root: r.dataDir}.PausedComplete(info.ID)); err == nil {
+		t.Fatal("the sandbox was checkpointed although envd did not quiesce")
+	}
+	if got, _ := m.Get(ctx, info.ID); got.State != sandbox.StatePaused {
+		t.Fatalf("state after the pause: %s", got.State)
+	}
+	if _, resumed, err := m.Connect(ctx, info.ID, 5*time.Minute); err != nil || !resumed {
+		t.Fatalf("Connect: resumed=%v err=%v", resumed, err)
+	}
+	if out, _ := run(t, m, info, "cat ~/mark"); out != "kept\n" {
+		t.Fatalf("after a pause that fell back: %q", out)
+	}
+
+	forks, err := m.Fork(ctx, info.ID, sandbox.ForkRequest{Count: 1, Timeout: time.Minute})
+	if err != nil || len(forks) != 1 || forks[0].Err != nil {
+		t.Fatalf("Fork: %v %+v", err, forks)
+	}
+	if out, _ := run(t, m, info, "cat ~/mark"); out != "kept\n" {
+		t.Fatalf("the original after a fork that fell back: %q", out)
+	}
+	// A fork without memory boots afresh on the files.
+	if out, _ := run(t, m, forks[0].Info, "cat ~/mark"); out != "kept\n" {
+		t.Fatalf("the fork: %q", out)
+	}
 }
