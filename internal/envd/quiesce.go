@@ -9,6 +9,7 @@ package envd
 // them; Wake makes new ones.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -100,11 +101,15 @@ func (ss *socketServers) closeLocked() {
 	}
 }
 
-// stop is Serve's end: the sockets go for good.
-func (ss *socketServers) stop() {
+// stop is Serve's end: envd's socket server finishes its requests (until ctx
+// ends), then the sockets go for good.
+func (ss *socketServers) stop(ctx context.Context) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.stopped = true
+	if ss.srv != nil {
+		_ = ss.srv.Shutdown(ctx)
+	}
 	ss.closeLocked()
 }
 

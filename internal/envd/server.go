@@ -175,11 +175,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		return errors.New("no listen addresses configured")
 	}
 	var listeners, interpListeners []net.Listener
-	var closeAll func()
 	// The unix sockets are served apart (socketServers), so that Quiesce
 	// can close them and every connection made to them, and nothing else.
 	var unixListeners, unixInterpListeners []net.Listener
-	closeAll = func() {
+	closeAll := func() {
 		for _, l := range append(append(append(listeners, interpListeners...), unixListeners...), unixInterpListeners...) {
 			l.Close()
 		}
@@ -229,9 +228,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
+	s.socks.stop(shutdownCtx)
 	srv.Close()
 	isrv.Close()
-	s.socks.stop()
 	s.interp.close()
 	s.procs.killAll()
 	s.watchers.closeAll()
