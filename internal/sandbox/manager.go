@@ -1202,7 +1202,9 @@ func (m *Manager) sample(e *entry) {
 	// waits for it no more than for a sample's worth of reads.
 	e.op.Lock()
 	defer e.op.Unlock()
-	if e.gone {
+	if e.gone || e.rt == nil {
+		// Killed, or paused to disk (no runtime sandbox) since it was
+		// picked or published: nothing to sample.
 		return
 	}
 	st, err := e.rt.Stats()
