@@ -34,7 +34,7 @@ func TestConformance(t *testing.T) {
 		UIDMap: "0 100000 65536",
 		Rehome: rehome,
 		Envd:   testenv.EnvdBinary(t),
-		// Until the CRIU Checkpointer and Restorer land.
+		Network: true,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
@@ -85,6 +85,9 @@ func newNetNS(t *testing.T) string {
 	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "add", "airlockva", "type", "veth", "peer", "name", "airlockvb").CombinedOutput(); err != nil {
 		t.Fatalf("add veth pair: %v: %s", err, out)
 	}
+	if out, err := exec.Command("nsenter", "--net="+path, "ip", "addr", "add", "10.201.0.1/30", "dev", "airlockva").CombinedOutput(); err != nil {
+		t.Fatalf("address the veth: %v: %s", err, out)
+	}
 	return path
 }
 
@@ -109,9 +112,12 @@ import time
 time.sleep(100000)
 `
 
-// TestJoinPreparedNetNS: a sandbox given Spec.NetNS is in that namespace, sees
-// its interfaces (not the host's) in a read-only /sys, and its root can still
-// serve on port 80 although the namespace belongs to the host's user namespace.
+// TestJoinPreparedNetNS: a sandbox given Spec.NetNS runs in a network
+// namespace of its own (CRIU could not save it in the host's; netns.go) into
+// which the prepared namespace's interfaces moved with their addresses; it
+// sees them (not the host's) in a read-only /sys, its root can serve on port
+// 80, and Destroy gives the interfaces back, addressed, to the prepared
+// namespace.
 func TestJoinPreparedNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
@@ -156,8 +162,18 @@ func TestJoinPreparedNetNS(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(out, name))
 		return string(b)
 	}
-	if got, want := read("netns"), fmt.Sprintf("net:[%d]", st.Ino); got != want {
-		t.Errorf("sandbox netns = %s, want the prepared %s", got, want)
+	if got, prepared := read("netns"), fmt.Sprintf("net:[%d]", st.Ino); got == prepared || !strings.HasPrefix(got, "net:[") {
+		t.Errorf("sandbox netns = %s, want one of its own (the prepared one is %s)", got, prepared)
+	}
+	links := func() string {
+		out, err := exec.Command("nsenter", "--net="+netns, "ip", "-4", "-o", "addr", "show").CombinedOutput()
+		if err != nil {
+			t.Fatalf("addresses in the prepared netns: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	if got := links(); strings.Contains(got, "airlockva") {
+		t.Errorf("the veth is still in the prepared netns while the sandbox runs: %s", got)
 	}
 	if got := read("sysnet"); got != "airlockva airlockvb lo" {
 		t.Errorf("/sys/class/net inside = %q, want the prepared netns's interfaces", got)
@@ -173,6 +189,9 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	}
 	if m := mountutil.MountedUnder(spec.Dir); len(m) > 0 {
 		t.Errorf("mounts left after Destroy: %v", m)
+	}
+	if got := links(); !strings.Contains(got, "airlockva") || !strings.Contains(got, "10.201.0.1/30") {
+		t.Errorf("after Destroy the prepared netns has %q, want airlockva back with 10.201.0.1/30", got)
 	}
 }
 
@@ -342,3 +361,4 @@ func rehome(t *testing.T, sb runtime.Sandbox) {
 		}
 	}
 }
+
