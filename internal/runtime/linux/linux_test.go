@@ -29,11 +29,11 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower:  lower,
-		Caps:   linux.Capabilities,
-		UIDMap: "0 100000 65536",
-		Rehome: rehome,
-		Envd:   testenv.EnvdBinary(t),
+		Lower:   lower,
+		Caps:    linux.Capabilities,
+		UIDMap:  "0 100000 65536",
+		Rehome:  rehome,
+		Envd:    testenv.EnvdBinary(t),
 		Network: true,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
@@ -361,4 +361,3 @@ func rehome(t *testing.T, sb runtime.Sandbox) {
 		}
 	}
 }
-
