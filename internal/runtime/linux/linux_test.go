@@ -85,8 +85,15 @@ func newNetNS(t *testing.T) string {
 	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "add", "airlockva", "type", "veth", "peer", "name", "airlockvb").CombinedOutput(); err != nil {
 		t.Fatalf("add veth pair: %v: %s", err, out)
 	}
-	if out, err := exec.Command("nsenter", "--net="+path, "ip", "addr", "add", "10.201.0.1/30", "dev", "airlockva").CombinedOutput(); err != nil {
-		t.Fatalf("address the veth: %v: %s", err, out)
+	for _, args := range [][]string{
+		{"addr", "add", "10.201.0.1/30", "dev", "airlockva"},
+		{"link", "set", "airlockva", "up"},
+		{"link", "set", "airlockvb", "up"},
+		{"route", "add", "default", "via", "10.201.0.2", "dev", "airlockva"},
+	} {
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + path, "ip"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
 	}
 	return path
 }
@@ -98,6 +105,7 @@ import os, socket
 out = {}
 out["netns"] = os.readlink("/proc/self/ns/net")
 out["sysnet"] = " ".join(sorted(os.listdir("/sys/class/net")))
+out["route"] = " ".join(l.split()[0] + ":" + l.split()[1] + ":" + l.split()[2] for l in open("/proc/net/route").readlines()[1:])
 out["sysro"] = "ro" if os.statvfs("/sys").f_flag & os.ST_RDONLY else "rw"
 try:
     s = socket.socket()
@@ -177,6 +185,10 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	}
 	if got := read("sysnet"); got != "airlockva airlockvb lo" {
 		t.Errorf("/sys/class/net inside = %q, want the prepared netns's interfaces", got)
+	}
+	// 0200C90A is 10.201.0.2 and 0000C90A 10.201.0.0, as /proc/net/route writes them.
+	if got := read("route"); !strings.Contains(got, "airlockva:00000000:0200C90A") || !strings.Contains(got, "airlockva:0000C90A:00000000") {
+		t.Errorf("routes inside = %q, want the default route via 10.201.0.2 and 10.201.0.0/30 on airlockva", got)
 	}
 	if got := read("sysro"); got != "ro" {
 		t.Errorf("/sys inside is %s", got)
