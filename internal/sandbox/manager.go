@@ -163,8 +163,10 @@ type Manager struct {
 	lastClaim  time.Time
 	started    bool
 	closed     bool
-	// snapMu serializes changes to the snapshots on disk (persist.go).
-	snapMu sync.Mutex
+	// snapMu keeps a snapshot's files from going while a sandbox starts
+	// from them: creates from a snapshot hold it shared, changes to the
+	// snapshots (snapshots.go) exclusively.
+	snapMu sync.RWMutex
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
 	creating map[string]int
@@ -1341,7 +1343,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Unlock()
 		m.opts.Network.Sweep(keep)
 	}
-	m.sweepCaptures()
+	m.sweepCaptures(ctx)
 	dirs, _ := os.ReadDir(layout.DataDir{Root: m.opts.DataDir}.Sandboxes())
 	for _, d := range dirs {
 		id := d.Name()
