@@ -147,11 +147,16 @@ func Persist(ctx context.Context, cfg PersistConfig) (PersistResult, error) {
 	if cfg.Python != "" && cfg.BigMiB > 0 {
 		loads = append(loads, workload{name: fmt.Sprintf("python holding %d MiB", cfg.BigMiB), template: cfg.Python, rootfs: cfg.PythonRootfs, mib: cfg.BigMiB, n: cfg.BigIterations, pause: targetBigPause, resume: targetBigResume})
 	}
+	noise, err := hostNoise(max(cfg.Iterations, 3))
+	if err != nil {
+		return res, err
+	}
+	res.Mem = append(res.Mem, noise)
 	for _, w := range loads {
 		if w.n <= 0 {
 			continue
 		}
-		pause, resume, mem, err := p.pauseResume(ctx, w.name, w.template, w.mib, w.n)
+		pause, resume, mem, err := p.pauseResume(ctx, w.name, w.template, w.mib, w.n, false)
 		if err != nil {
 			return res, err
 		}
@@ -161,6 +166,18 @@ func Persist(ctx context.Context, cfg PersistConfig) (PersistResult, error) {
 		res.Mem = append(res.Mem, mem)
 		if !cfg.NoBaseline {
 			add(runcCheckpoint(ctx, w.name, w.rootfs, w.mib, w.n, cfg.DataDir)...)
+		}
+		if w.mib == 0 || w.mib == cfg.SmallMiB {
+			// memory=false: the process ends and resume boots afresh. It
+			// shows what a pause that really releases the sandbox returns
+			// to the host, as measured here, whatever mode memory=true takes.
+			pause, resume, mem, err := p.pauseResume(ctx, w.name, w.template, w.mib, w.n, true)
+			if err != nil {
+				return res, err
+			}
+			pause.Note, resume.Note = mem.Modes, joinNote("a cold boot", mem.Modes)
+			add(pause, resume)
+			res.Mem = append(res.Mem, mem)
 		}
 	}
 	if cfg.Snapshots > 0 {
@@ -224,8 +241,11 @@ const aliveCommand = "kill -0 $(cat " + readyFile + ")"
 
 // pauseResume pauses and resumes n sandboxes of tpl, each holding mib MiB
 // in a Python process (none: idle), and reads the host's memory around the
-// pause.
-func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n int) (pause, resume Row, mem MemRow, err error) {
+// pause; dropMemory pauses with memory=false.
+func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n int, dropMemory bool) (pause, resume Row, mem MemRow, err error) {
+	if dropMemory {
+		name = "memory=false, " + name
+	}
 	pause = Row{Name: fmt.Sprintf("pause, %s", name)}
 	resume = Row{Name: fmt.Sprintf("resume, %s", name)}
 	mem = MemRow{Name: name}
@@ -259,7 +279,7 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 				return err
 			}
 			start := time.Now()
-			if err := p.cfg.Manager.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
+			if err := p.cfg.Manager.Pause(ctx, info.ID, sandbox.PauseOptions{DropMemory: dropMemory}); err != nil {
 				return fmt.Errorf("%s: %w", pause.Name, err)
 			}
 			pause.Samples = append(pause.Samples, time.Since(start))
@@ -295,7 +315,7 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 			resume.Samples = append(resume.Samples, time.Since(start))
 			// The resumed sandbox answers, and its process lived through.
 			check := "true"
-			if mib > 0 {
+			if mib > 0 && !dropMemory {
 				check = aliveCommand
 			}
 			return p.sh(ctx, info, check)
@@ -581,6 +601,10 @@ func PrintPersist(w io.Writer, res PersistResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "memory per paused sandbox (medians)\tn\tused MiB\thost drop MiB\treturned MiB\tresident paused MiB\treleased\t")
 	for _, r := range res.Mem {
+		if r.Used == 0 {
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t%s\t-\t-\t  %s\n", r.Name, r.N, inMiB(r.Returned), r.Modes)
+			continue
+		}
 		verdict := "met"
 		switch {
 		case r.Used < noiseFloor:
@@ -668,6 +692,27 @@ func median(v []int64) int64 {
 	s := append([]int64(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// hostNoise is the memory table's baseline: how far MemAvailable moves
+// over a window like a pause's when nothing is paused (the median of n
+// windows' absolute change), the error bar of every "returned" figure.
+func hostNoise(n int) (MemRow, error) {
+	r := MemRow{Name: "baseline: host noise, nothing paused", N: n, Modes: "|MemAvailable change| over 0.5 s"}
+	var d []int64
+	for i := 0; i < n; i++ {
+		a, err := settledMemAvailable()
+		if err != nil {
+			return r, err
+		}
+		b, err := settledMemAvailable()
+		if err != nil {
+			return r, err
+		}
+		d = append(d, max(b-a, a-b))
+	}
+	r.Returned = median(d)
+	return r, nil
 }
 
 // settledMemAvailable is the median of a few readings of MemAvailable over
