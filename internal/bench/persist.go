@@ -167,18 +167,16 @@ func Persist(ctx context.Context, cfg PersistConfig) (PersistResult, error) {
 		if !cfg.NoBaseline {
 			add(runcCheckpoint(ctx, w.name, w.rootfs, w.mib, w.n, cfg.DataDir)...)
 		}
-		if w.mib == 0 || w.mib == cfg.SmallMiB {
-			// memory=false: the process ends and resume boots afresh. It
-			// shows what a pause that really releases the sandbox returns
-			// to the host, as measured here, whatever mode memory=true takes.
-			pause, resume, mem, err := p.pauseResume(ctx, w.name, w.template, w.mib, w.n, true)
-			if err != nil {
-				return res, err
-			}
-			pause.Note, resume.Note = mem.Modes, joinNote("a cold boot", mem.Modes)
-			add(pause, resume)
-			res.Mem = append(res.Mem, mem)
+		// memory=false: the processes end and resume boots afresh. It
+		// shows what a pause that really releases the sandbox returns to
+		// the host, as measured here, whatever mode memory=true takes.
+		pause, resume, mem, err = p.pauseResume(ctx, w.name, w.template, w.mib, w.n, true)
+		if err != nil {
+			return res, err
 		}
+		pause.Note, resume.Note = mem.Modes, joinNote("a cold boot", mem.Modes)
+		add(pause, resume)
+		res.Mem = append(res.Mem, mem)
 	}
 	if cfg.Snapshots > 0 {
 		rows, err := p.captures(ctx, cfg.Snapshots, cfg.Fork10)
