@@ -79,8 +79,9 @@ const (
 type MemRow struct {
 	Name string
 	N    int
-	// Used is the sandbox's own memory while running (its cgroup, without
-	// page cache), just before the pause. HostDrop is how far the host's
+	// Used is the sandbox's own memory while running (its cgroup, page
+	// cache included, which is where gVisor's memory shows), just before
+	// the pause. HostDrop is how far the host's
 	// MemAvailable fell from before the create to just before the pause;
 	// Returned how far it rose from just before the pause to just after it
 	// (a window of the pause alone, so that the host's own noise over the
@@ -269,8 +270,11 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 			if err != nil {
 				return err
 			}
-			if mib > 0 && st.MemoryUsed < int64(mib)<<20*9/10 {
-				return fmt.Errorf("%s: the sandbox uses %d MiB, less than the %d MiB its process should hold", name, st.MemoryUsed>>20, mib)
+			// Cache counts too: gVisor's sentry backs the sandbox's memory
+			// with a memfd, charged to the host cgroup as shmem (cache).
+			holds := st.MemoryUsed + st.MemoryCache
+			if mib > 0 && holds < int64(mib)<<20*9/10 {
+				return fmt.Errorf("%s: the sandbox uses %d MiB, less than the %d MiB its process should hold", name, holds>>20, mib)
 			}
 			running, err := settledMemAvailable()
 			if err != nil {
@@ -296,15 +300,15 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 				if err != nil {
 					return err
 				}
-				left = pst.MemoryUsed
+				left = pst.MemoryUsed + pst.MemoryCache
 			}
-			used = append(used, st.MemoryUsed)
+			used = append(used, holds)
 			drop = append(drop, before-running)
 			returned = append(returned, paused-running)
 			resident = append(resident, left)
 			if p.cfg.Progress != nil {
 				fmt.Fprintf(p.cfg.Progress, "%s %d/%d: %s, used %s MiB, host drop %s MiB, returned %s MiB\n",
-					name, i+1, n, mode, inMiB(st.MemoryUsed), inMiB(before-running), inMiB(paused-running))
+					name, i+1, n, mode, inMiB(holds), inMiB(before-running), inMiB(paused-running))
 			}
 			start = time.Now()
 			if _, _, err := p.cfg.Manager.Connect(ctx, info.ID, sandboxTimeout); err != nil {
@@ -614,7 +618,7 @@ func PrintPersist(w io.Writer, res PersistResult) {
 			inMiB(r.Used), inMiB(r.HostDrop), inMiB(r.Returned), inMiB(r.Resident), r.Released(), targetReleasedPct, verdict, r.Modes)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\nused: the sandbox's cgroup without page cache, just before the pause; host drop: host MemAvailable")
+	fmt.Fprintln(w, "\nused: the sandbox's cgroup (page cache included), just before the pause; host drop: host MemAvailable")
 	fmt.Fprintln(w, "before the create minus just before the pause; returned: MemAvailable once paused minus just before")
 	fmt.Fprintln(w, "the pause; resident paused: what the sandbox's cgroup still holds once paused; released: returned/used.")
 	fmt.Fprintln(w, "MemAvailable moves with everything else on the host (tens of MiB on a shared machine), which outweighs")
