@@ -1190,7 +1190,9 @@ func (m *Manager) sample(e *entry) {
 	// waits for it no more than for a sample's worth of reads.
 	e.op.Lock()
 	defer e.op.Unlock()
-	if e.gone {
+	// The sandbox was running when the loop listed it; a pause that let go
+	// of its runtime sandbox (to disk, or memory=false) may have come first.
+	if e.gone || e.rt == nil {
 		return
 	}
 	st, err := e.rt.Stats()
