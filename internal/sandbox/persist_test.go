@@ -278,14 +278,13 @@ func TestGVisorCaptureLeavesRunning(t *testing.T) {
 }
 
 // TestLinuxCaptureLeavesRunning is TestGVisorCaptureLeavesRunning on the
-// linux runtime (CRIU), without a sandbox network (see
-// TestLinuxPauseWithMemoryNetwork).
+// linux runtime (CRIU), with a sandbox network.
 func TestLinuxCaptureLeavesRunning(t *testing.T) {
 	r := newRig(t)
 	if err := linux.CRIUAvailable(); err != nil {
 		testenv.Missing(t, "%v", err)
 	}
-	testCaptureLeavesRunning(t, r.manager(t, 0), "base", "linux")
+	testCaptureLeavesRunning(t, linuxManager(t, r, true), "base", "linux")
 }
 
 func testCaptureLeavesRunning(t *testing.T, m *sandbox.Manager, template, name string) {
@@ -338,8 +337,8 @@ func linuxAlive(id string) bool {
 }
 
 // TestLinuxPauseWithMemory is TestGVisorPauseWithMemory on the linux runtime
-// (CRIU), for a sandbox without a sandbox network (its own private network
-// namespace, which CRIU can save): envd quiesces — its sysinfo seccomp
+// (CRIU), for a sandbox without a sandbox network (loopback only): envd
+// quiesces — its sysinfo seccomp
 // listeners, which CRIU cannot dump, closed, its spare thread discarded, its
 // sockets closed — and the sandbox goes to disk and comes back.
 func TestLinuxPauseWithMemory(t *testing.T) {
@@ -442,61 +441,31 @@ func seccompListeners(id string) int {
 }
 
 // TestLinuxPauseWithMemoryNetwork is the same with a sandbox network, as
-// `serve` gives every sandbox by default. The linux runtime cannot
-// checkpoint a sandbox in a network namespace the host made (it belongs to
-// the host's user namespace: see linux/checkpoint.go) until that namespace is
-// made inside the sandbox's user namespace; until then the pause freezes in
-// place and this test skips, saying so. It runs by itself once the check no
-// longer fires.
+// `serve` gives every sandbox by default (the sandbox's own network
+// namespace, which CRIU skips; the interfaces move back in on restore).
 func TestLinuxPauseWithMemoryNetwork(t *testing.T) {
 	r := newRig(t)
 	if err := linux.CRIUAvailable(); err != nil {
 		testenv.Missing(t, "%v", err)
 	}
-	log := testenv.NewServerLog(t)
-	n := testNetwork(t, r.dataDir)
-	m := sandbox.New(sandbox.Options{
-		Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
-		MaxTimeout: time.Hour, Network: n.net, Logger: log.Slog(),
-	})
+	testPauseWithMemory(t, r, linuxManager(t, r, true), linuxPaused(r, true))
+}
+
+// linuxManager is a started manager on the linux runtime, with a sandbox
+// network of the test's own or none.
+func linuxManager(t *testing.T, r *rig, network bool) *sandbox.Manager {
+	t.Helper()
+	opts := sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour}
+	if network {
+		opts.Network = testNetwork(t, r.dataDir).net
+	}
+	m := sandbox.New(opts)
 	m.Start()
 	t.Cleanup(func() {
 		m.KillAll(context.Background())
 		m.Close()
 	})
-	// A probe pause, of a sandbox with a sysinfo listener (a command ran):
-	// it may fall back for the namespace alone, which the runtime checks
-	// after the seccomp listeners.
-	ctx := context.Background()
-	probe := create(t, m, time.Minute)
-	run(t, m, probe, "mkdir -p ~/w")
-	startAsker(t, m, probe)
-	if err := m.Pause(ctx, probe.ID, sandbox.PauseOptions{}); err != nil {
-		t.Fatalf("probe Pause: %v", err)
-	}
-	if _, err := os.Stat(layout.DataDir{Root: r.dataDir}.PausedComplete(probe.ID)); err != nil {
-		// Frozen in place: envd was not quiesced for a checkpoint the
-		// runtime said up front it cannot take, so a tree started before
-		// keeps the sandbox's sysinfo.
-		if _, _, err := m.Connect(ctx, probe.ID, time.Minute); err != nil {
-			t.Fatalf("probe Connect: %v", err)
-		}
-		if got := ask(t, m, probe); got != "0 "+strconv.Itoa(512<<20) {
-			t.Errorf("sysinfo in a tree started before a pause that froze in place: %q, want the sandbox's 512 MiB", got)
-		}
-		_ = m.Kill(ctx, probe.ID)
-		for _, l := range strings.Split(log.String(), "\n") {
-			if strings.Contains(l, "memory stays resident") {
-				if strings.Contains(l, "network namespace made outside its user namespace") && !strings.Contains(l, "seccomp") {
-					t.Skipf("the linux runtime cannot checkpoint a sandbox in a host-made netns yet (the pause froze in place): %s", l)
-				}
-				t.Fatalf("the pause froze in place for another reason than the netns: %s", l)
-			}
-		}
-		t.Fatalf("the pause was not to disk and the log does not say why:\n%s", log.String())
-	}
-	_ = m.Kill(ctx, probe.ID)
-	testPauseWithMemory(t, r, m, linuxPaused(r, true))
+	return m
 }
 
 // quiesce has envd of linux sandbox id quiesce, as the manager does before a
