@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
@@ -176,13 +177,24 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 			}
 			return fmt.Errorf("pause %s: the sandbox is still running: %w", e.id, err)
 		}
+		crashpoint.Hit(crashpoint.PauseCheckpointed)
 		if err := os.WriteFile(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
 			return fmt.Errorf("pause %s: %w", e.id, err)
 		}
-	}
-	if withMemory {
+		crashpoint.Hit(crashpoint.PauseImageComplete)
 		m.pushPaused(e)
 	}
+	// The commit point of a pause with memory is the complete image above;
+	// without memory nothing on disk tells a released sandbox from a dead
+	// one but its record, so the record says paused before the runtime
+	// sandbox goes. A crash in between leaves a running sandbox whose record
+	// says paused, which Recover takes back as running.
+	markErr := m.markPaused(context.WithoutCancel(ctx), e, withMemory)
+	if markErr != nil && !withMemory {
+		m.unmarkPaused(e)
+		return markErr
+	}
+	crashpoint.Hit(crashpoint.PauseRecorded)
 	if err := ck.Release(context.WithoutCancel(ctx)); err != nil {
 		// What is left (a mount, a cgroup) is logged; the sandbox itself is
 		// stopped and its state is on disk.
@@ -190,11 +202,25 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 	}
 	e.undo.drop(stepRuntime)
 	e.rt = nil
-	if err := m.markPaused(context.WithoutCancel(ctx), e, withMemory); err != nil {
-		return err
+	crashpoint.Hit(crashpoint.PauseReleased)
+	if markErr != nil {
+		// The image is whole and the processes are gone: the sandbox is
+		// paused, and Recover will say so from the disk.
+		return markErr
 	}
 	m.log.Info("sandbox paused", "id", e.id, "memory", withMemory)
 	return nil
+}
+
+// unmarkPaused undoes markPaused in memory for a sandbox whose pause did
+// not go on: it is running, and its timer runs again.
+func (m *Manager) unmarkPaused(e *entry) {
+	e.mu.Lock()
+	e.info.State = StateRunning
+	e.info.PausedWithMemory = false
+	e.info.PausedAt = time.Time{}
+	m.armTimerLocked(e)
+	e.mu.Unlock()
 }
 
 // resume boots a paused sandbox whose op lock the caller holds. On failure
@@ -225,6 +251,7 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 		e.rt = nil
 		return err
 	}
+	crashpoint.Hit(crashpoint.ResumeBooted)
 	if mode.image != "" {
 		if err := os.RemoveAll(dirs.Paused(e.id)); err != nil {
 			m.log.Warn("sandbox resume: removing the image", "id", e.id, "err", err)
@@ -312,14 +339,35 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 		if ns, err := m.opts.Network.Adopt(e.id, policyOf(e.info)); err == nil {
 			e.net = ns
 			e.info.Addr = ns.Addr
+		} else {
+			// Gone with a reboot: what is left of it (its state dir, the
+			// empty netns mount point) goes now, so that the resume's
+			// Setup starts clean, and that Setup pushes the one closer.
+			m.log.Info("paused sandbox: its network did not survive; a resume sets up a new one", "id", e.id, "why", err)
+			if terr := m.opts.Network.Teardown(e.id); terr != nil {
+				m.log.Warn("paused sandbox: removing what is left of its network", "id", e.id, "err", terr)
+			}
+			e.undo.drop(stepNetwork)
+			e.info.Addr = netip.Addr{}
 		}
 	}
-	paused := e.info.State != StatePaused
+	if e.info.State == StatePaused && e.info.PausedWithMemory && !withMemory {
+		// Frozen in place (its runtime could not save it to disk), and the
+		// processes did not outlive the host: its files are what is left.
+		m.log.Warn("paused sandbox: its memory was held in RAM and is lost; a resume boots it afresh from its files", "id", e.id)
+	}
+	paused := e.info.State != StatePaused || e.info.PausedWithMemory != withMemory
 	e.info.State = StatePaused
 	e.info.PausedWithMemory = withMemory
 	e.info.Lifecycle = br.Lifecycle
-	if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
-		e.info.PausedAt = fi.ModTime()
+	if e.info.PausedAt.IsZero() {
+		// Retention counts from the pause: the image's time when the
+		// record did not get to say it, else from now.
+		paused = true
+		e.info.PausedAt = time.Now()
+		if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
+			e.info.PausedAt = fi.ModTime()
+		}
 	}
 	if paused {
 		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
@@ -398,6 +446,7 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 	if err := copySandboxDir(e.dir, filepath.Join(dst, captureFS)); err != nil {
 		return false, fmt.Errorf("capture %s: %w", e.id, err)
 	}
+	crashpoint.Hit(crashpoint.CaptureFrozen)
 	if ck, ok := e.rt.(runtime.Checkpointer); ok {
 		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: filepath.Join(dst, captureMemory), LeaveRunning: true})
 		switch {
@@ -493,6 +542,9 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 				return err
 			}
 		}
+		// Until the record says running, a crash leaves a sandbox Recover
+		// destroys (a record in creating): the fork did not happen.
+		crashpoint.Hit(crashpoint.StartedFromCapture)
 		e.info.State = StateRunning
 		return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
 	}
@@ -525,6 +577,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.Hit(crashpoint.ForkCaptured)
 	base.Owner = req.Owner
 	base.Metadata, base.EnvVars = copyMap(base.Metadata), copyMap(base.EnvVars)
 	base.Lifecycle = Lifecycle{}
@@ -565,6 +618,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		_ = os.RemoveAll(dir)
 		return Snapshot{}, err
 	}
+	crashpoint.Hit(crashpoint.SnapshotCaptured)
 	snap.TemplateID = base.TemplateID
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()
