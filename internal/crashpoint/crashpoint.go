@@ -41,6 +41,9 @@ const (
 	// SnapshotCaptured: the snapshot's files are copied, its description
 	// (snapshot.json) not yet written.
 	SnapshotCaptured = "snapshot-captured"
+	// SnapshotWritten: a named snapshot is whole; the older snapshot its
+	// name moves from is not yet removed.
+	SnapshotWritten = "snapshot-written"
 	// ForkCaptured: the fork's capture is made, no fork started yet.
 	ForkCaptured = "fork-captured"
 	// StartedFromCapture: a fork (or a sandbox created from a snapshot)

@@ -35,6 +35,11 @@ type crashCase struct {
 	keepsProcess bool
 	// pausedFirst: s is paused without memory before the crash is armed.
 	pausedFirst bool
+	// prepare runs on s before the crash is armed (on a server of its own).
+	prepare func(ctx context.Context, c *e2bclient.Client, s *sbx) error
+	// snapshot: after the restart exactly one snapshot of s exists, and a
+	// sandbox starts from it with s's file.
+	snapshot bool
 }
 
 func pauseOp(memory bool) func(context.Context, *e2bclient.Client, *sbx) error {
@@ -72,6 +77,8 @@ var crashCases = []crashCase{
 	// Snapshots and forks: the source runs on; the capture is all or nothing.
 	{point: crashpoint.CaptureFrozen, op: snapshotOp, want: e2bwire.StateRunning, keepsProcess: true},
 	{point: crashpoint.SnapshotCaptured, op: snapshotOp, want: e2bwire.StateRunning, keepsProcess: true},
+	// A name moves to a new snapshot only once it is whole.
+	{point: crashpoint.SnapshotWritten, op: snapshotOp, prepare: snapshotOp, want: e2bwire.StateRunning, keepsProcess: true, snapshot: true},
 	{point: crashpoint.ForkCaptured, op: forkOp, want: e2bwire.StateRunning, keepsProcess: true},
 	{point: crashpoint.StartedFromCapture, op: forkOp, want: e2bwire.StateRunning, keepsProcess: true},
 }
@@ -97,7 +104,7 @@ func testCrash(t *testing.T, h *host, cc crashCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	point, _, _ := strings.Cut(cc.point, "/")
-	h.start(crashpoint.Env + "=" + point)
+	h.start()
 	defer func() {
 		if h.srv != nil {
 			h.stop()
@@ -107,7 +114,14 @@ func testCrash(t *testing.T, h *host, cc crashCase) {
 	if cc.pausedFirst {
 		h.pause(ctx, s, false)
 	}
+	if cc.prepare != nil {
+		if err := cc.prepare(ctx, h.client(), s); err != nil {
+			t.Fatalf("prepare: %v", err)
+		}
+	}
 	before := h.sandboxList(ctx)
+	h.stop()
+	h.start(crashpoint.Env + "=" + point)
 	// The crash points come before the answer: an operation that answered
 	// did not reach its point.
 	if err := cc.op(ctx, h.client(), s); err == nil {
@@ -149,7 +163,18 @@ func testCrash(t *testing.T, h *host, cc crashCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(snaps) != 0 {
+	if cc.snapshot {
+		if len(snaps) != 1 {
+			t.Fatalf("after a crash at %s want one snapshot, listed: %v", cc.point, snaps)
+		}
+		if entries, _ := os.ReadDir(filepath.Join(h.dir.Sandboxes(), ".snapshots")); len(entries) != 1 {
+			t.Errorf("after a crash at %s want one snapshot directory, found %d", cc.point, len(entries))
+		}
+		h.checkSnapshotStarts(ctx, snaps[0].SnapshotID, s)
+		if err := h.client().DeleteSnapshot(ctx, snaps[0].SnapshotID); err != nil {
+			t.Fatalf("delete snapshot: %v", err)
+		}
+	} else if len(snaps) != 0 {
 		t.Errorf("after a crash at %s snapshots are listed: %v", cc.point, snaps)
 	}
 	for _, dir := range []string{filepath.Join(h.dir.Sandboxes(), ".captures"), filepath.Join(h.dir.Sandboxes(), ".snapshots"), h.dir.Paused(s.id)} {
@@ -179,4 +204,23 @@ func (h *host) sandboxList(ctx context.Context) map[string]bool {
 		out[l.SandboxID] = true
 	}
 	return out
+}
+
+// checkSnapshotStarts starts a sandbox from snapshot ref, taken of s, and
+// checks that it has s's file.
+func (h *host) checkSnapshotStarts(ctx context.Context, ref string, s *sbx) {
+	h.t.Helper()
+	timeout := int64(300)
+	created, err := h.client().Create(ctx, e2bwire.NewSandbox{TemplateID: ref, Timeout: &timeout})
+	if err != nil {
+		h.t.Fatalf("create from snapshot %s: %v", ref, err)
+	}
+	h.ids[created.SandboxID] = true
+	got, err := h.backend().ReadFile(ctx, created.SandboxID, "/home/user/survive.txt")
+	if err != nil || string(got) != "kept "+s.id {
+		h.t.Fatalf("a sandbox from snapshot %s reads %q, %v; want the file of %s", ref, got, err, s.id)
+	}
+	if err := h.client().Kill(ctx, created.SandboxID); err != nil {
+		h.t.Fatalf("kill %s: %v", created.SandboxID, err)
+	}
 }

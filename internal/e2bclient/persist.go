@@ -55,3 +55,10 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]e2bwire
 	_, err := c.do(ctx, http.MethodGet, "/snapshots?"+v.Encode(), nil, &out)
 	return out, err
 }
+
+// DeleteSnapshot deletes a snapshot by its ID or name (E2B deletes
+// snapshots through DELETE /templates/{id}).
+func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {
+	_, err := c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(ref), nil, nil)
+	return err
+}

@@ -57,14 +57,42 @@ func writeBootRecord(dir string, rec bootRecord) error {
 	if err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
-	tmp := filepath.Join(dir, bootRecordName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("boot record: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, bootRecordName)); err != nil {
+	if err := writeDurable(filepath.Join(dir, bootRecordName), b); err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
 	return nil
+}
+
+// writeDurable replaces path with data through a synced temporary file
+// renamed over it, then syncs the directory: after a crash, even of the
+// host, path holds the old content or the new, whole. The files that mark
+// a step done (an image complete, a snapshot whole) are written so.
+func writeDurable(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 func readBootRecord(dir string) (bootRecord, error) {
@@ -178,7 +206,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 			return fmt.Errorf("pause %s: the sandbox is still running: %w", e.id, err)
 		}
 		crashpoint.Hit(crashpoint.PauseCheckpointed)
-		if err := os.WriteFile(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
+		if err := writeDurable(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
 			return fmt.Errorf("pause %s: %w", e.id, err)
 		}
 		crashpoint.Hit(crashpoint.PauseImageComplete)
@@ -622,24 +650,38 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 	snap.TemplateID = base.TemplateID
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()
+	var replaced []storedSnapshot
 	if req.Name != "" {
-		if old, err := m.findSnapshotLocked(req.Name); err == nil {
-			_ = os.RemoveAll(old.dir)
+		for _, s := range m.snapshotsLocked() {
+			if snapshotMatches(s.Snapshot, req.Name) {
+				replaced = append(replaced, s)
+			}
 		}
 	}
 	b, err := json.Marshal(snapshotFile{Snapshot: snap, Base: base})
 	if err == nil {
-		tmp := filepath.Join(dir, captureInfo+".tmp")
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, filepath.Join(dir, captureInfo))
-		}
+		err = writeDurable(filepath.Join(dir, captureInfo), b)
 	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 	}
+	// The snapshot a name moves from goes only once the new one is whole:
+	// a crash in between leaves both, the newer one found by the name, and
+	// Recover removes the older (sweepCaptures).
+	crashpoint.Hit(crashpoint.SnapshotWritten)
+	for _, old := range replaced {
+		removeSnapshotDir(old.dir)
+	}
 	m.log.Info("snapshot created", "id", snap.ID, "sandbox", id)
 	return snap, nil
+}
+
+// removeSnapshotDir removes a snapshot, its description first: a crash
+// after that leaves a directory no one lists, which Recover removes.
+func removeSnapshotDir(dir string) {
+	_ = os.Remove(filepath.Join(dir, captureInfo))
+	_ = os.RemoveAll(dir)
 }
 
 type storedSnapshot struct {
@@ -745,7 +787,9 @@ func (m *Manager) createFromSnapshot(ctx context.Context, req CreateRequest) (in
 	return info, true, err
 }
 
-// sweepCaptures removes what interrupted forks and snapshots left (Recover).
+// sweepCaptures removes what interrupted forks and snapshots left (Recover):
+// captures, snapshots without their description, and a snapshot whose name
+// a newer one took (a crash before CreateSnapshot removed it).
 func (m *Manager) sweepCaptures() {
 	_ = os.RemoveAll(m.capturesDir())
 	entries, _ := os.ReadDir(m.snapshotsDir())
@@ -753,6 +797,22 @@ func (m *Manager) sweepCaptures() {
 		dir := filepath.Join(m.snapshotsDir(), de.Name())
 		if _, err := os.Stat(filepath.Join(dir, captureInfo)); err != nil {
 			_ = os.RemoveAll(dir)
+		}
+	}
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	taken := map[string]bool{}
+	for _, s := range m.snapshotsLocked() { // newest first
+		moved := false
+		for _, n := range s.Names {
+			if taken[n] {
+				moved = true
+			}
+			taken[n] = true
+		}
+		if moved {
+			m.log.Info("removing a snapshot whose name moved to a newer one", "id", s.ID)
+			removeSnapshotDir(s.dir)
 		}
 	}
 }
