@@ -187,6 +187,28 @@ func testCrash(t *testing.T, h *host, cc crashCase) {
 			t.Errorf("after a crash at %s, %s holds %v", cc.point, dir, names)
 		}
 	}
+	// Every sandbox directory and network on disk is a listed sandbox's
+	// (the network's teardown runs in the background: give it a moment).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var strays []string
+		for _, parent := range []string{h.dir.Sandboxes(), h.dir.Network()} {
+			entries, _ := os.ReadDir(parent)
+			for _, e := range entries {
+				if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && !after[e.Name()] {
+					strays = append(strays, filepath.Join(parent, e.Name()))
+				}
+			}
+		}
+		if len(strays) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("after a crash at %s, directories of no sandbox are left: %v", cc.point, strays)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err := h.client().Kill(ctx, s.id); err != nil {
 		t.Errorf("kill %s: %v", s.id, err)
 	}

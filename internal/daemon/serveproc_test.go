@@ -302,8 +302,16 @@ func killCgroups(id string) error {
 	}
 	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
 	for _, d := range dirs {
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("remove cgroup %s: %w", d, err)
+		// EBUSY while the killed tasks are still being torn down.
+		for {
+			err := unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				return fmt.Errorf("remove cgroup %s: %w", d, err)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	return nil

@@ -53,6 +53,8 @@ type sbx struct {
 	// inRAM is why its last pause with memory is not on disk (nil when it
 	// is): the sandbox is frozen in RAM.
 	inRAM error
+	// gaps are the known gap's failures seen so far.
+	gaps []string
 }
 
 func TestPausedSandboxSurvivesRestartAndReboot(t *testing.T) {
@@ -94,11 +96,13 @@ func testSurvive(t *testing.T, rt string, memory bool) {
 		h.resume(ctx, s)
 		h.checkState(ctx, s, when)
 	}
-	t.Logf("sandbox %s survived a kill -9 and a reboot (servers started: %d)", s.id, h.n)
 
 	// And the sandbox still works as any other: it can be killed cleanly.
 	if err := h.client().Kill(ctx, s.id); err != nil {
 		t.Fatalf("kill %s: %v", s.id, err)
+	}
+	if len(s.gaps) > 0 {
+		knownGap(t, "%s", strings.Join(s.gaps, "\n"))
 	}
 }
 
@@ -186,7 +190,9 @@ func (h *host) checkState(ctx context.Context, s *sbx, when string) {
 		if s.inRAM != nil {
 			why = fmt.Sprintf("the pause left no complete checkpoint image (%v): the runtime froze the sandbox in RAM instead of saving it to disk, which no reboot survives", s.inRAM)
 		}
-		knownGap(h.t, "%s: sandbox %s was paused with memory but its background process %d (%s) is gone; %s", when, s.id, s.pid, bgMarker, why)
+		// Reported at the end of the test, so that what works after it
+		// (another reboot, a kill) is still checked.
+		s.gaps = append(s.gaps, fmt.Sprintf("%s: sandbox %s was paused with memory but its background process %d (%s) is gone; %s", when, s.id, s.pid, bgMarker, why))
 	case !s.memory && running:
 		h.t.Fatalf("%s: sandbox %s was paused without memory, yet process %d still runs %q", when, s.id, s.pid, cmdline)
 	}

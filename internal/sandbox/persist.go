@@ -357,6 +357,8 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 			m.log.Warn("paused sandbox: releasing what its runtime left", "id", e.id, "err", err)
 		}
 		e.undo.drop(stepRuntime)
+		// Released: a resume boots it from the disk, not by thawing this.
+		e.rt = nil
 	}
 	if withMemory {
 		m.pushPaused(e)
