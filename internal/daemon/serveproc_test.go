@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -78,10 +79,7 @@ func newHost(t *testing.T, runtime string, extraArgs ...string) *host {
 	if runtime == "gvisor" {
 		testenv.NeedRunsc(t)
 	}
-	root, err := os.MkdirTemp("", "airlock-serve-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := freeDataDir(t)
 	h := &host{
 		t: t, bin: airlockBin(t), runtime: runtime, dir: layout.DataDir{Root: root}, ids: map[string]bool{},
 		args: append([]string{
@@ -92,6 +90,34 @@ func newHost(t *testing.T, runtime string, extraArgs ...string) *host {
 	}
 	t.Cleanup(h.cleanup)
 	return h
+}
+
+// freeDataDir makes a data dir whose firewall table name (derived from its
+// path, netInstanceOf) no other server on this host uses: the reboot stand-in
+// deletes that table, and two servers sharing one would break each other.
+func freeDataDir(t *testing.T) string {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		root, err := os.MkdirTemp("", "airlock-serve-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := netInstanceOf(root).table
+		if !slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == name }) {
+			return root
+		}
+		os.Remove(root)
+	}
+	t.Fatal("no data dir with a free firewall table name after 20 tries")
+	return ""
 }
 
 // start starts a server on the data dir, with extra environment
