@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -126,6 +128,7 @@ func (h *host) newSandbox(ctx context.Context) *sbx {
 		h.t.Fatalf("start a background process in %s: %v", s.id, err)
 	}
 	s.pid = res.PID
+	h.serveHTTP(ctx, s)
 	if out := run(ctx, h.t, b, s.id, fmt.Sprintf("tr '\\0' ' ' </proc/%d/cmdline", s.pid)); !strings.Contains(out, bgMarker) {
 		h.t.Fatalf("background process %d of %s is not running %q: %q", s.pid, s.id, bgMarker, out)
 	}
@@ -184,6 +187,7 @@ func (h *host) checkState(ctx context.Context, s *sbx, when string) {
 	}
 	cmdline := run(ctx, h.t, b, s.id, fmt.Sprintf("tr '\\0' ' ' </proc/%d/cmdline 2>/dev/null; true", s.pid))
 	running := strings.Contains(cmdline, bgMarker)
+	h.checkPort(ctx, s, when)
 	switch {
 	case s.memory && !running:
 		why := "its checkpoint image was complete"
@@ -210,4 +214,62 @@ func run(ctx context.Context, t *testing.T, b mcp.Backend, id, cmd string) strin
 		t.Fatalf("run %q in %s: %v", cmd, id, err)
 	}
 	return res.Stdout
+}
+
+// serveHTTP starts a web server on port 8000 in s that answers with s's id.
+func (h *host) serveHTTP(ctx context.Context, s *sbx) {
+	h.t.Helper()
+	b := h.backend()
+	run(ctx, h.t, b, s.id, "mkdir -p /tmp/www && echo -n 'served by "+s.id+"' >/tmp/www/index.html")
+	if _, err := b.RunCommand(ctx, mcp.RunCommandRequest{SandboxID: s.id, Command: "cd /tmp/www && exec python3 -m http.server 8000", Background: true}); err != nil {
+		h.t.Fatalf("start a web server in %s: %v", s.id, err)
+	}
+}
+
+// checkPort checks that s's port 8000 answers through the sandbox proxy
+// (its network works), starting the web server again when the sandbox came
+// back without its processes.
+func (h *host) checkPort(ctx context.Context, s *sbx, when string) {
+	h.t.Helper()
+	get := func() (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.srv.sandbox+"/", nil)
+		req.Header.Set(e2bwire.HeaderSandboxID, s.id)
+		req.Header.Set(e2bwire.HeaderSandboxPort, "8000")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, body)
+		}
+		return string(body), err
+	}
+	if !s.memory {
+		h.serveHTTP(ctx, s)
+	}
+	want := "served by " + s.id
+	var got string
+	var err error
+	poll := func(d time.Duration) bool {
+		for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if got, err = get(); err == nil && got == want {
+				return true
+			}
+		}
+		return false
+	}
+	if poll(10 * time.Second) {
+		return
+	}
+	if s.memory && s.inRAM != nil {
+		// Its web server went with its processes (the known gap,
+		// reported by checkState); the network is checked without it.
+		h.serveHTTP(ctx, s)
+		if poll(10 * time.Second) {
+			return
+		}
+	}
+	h.t.Fatalf("%s: port 8000 of %s through the proxy answers %q, %v; want %q", when, s.id, got, err, want)
 }
