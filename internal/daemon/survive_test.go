@@ -187,7 +187,9 @@ func (h *host) checkState(ctx context.Context, s *sbx, when string) {
 	}
 	cmdline := run(ctx, h.t, b, s.id, fmt.Sprintf("tr '\\0' ' ' </proc/%d/cmdline 2>/dev/null; true", s.pid))
 	running := strings.Contains(cmdline, bgMarker)
-	h.checkPort(ctx, s, when)
+	// The web server started with the background process: it runs when
+	// that one does, else it is started again.
+	h.checkPort(ctx, s, when, !running)
 	switch {
 	case s.memory && !running:
 		why := "its checkpoint image was complete"
@@ -227,9 +229,9 @@ func (h *host) serveHTTP(ctx context.Context, s *sbx) {
 }
 
 // checkPort checks that s's port 8000 answers through the sandbox proxy
-// (its network works), starting the web server again when the sandbox came
-// back without its processes.
-func (h *host) checkPort(ctx context.Context, s *sbx, when string) {
+// (its network works), starting the web server again first with restart
+// (the sandbox came back without its processes).
+func (h *host) checkPort(ctx context.Context, s *sbx, when string, restart bool) {
 	h.t.Helper()
 	get := func() (string, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.srv.sandbox+"/", nil)
@@ -246,7 +248,7 @@ func (h *host) checkPort(ctx context.Context, s *sbx, when string) {
 		}
 		return string(body), err
 	}
-	if !s.memory {
+	if restart {
 		h.serveHTTP(ctx, s)
 	}
 	want := "served by " + s.id
@@ -262,14 +264,6 @@ func (h *host) checkPort(ctx context.Context, s *sbx, when string) {
 	}
 	if poll(10 * time.Second) {
 		return
-	}
-	if s.memory && s.inRAM != nil {
-		// Its web server went with its processes (the known gap,
-		// reported by checkState); the network is checked without it.
-		h.serveHTTP(ctx, s)
-		if poll(10 * time.Second) {
-			return
-		}
 	}
 	h.t.Fatalf("%s: port 8000 of %s through the proxy answers %q, %v; want %q", when, s.id, got, err, want)
 }
