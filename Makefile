@@ -39,6 +39,7 @@ bench: build
 	bin/airlock bench --data-dir $(TEST_DATA)
 	bin/airlock bench templates --data-dir $(TEST_DATA)
 	bin/airlock bench interp --data-dir $(TEST_DATA)
+	bin/airlock bench persist --data-dir $(TEST_DATA)
 
 proto:
 	scripts/gen-proto.sh

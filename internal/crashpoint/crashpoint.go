@@ -38,11 +38,12 @@ const (
 	// CaptureFrozen: a fork's or snapshot's capture has copied the frozen
 	// sandbox's files; the sandbox is not yet thawed.
 	CaptureFrozen = "capture-frozen"
-	// SnapshotCaptured: the snapshot's files are copied, its description
-	// (snapshot.json) not yet written.
+	// SnapshotCaptured: the snapshot's files are copied, its record not
+	// yet written.
 	SnapshotCaptured = "snapshot-captured"
-	// SnapshotWritten: a named snapshot is whole; the older snapshot its
-	// name moves from is not yet removed.
+	// SnapshotWritten: a named snapshot's record is written (its name
+	// moved to it); the files of the snapshot it replaced are not yet
+	// removed.
 	SnapshotWritten = "snapshot-written"
 	// ForkCaptured: the fork's capture is made, no fork started yet.
 	ForkCaptured = "fork-captured"

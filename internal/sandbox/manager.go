@@ -167,8 +167,10 @@ type Manager struct {
 	lastClaim  time.Time
 	started    bool
 	closed     bool
-	// snapMu serializes changes to the snapshots on disk (persist.go).
-	snapMu sync.Mutex
+	// snapMu keeps a snapshot's files from going while a sandbox starts
+	// from them: creates from a snapshot hold it shared, changes to the
+	// snapshots (snapshots.go) exclusively.
+	snapMu sync.RWMutex
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
 	creating map[string]int
@@ -1193,7 +1195,9 @@ func (m *Manager) sample(e *entry) {
 	// waits for it no more than for a sample's worth of reads.
 	e.op.Lock()
 	defer e.op.Unlock()
-	if e.gone {
+	// The sandbox was running when the loop listed it; a pause that let go
+	// of its runtime sandbox (to disk, or memory=false) may have come first.
+	if e.gone || e.rt == nil {
 		return
 	}
 	st, err := e.rt.Stats()
@@ -1390,7 +1394,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.mu.Unlock()
 		m.opts.Network.Sweep(keep)
 	}
-	m.sweepCaptures()
+	m.sweepCaptures(ctx)
 	dirs, _ := os.ReadDir(layout.DataDir{Root: m.opts.DataDir}.Sandboxes())
 	for _, d := range dirs {
 		id := d.Name()

@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -443,9 +442,6 @@ const DefaultAutoResumeTimeout = 5 * time.Minute
 const (
 	captureFS     = "fs"
 	captureMemory = "memory"
-	// captureInfo is a snapshot's description, written last: a snapshot
-	// directory without it is one a crash interrupted.
-	captureInfo = "snapshot.json"
 )
 
 func (m *Manager) capturesDir() string  { return filepath.Join(m.layout().Sandboxes(), ".captures") }
@@ -619,202 +615,8 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 	return out, nil
 }
 
-// snapshotFile is a snapshot's description on disk (captureInfo).
-type snapshotFile struct {
-	Snapshot
-	// Base is the sandbox a new one from this snapshot is like.
-	Base Info `json:"base"`
-}
-
-// CreateSnapshot saves the state of running sandbox id as a snapshot that
-// sandboxes can be created from; a name already used moves to the new one.
-func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (Snapshot, error) {
-	raw := "snap" + newID()
-	snap := Snapshot{ID: raw + ":default", SandboxID: id, Owner: req.Owner, CreatedAt: time.Now().UTC()}
-	if req.Name != "" {
-		snap.ID = req.Name + ":default"
-		snap.Names = []string{snap.ID}
-	}
-	dir := filepath.Join(m.snapshotsDir(), raw)
-	var base Info
-	err := m.with(id, func(e *entry) error {
-		e.mu.Lock()
-		base = e.info
-		e.mu.Unlock()
-		_, err := m.capture(ctx, e, dir)
-		return err
-	})
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return Snapshot{}, err
-	}
-	crashpoint.Hit(crashpoint.SnapshotCaptured)
-	snap.TemplateID = base.TemplateID
-	m.snapMu.Lock()
-	defer m.snapMu.Unlock()
-	var replaced []storedSnapshot
-	if req.Name != "" {
-		for _, s := range m.snapshotsLocked() {
-			if snapshotMatches(s.Snapshot, req.Name) {
-				replaced = append(replaced, s)
-			}
-		}
-	}
-	b, err := json.Marshal(snapshotFile{Snapshot: snap, Base: base})
-	if err == nil {
-		err = writeDurable(filepath.Join(dir, captureInfo), b)
-	}
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
-	}
-	// The snapshot a name moves from goes only once the new one is whole:
-	// a crash in between leaves both, the newer one found by the name, and
-	// Recover removes the older (sweepCaptures).
-	crashpoint.Hit(crashpoint.SnapshotWritten)
-	for _, old := range replaced {
-		removeSnapshotDir(old.dir)
-	}
-	m.log.Info("snapshot created", "id", snap.ID, "sandbox", id)
-	return snap, nil
-}
-
-// removeSnapshotDir removes a snapshot, its description first: a crash
-// after that leaves a directory no one lists, which Recover removes.
-func removeSnapshotDir(dir string) {
-	_ = os.Remove(filepath.Join(dir, captureInfo))
-	_ = os.RemoveAll(dir)
-}
-
-type storedSnapshot struct {
-	snapshotFile
-	dir string
-}
-
-// snapshotsLocked reads every complete snapshot; m.snapMu is held.
-func (m *Manager) snapshotsLocked() []storedSnapshot {
-	entries, _ := os.ReadDir(m.snapshotsDir())
-	var out []storedSnapshot
-	for _, de := range entries {
-		dir := filepath.Join(m.snapshotsDir(), de.Name())
-		b, err := os.ReadFile(filepath.Join(dir, captureInfo))
-		if err != nil {
-			continue
-		}
-		var f snapshotFile
-		if json.Unmarshal(b, &f) == nil {
-			out = append(out, storedSnapshot{snapshotFile: f, dir: dir})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
-	return out
-}
-
-// snapshotMatches reports whether ref names s: its ID or a name, with or
-// without the ":default" tag.
-func snapshotMatches(s Snapshot, ref string) bool {
-	ref = strings.TrimSuffix(ref, ":default")
-	if strings.TrimSuffix(s.ID, ":default") == ref {
-		return true
-	}
-	for _, n := range s.Names {
-		if strings.TrimSuffix(n, ":default") == ref {
-			return true
-		}
-	}
-	return false
-}
-
-func (m *Manager) findSnapshotLocked(ref string) (storedSnapshot, error) {
-	for _, s := range m.snapshotsLocked() {
-		if snapshotMatches(s.Snapshot, ref) {
-			return s, nil
-		}
-	}
-	return storedSnapshot{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, ref)
-}
-
-// ListSnapshots returns the snapshots f selects, newest first.
-func (m *Manager) ListSnapshots(_ context.Context, f SnapshotFilter) ([]Snapshot, error) {
-	m.snapMu.Lock()
-	defer m.snapMu.Unlock()
-	out := []Snapshot{}
-	for _, s := range m.snapshotsLocked() {
-		if (f.SandboxID != "" && s.SandboxID != f.SandboxID) || (f.Owner != "" && s.Owner != f.Owner) || (f.Name != "" && !snapshotMatches(s.Snapshot, f.Name)) {
-			continue
-		}
-		out = append(out, s.Snapshot)
-	}
-	return out, nil
-}
-
-// DeleteSnapshot removes a snapshot by ID or name.
-func (m *Manager) DeleteSnapshot(_ context.Context, ref string) error {
-	m.snapMu.Lock()
-	defer m.snapMu.Unlock()
-	s, err := m.findSnapshotLocked(ref)
-	if err != nil {
-		return err
-	}
-	// The description goes first: a crash after it leaves a directory no
-	// one lists, which Recover removes.
-	if err := os.Remove(filepath.Join(s.dir, captureInfo)); err != nil {
-		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
-	}
-	return os.RemoveAll(s.dir)
-}
-
-// createFromSnapshot is Create for a template name that is a snapshot's; ok
-// is false when it is not one.
-func (m *Manager) createFromSnapshot(ctx context.Context, req CreateRequest) (info Info, ok bool, err error) {
-	m.snapMu.Lock()
-	s, ferr := m.findSnapshotLocked(req.Template)
-	m.snapMu.Unlock()
-	if ferr != nil {
-		return Info{}, false, nil
-	}
-	base := s.Base
-	base.Owner = req.Owner
-	base.Metadata = copyMap(req.Metadata)
-	if req.EnvVars != nil {
-		base.EnvVars = copyMap(req.EnvVars)
-	}
-	base.Lifecycle = req.Lifecycle
-	if err := checkLifecycle(base.Lifecycle); err != nil {
-		return Info{}, true, err
-	}
-	// The snapshot's files stay while the new sandbox copies them: a delete
-	// in the meantime waits for snapMu only as long as the lookup.
-	info, err = m.startFrom(ctx, s.dir, base, req.Timeout)
-	return info, true, err
-}
-
-// sweepCaptures removes what interrupted forks and snapshots left (Recover):
-// captures, snapshots without their description, and a snapshot whose name
-// a newer one took (a crash before CreateSnapshot removed it).
-func (m *Manager) sweepCaptures() {
+// sweepCaptures removes what interrupted forks and snapshots left (Recover).
+func (m *Manager) sweepCaptures(ctx context.Context) {
 	_ = os.RemoveAll(m.capturesDir())
-	entries, _ := os.ReadDir(m.snapshotsDir())
-	for _, de := range entries {
-		dir := filepath.Join(m.snapshotsDir(), de.Name())
-		if _, err := os.Stat(filepath.Join(dir, captureInfo)); err != nil {
-			_ = os.RemoveAll(dir)
-		}
-	}
-	m.snapMu.Lock()
-	defer m.snapMu.Unlock()
-	taken := map[string]bool{}
-	for _, s := range m.snapshotsLocked() { // newest first
-		moved := false
-		for _, n := range s.Names {
-			if taken[n] {
-				moved = true
-			}
-			taken[n] = true
-		}
-		if moved {
-			m.log.Info("removing a snapshot whose name moved to a newer one", "id", s.ID)
-			removeSnapshotDir(s.dir)
-		}
-	}
+	m.sweepSnapshots(ctx)
 }

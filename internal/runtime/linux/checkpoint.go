@@ -29,8 +29,11 @@ import (
 //   - FileLocks: flock/fcntl locks held by sandbox processes (pip, sqlite).
 //   - LinkRemap: a file open but unlinked (a deleted temp file) is saved
 //     by linking it back under a hidden name rather than failing the dump.
-func criuOpts(imageDir, workDir string, leaveRunning bool) *libcontainer.CriuOpts {
-	return &libcontainer.CriuOpts{
+//   - EmptyNs net, for a sandbox in the caller's network (netns.go): its
+//     namespace's interfaces are the caller's, not the image's; a restore
+//     gets a new namespace, into which the network hook moves them.
+func criuOpts(imageDir, workDir string, leaveRunning, networked bool) *libcontainer.CriuOpts {
+	o := &libcontainer.CriuOpts{
 		ImagesDirectory: imageDir,
 		WorkDirectory:   workDir,
 		LeaveRunning:    leaveRunning,
@@ -38,6 +41,10 @@ func criuOpts(imageDir, workDir string, leaveRunning bool) *libcontainer.CriuOpt
 		FileLocks:       true,
 		LinkRemap:       true,
 	}
+	if networked {
+		o.EmptyNs = unix.CLONE_NEWNET
+	}
+	return o
 }
 
 // CRIUAvailable reports whether checkpoints can work on this host: `criu
@@ -65,10 +72,8 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 		return errors.New("linux runtime: checkpoint: no image directory")
 	}
 	if ns := s.c.Config().Namespaces; ns.PathOf(configs.NEWNET) != "" {
-		// CRIU dumps a task only when every namespace it is in belongs to
-		// its user namespace (criu/namespaces.c check_user_ns); a network
-		// namespace the host prepared belongs to the host's. Checked here,
-		// so the caller learns it without a failed dump.
+		// Only sandboxes started by earlier versions joined the caller's
+		// network namespace, which CRIU cannot save (netns.go).
 		return fmt.Errorf("linux runtime: checkpoint %s: %w: the sandbox joined a network namespace made outside its user namespace, which CRIU cannot save", s.id, runtime.ErrNotSupported)
 	}
 	if pid, ok := s.holdsSeccompListener(); ok {
@@ -79,7 +84,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
 	}
-	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning)); err != nil {
+	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning, s.parkNetNS != "")); err != nil {
 		why := criuErrors(filepath.Join(opts.ImageDir, "dump.log"))
 		if strings.Contains(why, "seccomp notify") {
 			// A listener that appeared after the check above.
@@ -127,7 +132,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 	work := filepath.Join(spec.Dir, ".criu")
 	return r.start(ctx, spec, true, func(c *libcontainer.Container, proc *libcontainer.Process) error {
 		_ = os.RemoveAll(work)
-		err := c.Restore(proc, criuOpts(imageDir, work, false))
+		err := c.Restore(proc, criuOpts(imageDir, work, false, spec.NetNS != ""))
 		if err != nil {
 			err = fmt.Errorf("linux runtime: restore %s: %w%s", spec.ID, err, criuErrors(filepath.Join(work, "restore.log")))
 		} else {

@@ -239,11 +239,6 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	if err := r.chownWritableMounts(spec.Mounts); err != nil {
 		return nil, err
 	}
-	if spec.NetNS != "" {
-		if err := prepareNetNS(spec.NetNS, spec.Dir); err != nil {
-			return nil, fmt.Errorf("linux runtime: %w", err)
-		}
-	}
 	cfg, err := containerConfig(spec, s.rootfs, r.ids, r.viewDir(), r.cpus.Pick(spec.ID, spec.Resources.CPUs))
 	if err != nil {
 		return nil, err
@@ -251,6 +246,11 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	cfg.Labels = append(cfg.Labels, lowerLabel+lower, dirLabel+spec.Dir)
 	if spec.Upper != "" {
 		cfg.Labels = append(cfg.Labels, upperLabel+spec.Upper)
+	}
+	if spec.NetNS != "" {
+		s.parkNetNS = spec.NetNS
+		cfg.Labels = append(cfg.Labels, netnsLabel+spec.NetNS)
+		networkHook(cfg, s)
 	}
 	if restoring {
 		if err := stageBindSources(cfg, s.stageDir()); err != nil {
@@ -338,17 +338,22 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 		if v, ok := strings.CutPrefix(l, upperLabel); ok {
 			s.upper = v
 		}
+		if v, ok := strings.CutPrefix(l, netnsLabel); ok {
+			s.parkNetNS = v
+		}
 	}
 	return s, nil
 }
 
 // Labels in libcontainer's state let a Destroy after a restart find what a
 // sandbox holds: its idmapped template view, its Spec.Dir and its Spec.Upper
-// (which Destroy must leave in place).
+// (which Destroy must leave in place), and the caller's network namespace
+// its interfaces go back to.
 const (
 	lowerLabel = "airlock.lower="
 	dirLabel   = "airlock.dir="
 	upperLabel = "airlock.upper="
+	netnsLabel = "airlock.netns="
 )
 
 // List returns the ids of all containers with state on disk.
@@ -480,11 +485,6 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 		specs.LinuxNamespace{Type: specs.UserNamespace})
 	idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.HostID, Size: ids.Size}}
 	s.Linux.UIDMappings, s.Linux.GIDMappings = idm, idm
-	// Network: join the caller's prepared namespace (netns + veth, owned by the
-	// sandbox manager) instead of a new one with only loopback.
-	if spec.NetNS != "" {
-		joinNetNS(s, spec.NetNS, spec.Dir)
-	}
 	runtime.ApplyToOCI(s, spec)
 	if viewDir != "" {
 		// After /proc and /sys (and a netns's sysfs) are mounted.
@@ -678,6 +678,9 @@ type sandbox struct {
 	cpus *runtime.CPUPicker
 	// hostID is the host uid and gid of the sandbox's root.
 	hostID int
+	// parkNetNS is Spec.NetNS: where the sandbox's interfaces are kept
+	// while it does not run (netns.go).
+	parkNetNS string
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -797,7 +800,12 @@ func (s *sandbox) teardown(ctx context.Context, removeDir bool) error {
 		}
 	}
 	unstageBindSources(s.stageDir())
-	if err := mountutil.Unmount(sysfsMountPoint(s.dir)); err != nil {
+	// Sandboxes started by earlier versions joined the caller's network
+	// namespace and had its sysfs mounted here.
+	if err := mountutil.Unmount(filepath.Join(s.dir, "sys")); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.detachNetwork(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.idmaps.release(s.lower, s.id); err != nil {

@@ -29,12 +29,12 @@ func TestConformance(t *testing.T) {
 	lower := testenv.BaseRootfs(t)
 	state := filepath.Join(t.TempDir(), "state")
 	runtimetest.Run(t, runtimetest.Harness{
-		Lower:  lower,
-		Caps:   linux.Capabilities,
-		UIDMap: "0 100000 65536",
-		Rehome: rehome,
-		Envd:   testenv.EnvdBinary(t),
-		// Until the CRIU Checkpointer and Restorer land.
+		Lower:   lower,
+		Caps:    linux.Capabilities,
+		UIDMap:  "0 100000 65536",
+		Rehome:  rehome,
+		Envd:    testenv.EnvdBinary(t),
+		Network: true,
 		New: func(t *testing.T) runtime.Runtime {
 			r, err := linux.New(state, nil)
 			if err != nil {
@@ -85,6 +85,16 @@ func newNetNS(t *testing.T) string {
 	if out, err := exec.Command("nsenter", "--net="+path, "ip", "link", "add", "airlockva", "type", "veth", "peer", "name", "airlockvb").CombinedOutput(); err != nil {
 		t.Fatalf("add veth pair: %v: %s", err, out)
 	}
+	for _, args := range [][]string{
+		{"addr", "add", "10.201.0.1/30", "dev", "airlockva"},
+		{"link", "set", "airlockva", "up"},
+		{"link", "set", "airlockvb", "up"},
+		{"route", "add", "default", "via", "10.201.0.2", "dev", "airlockva"},
+	} {
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + path, "ip"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
 	return path
 }
 
@@ -95,6 +105,7 @@ import os, socket
 out = {}
 out["netns"] = os.readlink("/proc/self/ns/net")
 out["sysnet"] = " ".join(sorted(os.listdir("/sys/class/net")))
+out["route"] = " ".join(l.split()[0] + ":" + l.split()[1] + ":" + l.split()[2] for l in open("/proc/net/route").readlines()[1:])
 out["sysro"] = "ro" if os.statvfs("/sys").f_flag & os.ST_RDONLY else "rw"
 try:
     s = socket.socket()
@@ -109,9 +120,12 @@ import time
 time.sleep(100000)
 `
 
-// TestJoinPreparedNetNS: a sandbox given Spec.NetNS is in that namespace, sees
-// its interfaces (not the host's) in a read-only /sys, and its root can still
-// serve on port 80 although the namespace belongs to the host's user namespace.
+// TestJoinPreparedNetNS: a sandbox given Spec.NetNS runs in a network
+// namespace of its own (CRIU could not save it in the host's; netns.go) into
+// which the prepared namespace's interfaces moved with their addresses; it
+// sees them (not the host's) in a read-only /sys, its root can serve on port
+// 80, and Destroy gives the interfaces back, addressed, to the prepared
+// namespace.
 func TestJoinPreparedNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
@@ -156,11 +170,25 @@ func TestJoinPreparedNetNS(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join(out, name))
 		return string(b)
 	}
-	if got, want := read("netns"), fmt.Sprintf("net:[%d]", st.Ino); got != want {
-		t.Errorf("sandbox netns = %s, want the prepared %s", got, want)
+	if got, prepared := read("netns"), fmt.Sprintf("net:[%d]", st.Ino); got == prepared || !strings.HasPrefix(got, "net:[") {
+		t.Errorf("sandbox netns = %s, want one of its own (the prepared one is %s)", got, prepared)
+	}
+	links := func() string {
+		out, err := exec.Command("nsenter", "--net="+netns, "ip", "-4", "-o", "addr", "show").CombinedOutput()
+		if err != nil {
+			t.Fatalf("addresses in the prepared netns: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	if got := links(); strings.Contains(got, "airlockva") {
+		t.Errorf("the veth is still in the prepared netns while the sandbox runs: %s", got)
 	}
 	if got := read("sysnet"); got != "airlockva airlockvb lo" {
 		t.Errorf("/sys/class/net inside = %q, want the prepared netns's interfaces", got)
+	}
+	// 0200C90A is 10.201.0.2 and 0000C90A 10.201.0.0, as /proc/net/route writes them.
+	if got := read("route"); !strings.Contains(got, "airlockva:00000000:0200C90A") || !strings.Contains(got, "airlockva:0000C90A:00000000") {
+		t.Errorf("routes inside = %q, want the default route via 10.201.0.2 and 10.201.0.0/30 on airlockva", got)
 	}
 	if got := read("sysro"); got != "ro" {
 		t.Errorf("/sys inside is %s", got)
@@ -173,6 +201,9 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	}
 	if m := mountutil.MountedUnder(spec.Dir); len(m) > 0 {
 		t.Errorf("mounts left after Destroy: %v", m)
+	}
+	if got := links(); !strings.Contains(got, "airlockva") || !strings.Contains(got, "10.201.0.1/30") {
+		t.Errorf("after Destroy the prepared netns has %q, want airlockva back with 10.201.0.1/30", got)
 	}
 }
 

@@ -1,68 +1,192 @@
 package linux
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 
+	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// A sandbox that joins a network namespace prepared by the caller
-// (Spec.NetNS) is in a namespace owned by the host's user namespace, not by its
-// own. Two things follow, and prepareNetNS handles both from the host:
+// Networking. The caller (the sandbox manager, through netpolicy) prepares a
+// network namespace, Spec.NetNS, that holds the sandbox's interface (eth0,
+// addressed and routed), and keeps it while the sandbox runs or is paused.
+// The sandbox does not join that namespace: CRIU saves a task only when every
+// namespace it is in belongs to its user namespace (criu/namespaces.c
+// check_user_ns), which one the host made does not, and it restores a task
+// into a user namespace of its own making, which owns no namespace made
+// before. So every start of the sandbox, a restore included, gets a network
+// namespace of its own, made inside its user namespace (by libcontainer, or
+// by CRIU with --empty-ns net), and a hook of ours, run once the namespaces
+// exist and before any process of the sandbox runs, moves the caller's
+// interfaces into it with their addresses and routes, brings loopback up and
+// opens ports below 1024 to every uid of the namespace (what Docker does in
+// every container: the namespace holds this sandbox alone).
 //
-//   - the sandbox cannot mount sysfs (the kernel wants CAP_SYS_ADMIN over the
-//     netns's owner), so the host mounts a read-only sysfs instance *for that
-//     netns* at <Spec.Dir>/sys and the sandbox gets it as a bind mount. A bind
-//     of the host's /sys (runc's rootless answer) would show the host's
-//     interfaces, other sandboxes' veths among them;
-//   - its root's CAP_NET_BIND_SERVICE does not count there, so ports below
-//     1024 are opened to every uid of that netns (ip_unprivileged_port_start
-//     = 0, what Docker does in every container). The netns holds only this
-//     sandbox, so that gives nothing to anyone else.
+// A bind mount of the sandbox's namespace (netnsMount) keeps it past its last
+// process: when the sandbox stops (a checkpoint ends its processes, a release,
+// a destroy), teardown moves the interfaces back into Spec.NetNS, so that a
+// paused sandbox keeps its interface and address for the next restore, then
+// drops the mount. The root of the sandbox has no CAP_NET_ADMIN
+// (Capabilities), so it cannot reconfigure what the host set up, though the
+// namespace is its user namespace's.
 
-// sysfsMountPoint is where the netns's sysfs lives on the host.
-func sysfsMountPoint(dir string) string { return filepath.Join(dir, "sys") }
+// netnsMount is where the sandbox's own network namespace is bind-mounted on
+// the host while it lives.
+func (s *sandbox) netnsMount() string { return s.rootfs + ".netns" }
 
-// prepareNetNS mounts the sysfs of netns at sysfsMountPoint(dir) and sets the
-// netns's unprivileged port start to 0.
-func prepareNetNS(netns, dir string) error {
-	target := sysfsMountPoint(dir)
-	if err := os.MkdirAll(target, 0o755); err != nil {
-		return fmt.Errorf("sysfs mount point: %w", err)
+// attachNetwork is the hook: pid is the sandbox's first process, in its new
+// namespaces.
+func (s *sandbox) attachNetwork(pid int) error {
+	own := s.netnsMount()
+	f, err := os.OpenFile(own, os.O_CREATE|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("network namespace mount point: %w", err)
 	}
-	mfd, err := inNetNS(netns, func() (int, error) {
+	f.Close()
+	if err := unix.Mount("/proc/"+strconv.Itoa(pid)+"/ns/net", own, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the sandbox's network namespace: %w", err)
+	}
+	if err := moveLinks(s.parkNetNS, own); err != nil {
+		return err
+	}
+	if _, err := inNetNS(own, func() (int, error) {
 		// /proc/sys/net is the netns of the thread that opens it.
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0); err != nil {
 			return -1, fmt.Errorf("ip_unprivileged_port_start: %w", err)
 		}
-		fsfd, err := unix.Fsopen("sysfs", unix.FSOPEN_CLOEXEC)
-		if err != nil {
-			return -1, fmt.Errorf("fsopen sysfs: %w", err)
-		}
-		defer unix.Close(fsfd)
-		// The superblock takes the netns of the thread that creates it.
-		if err := unix.FsconfigCreate(fsfd); err != nil {
-			return -1, fmt.Errorf("create sysfs: %w", err)
-		}
-		mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC,
-			unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
-		if err != nil {
-			return -1, fmt.Errorf("fsmount sysfs: %w", err)
-		}
-		return mfd, nil
-	})
-	if err != nil {
-		return fmt.Errorf("netns %s: %w", netns, err)
-	}
-	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach sysfs at %s: %w", target, err)
+		return -1, nil
+	}); err != nil {
+		return fmt.Errorf("network namespace: %w", err)
 	}
 	return nil
+}
+
+// detachNetwork moves the interfaces back to the caller's namespace and
+// drops the sandbox's; a sandbox without one has nothing to do.
+func (s *sandbox) detachNetwork() error {
+	own := s.netnsMount()
+	if _, err := os.Stat(own); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	if s.parkNetNS != "" {
+		if err := moveLinks(own, s.parkNetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := unix.Unmount(own, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		errs = append(errs, fmt.Errorf("unmount %s: %w", own, err))
+	}
+	if err := os.Remove(own); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// moveLinks moves every interface but loopback from the namespace mounted at
+// from into the one at to, with its IPv4 addresses and routes (a move drops
+// them), up, and brings loopback up in to. An interface with no namespace to
+// go to (the sandbox's died without the mount) is gone with it; that is
+// not an error here, netpolicy's teardown copes with a missing veth.
+func moveLinks(from, to string) error {
+	src, err := netns.GetFromPath(from)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", from, err)
+	}
+	defer src.Close()
+	dst, err := netns.GetFromPath(to)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", to, err)
+	}
+	defer dst.Close()
+	sh, err := netlink.NewHandleAt(src)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", from, err)
+	}
+	defer sh.Close()
+	dh, err := netlink.NewHandleAt(dst)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", to, err)
+	}
+	defer dh.Close()
+	links, err := sh.LinkList()
+	if err != nil {
+		return fmt.Errorf("interfaces in %s: %w", from, err)
+	}
+	for _, l := range links {
+		name := l.Attrs().Name
+		if name == "lo" {
+			continue
+		}
+		addrs, err := sh.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return fmt.Errorf("addresses of %s: %w", name, err)
+		}
+		routes, err := sh.RouteList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return fmt.Errorf("routes of %s: %w", name, err)
+		}
+		if err := sh.LinkSetNsFd(l, int(dst)); err != nil {
+			return fmt.Errorf("move %s: %w", name, err)
+		}
+		moved, err := dh.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("%s after the move: %w", name, err)
+		}
+		for _, a := range addrs {
+			a := a
+			a.Label = ""
+			if err := dh.AddrReplace(moved, &a); err != nil {
+				return fmt.Errorf("address %s on %s: %w", a.IPNet, name, err)
+			}
+		}
+		if err := dh.LinkSetUp(moved); err != nil {
+			return fmt.Errorf("up %s: %w", name, err)
+		}
+		for _, r := range routes {
+			if r.Protocol == unix.RTPROT_KERNEL {
+				continue // the address's own prefix route, back with it
+			}
+			r := r
+			r.LinkIndex = moved.Attrs().Index
+			if err := dh.RouteReplace(&r); err != nil {
+				return fmt.Errorf("route %s on %s: %w", r, name, err)
+			}
+		}
+	}
+	lo, err := dh.LinkByName("lo")
+	if err == nil {
+		err = dh.LinkSetUp(lo)
+	}
+	if err != nil {
+		return fmt.Errorf("loopback in %s: %w", to, err)
+	}
+	return nil
+}
+
+// networkHook makes cfg's sandbox attach the caller's network on every
+// start: libcontainer runs CreateRuntime hooks once the init's namespaces
+// exist, and a CRIU restore runs them at its setup-namespaces step.
+// Function hooks are not saved with the container's state, so a sandbox
+// loaded after a restart of ours has none, and needs none.
+func networkHook(cfg *configs.Config, s *sandbox) {
+	if cfg.Hooks == nil {
+		cfg.Hooks = configs.Hooks{}
+	}
+	cfg.Hooks[configs.CreateRuntime] = append(cfg.Hooks[configs.CreateRuntime],
+		configs.NewFunctionHook(func(st *specs.State) error {
+			if err := s.attachNetwork(st.Pid); err != nil {
+				return fmt.Errorf("linux runtime: network of %s: %w", s.id, err)
+			}
+			return nil
+		}))
 }
 
 // inNetNS runs fn on an OS thread that has joined netns, then returns the
@@ -106,22 +230,4 @@ func inNetNS(netns string, fn func() (int, error)) (int, error) {
 	}()
 	r := <-ch
 	return r.fd, r.err
-}
-
-// joinNetNS points the spec at the prepared netns and replaces its sysfs mount
-// with a read-only bind of the netns's own sysfs.
-func joinNetNS(s *specs.Spec, netns, dir string) {
-	for i := range s.Linux.Namespaces {
-		if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
-			s.Linux.Namespaces[i].Path = netns
-		}
-	}
-	for i, m := range s.Mounts {
-		if m.Type == "sysfs" {
-			s.Mounts[i] = specs.Mount{
-				Destination: m.Destination, Type: "bind", Source: sysfsMountPoint(dir),
-				Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
-			}
-		}
-	}
 }

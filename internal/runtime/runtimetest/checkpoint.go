@@ -224,6 +224,7 @@ func testCheckpoint(t *testing.T, h Harness) {
 	t.Run("ReleaseThenCreateKeepsFiles", func(t *testing.T) { testReleaseThenCreate(t, h) })
 	t.Run("FailedCheckpointLeavesRunning", func(t *testing.T) { testCheckpointFails(t, h) })
 	t.Run("DestroyAfterRelease", func(t *testing.T) { testDestroyAfterRelease(t, h) })
+	t.Run("CheckpointInNetwork", func(t *testing.T) { testCheckpointInNetwork(t, h) })
 }
 
 // testRestoreKeepsProcesses: Checkpoint, Release and Restore with the same

@@ -52,6 +52,12 @@ type Harness struct {
 	// and runtime.Restorer; the checkpoint tests are then skipped instead of
 	// failing.
 	NoCheckpoint bool
+	// Network says the backend's sandboxes work in a network namespace the
+	// caller made (Spec.NetNS, as netpolicy makes for the sandbox manager);
+	// the checkpoint tests then also pause and fork a sandbox with a TCP
+	// server and an established loopback connection in one (NewNetwork
+	// makes it, CheckpointInNetwork).
+	Network bool
 	// Rehome, if set, moves every process of the sandbox into child cgroups
 	// of its own cgroup (as a backend that splits envd from user processes
 	// does); the limits test then checks the views again.
