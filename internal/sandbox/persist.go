@@ -258,6 +258,9 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 		return fmt.Errorf("resume %s: %w", e.id, err)
 	}
 	dirs := m.layout()
+	if err := m.renewSpentNetwork(e, rec.Template); err != nil {
+		return fmt.Errorf("resume %s: %w", e.id, err)
+	}
 	mode := bootMode{existingDir: true}
 	if e.info.PausedWithMemory {
 		mode.image = dirs.PausedMemory(e.id)
@@ -285,6 +288,33 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 		}
 	}
 	m.log.Info("sandbox resumed", "id", e.id, "memory", mode.image != "")
+	return nil
+}
+
+// renewSpentNetwork tears down the network a paused sandbox kept when its
+// backend used it up (runtime.NetNSSpender: gVisor strips the namespace's
+// addresses), so that the boot that follows sets up a new one. A restored
+// gVisor netstack takes its addresses from the namespace it joins, so the
+// new address serves a restore as well as a cold boot.
+func (m *Manager) renewSpentNetwork(e *entry, tpl Template) error {
+	if m.opts.Network == nil || e.net == nil {
+		return nil
+	}
+	backend, err := m.runtimeFor(tpl.Runtime)
+	if err != nil {
+		return err
+	}
+	if sp, ok := backend.(runtime.NetNSSpender); !ok || !sp.SpendsNetNS() {
+		return nil
+	}
+	// At once, not in the background as a kill does: the new one is made
+	// in the same state directory.
+	if err := m.opts.Network.Teardown(e.id); err != nil {
+		return fmt.Errorf("renew the network: %w", err)
+	}
+	e.undo.drop(stepNetwork)
+	e.net = nil
+	e.info.Addr = netip.Addr{}
 	return nil
 }
 
