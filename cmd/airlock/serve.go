@@ -80,6 +80,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if c.PausedRetention < 0 {
+		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
+	}
 	if v := os.Getenv("AIRLOCK_API_KEY"); v != "" {
 		keys, err := daemon.ParseAPIKeys(v)
 		if err != nil {
