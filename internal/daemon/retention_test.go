@@ -42,8 +42,8 @@ func TestPausedRetention(t *testing.T) {
 
 	// One paused now stays until it is 3 s old, then goes too.
 	young := h.newSandbox(ctx)
+	pausedAt := time.Now() // no later than the server's own pause time
 	h.pause(ctx, young, false)
-	pausedAt := time.Now()
 	h.expectListed(ctx, running.id, young.id)
 	h.expectDeleted(ctx, 10*time.Second, young)
 	if d := time.Since(pausedAt); d < 3*time.Second {
