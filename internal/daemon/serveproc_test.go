@@ -249,6 +249,12 @@ func (h *host) reboot(clearState bool) {
 			h.t.Fatalf("reboot: %v", err)
 		}
 	}
+	// Anything else that names the data dir (runsc's sentry and gofer carry
+	// --root=<data>/runtime/gvisor) should have been in a sandbox's cgroup.
+	for _, pid := range h.strayProcesses() {
+		h.t.Errorf("reboot: process %d names the data dir but was in no sandbox cgroup: %s", pid, cmdline(pid))
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
 	if err := h.unmountAll(); err != nil {
 		h.t.Fatalf("reboot: %v", err)
 	}
@@ -287,6 +293,28 @@ func (h *host) sandboxIDs() map[string]bool {
 		}
 	}
 	return ids
+}
+
+// strayProcesses are the host's processes whose command line names the
+// data dir, but for this test process.
+func (h *host) strayProcesses() []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
+	for _, p := range procs {
+		pid, err := strconv.Atoi(filepath.Base(p))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if strings.Contains(cmdline(pid), h.dir.Root+"/") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.ReplaceAll(string(b), "\x00", " ")
 }
 
 // killCgroups kills every process in sandbox id's cgroups (under Airlock's
