@@ -16,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/daemon"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
@@ -49,6 +50,11 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.StringSliceVar(&c.Templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
 	f.BoolVar(&c.KillOnClose, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
+	f.DurationVar(&c.PausedRetention, "paused-retention", sandbox.DefaultPausedRetention, "delete a paused sandbox, with its disk, this long after it was paused (0: keep paused sandboxes forever)")
+	// Tests start many short-lived servers, each on a data dir of its own,
+	// over one cache of built templates.
+	f.StringVar(&c.TemplateDataDir, "template-data-dir", "", "data dir whose templates and layers to use (default: --data-dir)")
+	_ = f.MarkHidden("template-data-dir")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.IntVar(&c.WarmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand, from when the template is ready (0: off)")
 	f.Float64Var(&c.Limits.Requests.Rate, "rate-limit", e2b.DefaultLimits.Requests.Rate, "API requests per second allowed per API key (0: no limit)")
@@ -74,6 +80,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if c.PausedRetention < 0 {
+		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
+	}
 	if v := os.Getenv("AIRLOCK_API_KEY"); v != "" {
 		keys, err := daemon.ParseAPIKeys(v)
 		if err != nil {

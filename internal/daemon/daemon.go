@@ -104,6 +104,9 @@ type Config struct {
 	Network NetworkConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
+	// PausedRetention is how long a paused sandbox is kept before it is
+	// deleted with its disk; 0 keeps them forever.
+	PausedRetention time.Duration
 	// Logger gets the server's log (default slog.Default()); BuildOutput the
 	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
 	// servers' own errors (default: the standard logger).
@@ -346,17 +349,18 @@ func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err 
 // server left, and fills the first templates' warm pools.
 func (d *Daemon) startManager(ctx context.Context, first []string) error {
 	d.Manager = sandbox.New(sandbox.Options{
-		Disk:        d.Disk,
-		Runtime:     d.Runtime,
-		Runtimes:    d.Runtimes,
-		Store:       d.Store,
-		Templates:   template.Resolver{Store: d.Templates},
-		DataDir:     d.Layout.Root,
-		EnvdPath:    d.cfg.EnvdPath,
-		MaxTimeout:  d.cfg.MaxTimeout,
-		MaxPerOwner: d.cfg.MaxPerKey,
-		Network:     d.Network,
-		Logger:      d.log,
+		Disk:            d.Disk,
+		Runtime:         d.Runtime,
+		Runtimes:        d.Runtimes,
+		Store:           d.Store,
+		Templates:       template.Resolver{Store: d.Templates},
+		DataDir:         d.Layout.Root,
+		EnvdPath:        d.cfg.EnvdPath,
+		MaxTimeout:      d.cfg.MaxTimeout,
+		MaxPerOwner:     d.cfg.MaxPerKey,
+		Network:         d.Network,
+		Logger:          d.log,
+		PausedRetention: d.cfg.PausedRetention,
 	})
 	d.push("sandbox manager", func() error {
 		if d.cfg.KillOnClose {

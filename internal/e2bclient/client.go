@@ -153,17 +153,24 @@ func errorFrom(resp *http.Response) *Error {
 // do sends one REST request with the API key and decodes a 2xx JSON answer into
 // out (if not nil). It returns the answer's header (X-Next-Token).
 func (c *Client) do(ctx context.Context, method, path string, body, out any) (http.Header, error) {
+	hdr, _, err := c.doStatus(ctx, method, path, body, out)
+	return hdr, err
+}
+
+// doStatus is do, also returning the 2xx status the server chose (connect
+// answers 201 when it resumed the sandbox, 200 when it was running).
+func (c *Client) doStatus(ctx context.Context, method, path string, body, out any) (http.Header, int, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return nil, fmt.Errorf("encode request: %w", err)
+			return nil, 0, fmt.Errorf("encode request: %w", err)
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.api+path, rd)
 	if err != nil {
-		return nil, fmt.Errorf("build request: %w", err)
+		return nil, 0, fmt.Errorf("build request: %w", err)
 	}
 	req.Header.Set(e2bwire.HeaderAPIKey, c.key)
 	if body != nil {
@@ -171,22 +178,22 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) (ht
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("airlock API: %w", err)
+		return nil, 0, fmt.Errorf("airlock API: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return nil, errorFrom(resp)
+		return nil, 0, errorFrom(resp)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		return nil, fmt.Errorf("airlock API: read answer: %w", err)
+		return nil, 0, fmt.Errorf("airlock API: read answer: %w", err)
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			return nil, fmt.Errorf("airlock API %s %s: decode answer: %w", method, path, err)
+			return nil, 0, fmt.Errorf("airlock API %s %s: decode answer: %w", method, path, err)
 		}
 	}
-	return resp.Header, nil
+	return resp.Header, resp.StatusCode, nil
 }
 
 func sandboxPath(id string) string { return "/sandboxes/" + url.PathEscape(id) }

@@ -42,7 +42,8 @@
 //
 // Manager.New only builds a manager; Recover re-adopts what a previous server
 // left, then Start starts the background work (end-of-life timers of re-adopted
-// sandboxes, metrics sampling, warm pool refills); Close stops it.
+// sandboxes, metrics sampling, warm pool refills, the retention sweep of paused
+// sandboxes); Close stops it.
 package sandbox
 
 import (
@@ -141,7 +142,10 @@ type Options struct {
 	// Network gives every sandbox its own netns, veth, firewall policy and
 	// DNS; nil keeps the runtime's private, loopback-only namespace.
 	Network *netpolicy.Network
-	Logger  *slog.Logger
+	// PausedRetention is how long a paused sandbox is kept before it is
+	// deleted with its disk (retention.go); 0 keeps them forever.
+	PausedRetention time.Duration
+	Logger          *slog.Logger
 }
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
@@ -275,7 +279,7 @@ func (m *Manager) Start() {
 	m.started = true
 	// Under mu, so that Close (which sets closed under mu, then waits)
 	// either sees these or is seen above.
-	m.wg.Add(2)
+	m.wg.Add(3)
 	live := m.liveLocked()
 	m.mu.Unlock()
 	for _, e := range live {
@@ -287,6 +291,7 @@ func (m *Manager) Start() {
 	}
 	go m.sampleLoop()
 	go m.poolLoop()
+	go m.retentionLoop()
 }
 
 // liveLocked returns the live entries; m.mu is held.
@@ -557,13 +562,6 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	backend, err := m.runtimeFor(tpl.Runtime)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
-	}
-	if m.opts.Network != nil && e.net != nil {
-		// A namespace kept from before (a pause): a gVisor sandbox that ran
-		// in it stripped its addresses, which the next one needs.
-		if err := m.opts.Network.Readdress(info.ID); err != nil {
-			return fmt.Errorf("sandbox %s: %w", info.ID, err)
-		}
 	}
 	if m.opts.Network != nil && e.net == nil {
 		// A pooled sandbox has no client yet: it starts with all egress denied
@@ -1284,6 +1282,20 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if alive && e.info.State == StateCreating {
 			alive = false
 		}
+		// A running sandbox whose record says paused is one a crash caught
+		// between the two: a pause without memory that had written its
+		// record but not yet released the sandbox, or a resume that had
+		// booted it but not yet written its record. It is running, so it
+		// is taken back as running (the record's end time is a paused
+		// sandbox's, stale: it gets the time a resume would give it).
+		resumed := alive && st == runtime.StatusRunning && e.info.State == StatePaused
+		if resumed {
+			timeout := DefaultAutoResumeTimeout
+			if br, err := readBootRecord(e.dir); err == nil && br.Timeout > 0 {
+				timeout = min(br.Timeout, m.opts.MaxTimeout)
+			}
+			e.info.EndAt = later(e.info.EndAt, time.Now().Add(timeout))
+		}
 		if alive && st == runtime.StatusRunning && !time.Now().Before(e.info.EndAt) {
 			alive = false
 		}
@@ -1324,11 +1336,41 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if br, err := readBootRecord(e.dir); err == nil {
 			e.info.Lifecycle = br.Lifecycle
 		}
+		if st == runtime.StatusPaused && e.info.State != StatePaused {
+			// Frozen, but never recorded paused: a fork's or snapshot's
+			// capture (or a freeze) that a crash interrupted. The sandbox
+			// was running, and runs on.
+			if err := rt.Resume(); err != nil {
+				m.log.Warn("sandbox frozen by an interrupted operation could not be thawed", "id", rec.ID, "err", err)
+				e.info.State = StatePaused
+				e.info.PausedWithMemory = true
+			} else {
+				st = runtime.StatusRunning
+			}
+		}
+		changed := resumed
 		if st == runtime.StatusPaused {
 			e.info.State = StatePaused
 			e.info.PausedWithMemory = true
+			if e.info.PausedAt.IsZero() {
+				e.info.PausedAt = time.Now()
+				changed = true
+			}
 		} else {
+			changed = changed || e.info.State != StateRunning
 			e.info.State = StateRunning
+			e.info.PausedWithMemory, e.info.PausedAt = false, time.Time{}
+			// A checkpoint image beside a running sandbox is stale (a
+			// resume that booted from it, or a pause whose checkpoint
+			// never completed): it is never restored again.
+			if err := os.RemoveAll(m.layout().Paused(rec.ID)); err != nil {
+				m.log.Warn("sandbox re-adopted: removing a stale checkpoint image", "id", rec.ID, "err", err)
+			}
+		}
+		if changed {
+			if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+				m.log.Warn("sandbox re-adopted: record", "id", rec.ID, "err", err)
+			}
 		}
 		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
 		// Its timer is armed by Start.
@@ -1501,6 +1543,10 @@ func toRecord(i Info) store.Sandbox {
 		StartedAt: i.StartedAt, EndAt: i.EndAt, State: string(i.State),
 		CPUCount: i.CPUCount, MemoryMB: i.MemoryMB, DiskSizeMB: i.DiskSizeMB,
 		AllowInternet: i.AllowInternetAccess, Owner: i.Owner,
+		Lifecycle: store.Lifecycle{
+			OnTimeout: string(i.Lifecycle.OnTimeout), DropMemory: i.Lifecycle.DropMemory, AutoResume: i.Lifecycle.AutoResume,
+		},
+		PausedWithMemory: i.PausedWithMemory, PausedAt: i.PausedAt,
 		Network: store.Network{
 			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
 			AllowPublicTraffic: i.Network.AllowPublicTraffic, TrafficAccessToken: i.TrafficAccessToken,
@@ -1515,9 +1561,21 @@ func fromRecord(r store.Sandbox) Info {
 		StartedAt: r.StartedAt, EndAt: r.EndAt, State: State(r.State),
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB,
 		EnvdVersion: envdapi.Version, AllowInternetAccess: r.AllowInternet, Owner: r.Owner,
+		Lifecycle: Lifecycle{
+			OnTimeout: OnTimeout(r.Lifecycle.OnTimeout), DropMemory: r.Lifecycle.DropMemory, AutoResume: r.Lifecycle.AutoResume,
+		},
+		PausedWithMemory: r.PausedWithMemory, PausedAt: r.PausedAt,
 		Network: NetworkConfig{
 			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
 		},
 		TrafficAccessToken: r.Network.TrafficAccessToken,
 	}
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
@@ -55,14 +56,42 @@ func writeBootRecord(dir string, rec bootRecord) error {
 	if err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
-	tmp := filepath.Join(dir, bootRecordName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("boot record: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, bootRecordName)); err != nil {
+	if err := writeDurable(filepath.Join(dir, bootRecordName), b); err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
 	return nil
+}
+
+// writeDurable replaces path with data through a synced temporary file
+// renamed over it, then syncs the directory: after a crash, even of the
+// host, path holds the old content or the new, whole. The files that mark
+// a step done (an image complete, a snapshot whole) are written so.
+func writeDurable(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 func readBootRecord(dir string) (bootRecord, error) {
@@ -257,13 +286,24 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 			}
 			return fmt.Errorf("pause %s: the sandbox is still running: %w", e.id, err)
 		}
-		if err := os.WriteFile(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
+		crashpoint.Hit(crashpoint.PauseCheckpointed)
+		if err := writeDurable(dirs.PausedComplete(e.id), []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
 			return fmt.Errorf("pause %s: %w", e.id, err)
 		}
-	}
-	if withMemory {
+		crashpoint.Hit(crashpoint.PauseImageComplete)
 		m.pushPaused(e)
 	}
+	// The commit point of a pause with memory is the complete image above;
+	// without memory nothing on disk tells a released sandbox from a dead
+	// one but its record, so the record says paused before the runtime
+	// sandbox goes. A crash in between leaves a running sandbox whose record
+	// says paused, which Recover takes back as running.
+	markErr := m.markPaused(context.WithoutCancel(ctx), e, withMemory)
+	if markErr != nil && !withMemory {
+		m.unmarkPaused(e)
+		return markErr
+	}
+	crashpoint.Hit(crashpoint.PauseRecorded)
 	if err := ck.Release(context.WithoutCancel(ctx)); err != nil {
 		// What is left (a mount, a cgroup) is logged; the sandbox itself is
 		// stopped and its state is on disk.
@@ -271,11 +311,25 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 	}
 	e.undo.drop(stepRuntime)
 	e.rt = nil
-	if err := m.markPaused(context.WithoutCancel(ctx), e, withMemory); err != nil {
-		return err
+	crashpoint.Hit(crashpoint.PauseReleased)
+	if markErr != nil {
+		// The image is whole and the processes are gone: the sandbox is
+		// paused, and Recover will say so from the disk.
+		return markErr
 	}
 	m.log.Info("sandbox paused", "id", e.id, "memory", withMemory)
 	return nil
+}
+
+// unmarkPaused undoes markPaused in memory for a sandbox whose pause did
+// not go on: it is running, and its timer runs again.
+func (m *Manager) unmarkPaused(e *entry) {
+	e.mu.Lock()
+	e.info.State = StateRunning
+	e.info.PausedWithMemory = false
+	e.info.PausedAt = time.Time{}
+	m.armTimerLocked(e)
+	e.mu.Unlock()
 }
 
 // resume boots a paused sandbox whose op lock the caller holds. On failure
@@ -286,6 +340,9 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 		return fmt.Errorf("resume %s: %w", e.id, err)
 	}
 	dirs := m.layout()
+	if err := m.renewSpentNetwork(e, rec.Template); err != nil {
+		return fmt.Errorf("resume %s: %w", e.id, err)
+	}
 	mode := bootMode{existingDir: true}
 	if e.info.PausedWithMemory {
 		mode.image = dirs.PausedMemory(e.id)
@@ -306,12 +363,48 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 		e.rt = nil
 		return err
 	}
+	crashpoint.Hit(crashpoint.ResumeBooted)
 	if mode.image != "" {
 		if err := os.RemoveAll(dirs.Paused(e.id)); err != nil {
 			m.log.Warn("sandbox resume: removing the image", "id", e.id, "err", err)
 		}
 	}
 	m.log.Info("sandbox resumed", "id", e.id, "memory", mode.image != "")
+	return nil
+}
+
+// renewSpentNetwork makes the network a paused sandbox kept usable again
+// when its backend used it up (runtime.NetNSSpender: gVisor strips the
+// namespace's addresses): it puts eth0's address and default route back
+// (netpolicy.Readdress), so the sandbox keeps its address, which the
+// connections a restored netstack holds are bound to (a restored gVisor
+// netstack takes its addresses from the namespace it joins). When that
+// fails, the network is torn down and the boot that follows sets up a new
+// one, usually at another address.
+func (m *Manager) renewSpentNetwork(e *entry, tpl Template) error {
+	if m.opts.Network == nil || e.net == nil {
+		return nil
+	}
+	backend, err := m.runtimeFor(tpl.Runtime)
+	if err != nil {
+		return err
+	}
+	if sp, ok := backend.(runtime.NetNSSpender); !ok || !sp.SpendsNetNS() {
+		return nil
+	}
+	rerr := m.opts.Network.Readdress(e.id)
+	if rerr == nil {
+		return nil
+	}
+	m.log.Warn("sandbox resume: the kept network could not be readdressed; a new one is set up", "id", e.id, "err", rerr)
+	// At once, not in the background as a kill does: the new one is made
+	// in the same state directory.
+	if err := m.opts.Network.Teardown(e.id); err != nil {
+		return fmt.Errorf("renew the network: %w", err)
+	}
+	e.undo.drop(stepNetwork)
+	e.net = nil
+	e.info.Addr = netip.Addr{}
 	return nil
 }
 
@@ -383,6 +476,8 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 			m.log.Warn("paused sandbox: releasing what its runtime left", "id", e.id, "err", err)
 		}
 		e.undo.drop(stepRuntime)
+		// Released: a resume boots it from the disk, not by thawing this.
+		e.rt = nil
 	}
 	if withMemory {
 		m.pushPaused(e)
@@ -393,14 +488,35 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 		if ns, err := m.opts.Network.Adopt(e.id, policyOf(e.info)); err == nil {
 			e.net = ns
 			e.info.Addr = ns.Addr
+		} else {
+			// Gone with a reboot: what is left of it (its state dir, the
+			// empty netns mount point) goes now, so that the resume's
+			// Setup starts clean, and that Setup pushes the one closer.
+			m.log.Info("paused sandbox: its network did not survive; a resume sets up a new one", "id", e.id, "why", err)
+			if terr := m.opts.Network.Teardown(e.id); terr != nil {
+				m.log.Warn("paused sandbox: removing what is left of its network", "id", e.id, "err", terr)
+			}
+			e.undo.drop(stepNetwork)
+			e.info.Addr = netip.Addr{}
 		}
 	}
-	paused := e.info.State != StatePaused
+	if e.info.State == StatePaused && e.info.PausedWithMemory && !withMemory {
+		// Frozen in place (its runtime could not save it to disk), and the
+		// processes did not outlive the host: its files are what is left.
+		m.log.Warn("paused sandbox: its memory was held in RAM and is lost; a resume boots it afresh from its files", "id", e.id)
+	}
+	paused := e.info.State != StatePaused || e.info.PausedWithMemory != withMemory
 	e.info.State = StatePaused
 	e.info.PausedWithMemory = withMemory
 	e.info.Lifecycle = br.Lifecycle
-	if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
-		e.info.PausedAt = fi.ModTime()
+	if e.info.PausedAt.IsZero() {
+		// Retention counts from the pause: the image's time when the
+		// record did not get to say it, else from now.
+		paused = true
+		e.info.PausedAt = time.Now()
+		if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
+			e.info.PausedAt = fi.ModTime()
+		}
 	}
 	if paused {
 		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
@@ -492,6 +608,7 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 	if err := copySandboxDir(e.dir, filepath.Join(dst, captureFS)); err != nil {
 		return false, fmt.Errorf("capture %s: %w", e.id, err)
 	}
+	crashpoint.Hit(crashpoint.CaptureFrozen)
 	if canCheckpoint {
 		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: filepath.Join(dst, captureMemory), LeaveRunning: true})
 		switch {
@@ -589,6 +706,9 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 				return err
 			}
 		}
+		// Until the record says running, a crash leaves a sandbox Recover
+		// destroys (a record in creating): the fork did not happen.
+		crashpoint.Hit(crashpoint.StartedFromCapture)
 		e.info.State = StateRunning
 		return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
 	}
@@ -621,6 +741,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.Hit(crashpoint.ForkCaptured)
 	base.Owner = req.Owner
 	base.Metadata, base.EnvVars = copyMap(base.Metadata), copyMap(base.EnvVars)
 	base.Lifecycle = Lifecycle{}

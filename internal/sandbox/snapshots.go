@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -48,6 +49,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		_ = os.RemoveAll(dir)
 		return Snapshot{}, err
 	}
+	crashpoint.Hit(crashpoint.SnapshotCaptured)
 	spec, err := json.Marshal(base)
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -64,6 +66,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		_ = os.RemoveAll(dir)
 		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 	}
+	crashpoint.Hit(crashpoint.SnapshotWritten)
 	if replaced != "" {
 		// Its record is gone with the name; its files follow.
 		if err := os.RemoveAll(filepath.Join(m.snapshotsDir(), replaced)); err != nil {

@@ -126,6 +126,10 @@ func New(stateRoot string, log *slog.Logger) (*Runtime, error) {
 
 func (r *Runtime) Name() string { return "gvisor" }
 
+// SpendsNetNS is true: runsc strips the addresses of the namespace a sandbox
+// joins (runtime.NetNSSpender).
+func (r *Runtime) SpendsNetNS() bool { return true }
+
 // flags are the global runsc flags. Every invocation gets the same set: runsc
 // reads some of them in commands other than create (start scrapes the network
 // according to its own --network, not create's).
