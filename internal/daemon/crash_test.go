@@ -68,8 +68,10 @@ var crashCases = []crashCase{
 	// A pause without memory commits with its record, before the release.
 	{point: crashpoint.PauseRecorded, op: pauseOp(false), want: e2bwire.StateRunning, keepsProcess: true},
 	{point: crashpoint.PauseReleased, op: pauseOp(false), want: e2bwire.StatePaused},
-	// A pause with memory commits with its complete image.
-	{point: crashpoint.PauseCheckpointed, op: pauseOp(true), want: e2bwire.StateRunning, memoryPause: true},
+	// A pause with memory commits with its complete image. The image is
+	// taken of the frozen sandbox, whose processes end only with the
+	// release, so before the complete mark the sandbox runs on with them.
+	{point: crashpoint.PauseCheckpointed, op: pauseOp(true), want: e2bwire.StateRunning, memoryPause: true, keepsProcess: true},
 	{point: crashpoint.PauseImageComplete, op: pauseOp(true), want: e2bwire.StatePaused, memoryPause: true, keepsProcess: true},
 	{point: crashpoint.PauseRecorded + "/memory", op: pauseOp(true), want: e2bwire.StatePaused, memoryPause: true, keepsProcess: true},
 	// A resume commits when the sandbox runs.

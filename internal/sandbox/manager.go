@@ -1282,6 +1282,16 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if alive && e.info.State == StateCreating {
 			alive = false
 		}
+		if alive && st == runtime.StatusPaused {
+			if _, err := os.Stat(m.layout().PausedComplete(rec.ID)); err == nil {
+				// A pause with memory takes its image of the frozen sandbox
+				// and releases it only after marking the image complete: a
+				// crash came in between. The complete image is the commit
+				// point, so the sandbox is paused to disk, and what is left
+				// of it in the runtime is released (recoverPaused).
+				alive = false
+			}
+		}
 		// A running sandbox whose record says paused is one a crash caught
 		// between the two: a pause without memory that had written its
 		// record but not yet released the sandbox, or a resume that had
@@ -1346,6 +1356,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 				e.info.PausedWithMemory = true
 			} else {
 				st = runtime.StatusRunning
+				// The operation quiesced envd before it froze the sandbox
+				// (envdapi.QuiesceSignal): wake it.
+				if err := m.wakeEnvd(ctx, e, envdWakeLimit); err != nil {
+					m.log.Warn("sandbox thawed after an interrupted operation: envd does not answer", "id", rec.ID, "err", err)
+				}
 			}
 		}
 		changed := resumed

@@ -266,14 +266,31 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 			m.log.Info("sandbox pause: memory stays resident", "id", e.id, "why", err)
 			return m.freeze(ctx, e)
 		}
-		if err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: img}); err != nil {
+		// The image is taken from the frozen sandbox, which is left frozen
+		// (LeaveRunning) rather than ended by the checkpoint: its processes
+		// end with the release, after the image is marked complete, so that
+		// a crash in between leaves the old state (a frozen sandbox, which
+		// Recover thaws and wakes) or the new one (a complete image, from
+		// which Recover takes it as paused), never processes gone without a
+		// complete image.
+		if err := e.rt.Pause(); err != nil {
 			_ = os.RemoveAll(dirs.Paused(e.id))
-			if st, serr := e.rt.Status(); serr != nil || st != runtime.StatusRunning {
-				// CRIU and runsc let the processes run on when they fail; if
-				// they did not, the sandbox is lost, and is not left
-				// half-dead.
+			if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil {
+				err = errors.Join(err, werr)
+			}
+			return fmt.Errorf("pause %s: freeze: %w", e.id, err)
+		}
+		if err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: img, LeaveRunning: true}); err != nil {
+			_ = os.RemoveAll(dirs.Paused(e.id))
+			if st, serr := e.rt.Status(); serr != nil || (st != runtime.StatusPaused && st != runtime.StatusRunning) {
+				// CRIU and runsc leave the processes as they were when they
+				// fail; if they did not survive, the sandbox is lost, and is
+				// not left half-dead.
 				m.kill(context.WithoutCancel(ctx), e)
 				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
+			}
+			if rerr := e.rt.Resume(); rerr != nil {
+				return fmt.Errorf("pause %s: the checkpoint failed (%w) and the sandbox could not be thawed: %w", e.id, err, rerr)
 			}
 			if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil {
 				return fmt.Errorf("pause %s: the checkpoint failed (%w) and envd did not wake after it: %w", e.id, err, werr)
