@@ -156,6 +156,7 @@ export E2B_API_URL="http://127.0.0.1:$api_port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$sandbox_port"
 export E2B_API_KEY="$api_key"
 export AIRLOCK_SDK_RUN_ID="$run_id"
+export AIRLOCK_DATA_DIR="$data_dir"   # persist tests look at what a pause wrote
 export AIRLOCK_BIN="$bin"   # the MCP test spawns `airlock mcp` (stdio)
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
 

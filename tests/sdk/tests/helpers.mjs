@@ -6,6 +6,7 @@
 
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import { existsSync } from 'node:fs'
 import http from 'node:http'
 import { after } from 'node:test'
 import { Sandbox } from 'e2b'
@@ -187,4 +188,15 @@ export async function startHTTPServer(sbx, port) {
   await waitFor(async () => (await proxyGet(sbx.getHost(port))).status === 200, {
     timeoutMs: 15_000, what: `http.server on ${port} through the proxy`,
   })
+}
+
+/**
+ * How the server holds a paused sandbox, read from its data dir: 'memory'
+ * when a complete checkpoint of its processes is on disk (the RAM went back
+ * to the host), 'files' when only its files are kept.
+ */
+export function pausedAs(sandboxId) {
+  const dir = process.env.AIRLOCK_DATA_DIR
+  assert.ok(dir, 'AIRLOCK_DATA_DIR is not set (tests/sdk/run.sh sets it)')
+  return existsSync(`${dir}/paused/${sandboxId}/complete`) ? 'memory' : 'files'
 }

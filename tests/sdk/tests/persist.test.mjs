@@ -7,7 +7,8 @@
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
 import { Sandbox, InvalidArgumentError } from 'e2b'
-import { api, createSandbox, meta, proxyGet, startHTTPServer, TEMPLATE, track, trackCleanup, waitFor } from './helpers.mjs'
+import { Sandbox as CodeInterpreter } from '@e2b/code-interpreter'
+import { api, createSandbox, meta, pausedAs, proxyGet, startHTTPServer, TEMPLATE, track, trackCleanup, waitFor } from './helpers.mjs'
 
 trackCleanup()
 
@@ -28,6 +29,7 @@ describe('pause and resume', { concurrency: true }, () => {
     await waitFor(async () => Number(await sh(sbx, 'cat /tmp/work/count 2>/dev/null || echo 0')) > 3, { what: 'counter running' })
     const pid = await sh(sbx, "pgrep -f 'while :' | head -1")
     assert.equal(await sbx.pause(), true)
+    assert.equal(pausedAs(sbx.sandboxId), 'memory', 'the processes and memory went to disk, not frozen in place')
     assert.equal(await sbx.isRunning(), false)
     assert.equal((await sbx.getInfo()).state, 'paused')
     const listed = await Sandbox.list({ query: { state: ['paused'], metadata: meta() } }).nextItems()
@@ -63,6 +65,22 @@ describe('pause and resume', { concurrency: true }, () => {
     await waitFor(async () => (await proxyGet(sbx.getHost(8000))).status === 200, { timeoutMs: 15_000, what: 'server on 8000 after resume' })
   })
 
+  test('with memory: Python and JavaScript variables in the code interpreter keep their values', async () => {
+    const sbx = await CodeInterpreter.create('code-interpreter-v1', { metadata: meta({ file: 'persist' }) })
+    track(sbx.sandboxId)
+    await sbx.runCode('kept = 41')
+    await sbx.runCode('globalThis.keptJs = "from before the pause"', { language: 'js' })
+    await sbx.pause()
+    assert.equal(pausedAs(sbx.sandboxId), 'memory')
+    await sbx.connect()
+    const py = await sbx.runCode('kept + 1')
+    assert.equal(py.error, undefined, py.error?.traceback)
+    assert.equal(py.text, '42')
+    const js = await sbx.runCode('globalThis.keptJs', { language: 'js' })
+    assert.equal(js.error, undefined, js.error?.traceback)
+    assert.equal(js.text, 'from before the pause')
+  })
+
   // E2B's test also expects a new /proc/sys/kernel/random/boot_id: the linux
   // runtime's containers share the host's, and libcontainer refuses a bind
   // mount over it (issue 13's closing note), so it is not checked here.
@@ -72,6 +90,7 @@ describe('pause and resume', { concurrency: true }, () => {
     await sbx.commands.run('sleep 3600', { background: true })
     await sbx.pause({ keepMemory: false })
     assert.equal((await sbx.getInfo()).state, 'paused')
+    assert.equal(pausedAs(sbx.sandboxId), 'files')
     await sbx.connect()
     assert.equal(await sbx.files.read('/home/user/kept.txt'), 'still here')
     assert.equal(await sh(sbx, 'pgrep -x sleep || echo none'), 'none', 'processes did not survive')
