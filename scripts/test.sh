@@ -12,12 +12,6 @@ export AIRLOCK_TEST_REQUIRE=1   # a test that lacks root or a template fails, ne
 export AIRLOCK_ENVD="$PWD/bin/envd"
 # Tests that kill the server (kill -9, crash points) start this binary as a child.
 export AIRLOCK_BIN="$PWD/bin/airlock"
-# Known gap: a pause with memory of a sandbox with envd freezes it in RAM (its
-# seccomp listeners and host-bound socket cannot be checkpointed yet), so its
-# processes cannot outlive a reboot and a checkpoint's crash points are never
-# reached. The tests that need it skip, saying so, while this is set; remove
-# this line when the checkpoint of a real sandbox lands.
-export AIRLOCK_KNOWN_GAP_PAUSE_IN_RAM=1
 # The linux runtime compiles only with seccomp support (cgo + libseccomp):
 # every go command below (vet, test, fuzz) gets the tag.
 export GOFLAGS="$(go env GOFLAGS) -tags=seccomp"

@@ -23,26 +23,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 )
 
-// gapPauseInRAM names the environment variable that, while set, skips (at
-// the point where they fail) the checks that need a pause with memory to
-// write the sandbox's processes to disk. Today a sandbox with envd cannot be
-// checkpointed (envd's seccomp notification listeners and host-bound unix
-// socket; a host-made netns for the linux runtime), so such a pause freezes
-// it in RAM, which no reboot survives. scripts/test.sh sets it; remove it
-// there once the checkpoint of a real sandbox works, and these checks run.
-const gapPauseInRAM = "AIRLOCK_KNOWN_GAP_PAUSE_IN_RAM"
-
-// knownGap fails the test with what is missing, or skips it when the gap's
-// variable is set.
-func knownGap(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv(gapPauseInRAM) != "" {
-		t.Skipf("known gap (%s is set): %s", gapPauseInRAM, msg)
-	}
-	t.Fatalf("%s (while this is being fixed, %s=1 skips this check)", msg, gapPauseInRAM)
-}
-
 // The marker command of the background process each sandbox runs: unique,
 // so that finding it after a resume cannot be a coincidence.
 const bgMarker = "sleep 86401"
@@ -55,7 +35,8 @@ type sbx struct {
 	// inRAM is why its last pause with memory is not on disk (nil when it
 	// is): the sandbox is frozen in RAM.
 	inRAM error
-	// gaps are the known gap's failures seen so far.
+	// gaps are lost processes of a pause with memory, reported at the
+	// end so that what follows (another reboot, a kill) is checked too.
 	gaps []string
 }
 
@@ -104,7 +85,7 @@ func testSurvive(t *testing.T, rt string, memory bool) {
 		t.Fatalf("kill %s: %v", s.id, err)
 	}
 	if len(s.gaps) > 0 {
-		knownGap(t, "%s", strings.Join(s.gaps, "\n"))
+		t.Fatalf("%s", strings.Join(s.gaps, "\n"))
 	}
 }
 
