@@ -102,7 +102,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	}
 	_, err = s.rt.runsc(ctx, s.network, "checkpoint", "--leave-running", "--image-path="+img, cid(s.id))
 	if err == nil {
-		err = syncDir(img)
+		err = runtime.SyncImage(img)
 	}
 	if err != nil {
 		if strings.Contains(err.Error(), "bound host socket") {
@@ -163,32 +163,6 @@ func makeImageDir(dir string) (bool, error) {
 		return false, fmt.Errorf("image dir %s is not empty", dir)
 	}
 	return false, nil
-}
-
-// syncDir flushes the files of an image and the directory itself to disk:
-// runsc leaves them in the page cache, and once the sandbox is killed the
-// image is all there is of its processes, also after a crash of the host.
-func syncDir(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range append(entries, nil) {
-		path := dir
-		if e != nil {
-			path = filepath.Join(dir, e.Name())
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		err = f.Sync()
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("sync %s: %w", path, err)
-		}
-	}
-	return nil
 }
 
 // clearImageDir removes what a failed checkpoint wrote: the directory if it

@@ -105,6 +105,9 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if err := os.Chmod(opts.ImageDir, 0o711); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint %s: %w", s.id, err)
 	}
+	if err := runtime.SyncImage(opts.ImageDir); err != nil {
+		return fmt.Errorf("linux runtime: checkpoint %s: %w", s.id, err)
+	}
 	if !opts.LeaveRunning && s.reaped != nil {
 		// CRIU killed the processes; our child, the init, is reaped.
 		select {
