@@ -156,6 +156,11 @@ func moveLinks(from, to string) error {
 			}
 			r := r
 			r.LinkIndex = moved.Attrs().Index
+			// Flags the kernel sets on a route whose interface had no
+			// carrier when it was listed (its veth peer moving first, as
+			// in a namespace holding both ends); adding one with them
+			// is EINVAL.
+			r.Flags &^= unix.RTNH_F_LINKDOWN | unix.RTNH_F_DEAD
 			if err := dh.RouteReplace(&r); err != nil {
 				return fmt.Errorf("route %s on %s: %w", r, name, err)
 			}
