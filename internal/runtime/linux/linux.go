@@ -252,6 +252,9 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		cfg.Labels = append(cfg.Labels, netnsLabel+spec.NetNS)
 		networkHook(cfg, s)
 	}
+	if !restoring {
+		bootIDHook(cfg, s.rootfs)
+	}
 	if restoring {
 		if err := stageBindSources(cfg, s.stageDir()); err != nil {
 			return nil, err

@@ -28,6 +28,7 @@ describe('pause and resume', { concurrency: true }, () => {
     )
     await waitFor(async () => Number(await sh(sbx, 'cat /tmp/work/count 2>/dev/null || echo 0')) > 3, { what: 'counter running' })
     const pid = await sh(sbx, "pgrep -f 'while :' | head -1")
+    const boot = await sh(sbx, 'cat /proc/sys/kernel/random/boot_id')
     assert.equal(await sbx.pause(), true)
     assert.equal(pausedAs(sbx.sandboxId), 'memory', 'the processes and memory went to disk, not frozen in place')
     assert.equal(await sbx.isRunning(), false)
@@ -48,6 +49,7 @@ describe('pause and resume', { concurrency: true }, () => {
     assert.equal(await sh(sbx, `readlink /proc/${pid}/cwd`), '/tmp/work', 'cwd intact')
     assert.equal(await sh(sbx, `readlink /proc/${pid}/fd/3`), '/tmp/work/held.txt', 'open file intact')
     assert.equal(await sh(sbx, 'echo $KEPT'), 'from-create', 'env vars of the sandbox kept')
+    assert.equal(await sh(sbx, 'cat /proc/sys/kernel/random/boot_id'), boot, 'a resume with memory is not a boot')
   })
 
   test('with memory: a background command stays listed and connectable, a server answers through the proxy', async () => {
@@ -81,19 +83,20 @@ describe('pause and resume', { concurrency: true }, () => {
     assert.equal(js.text, 'from before the pause')
   })
 
-  // E2B's test also expects a new /proc/sys/kernel/random/boot_id: the linux
-  // runtime's containers share the host's, and libcontainer refuses a bind
-  // mount over it (issue 13's closing note), so it is not checked here.
   test('without memory: processes are gone, files are kept', async () => {
     const sbx = await createSandbox()
     await sbx.files.write('/home/user/kept.txt', 'still here')
     await sbx.commands.run('sleep 3600', { background: true })
+    const bootBefore = await sh(sbx, 'cat /proc/sys/kernel/random/boot_id')
     await sbx.pause({ keepMemory: false })
     assert.equal((await sbx.getInfo()).state, 'paused')
     assert.equal(pausedAs(sbx.sandboxId), 'files')
     await sbx.connect()
     assert.equal(await sbx.files.read('/home/user/kept.txt'), 'still here')
     assert.equal(await sh(sbx, 'pgrep -x sleep || echo none'), 'none', 'processes did not survive')
+    const bootAfter = await sh(sbx, 'cat /proc/sys/kernel/random/boot_id')
+    assert.match(bootAfter, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+    assert.notEqual(bootAfter, bootBefore, 'a resume without memory is a boot: a new boot id')
     const r = await sbx.commands.run('echo $E2B_SANDBOX_ID')
     assert.equal(r.stdout.trim(), sbx.sandboxId)
   })
