@@ -779,8 +779,21 @@ func (s *sandbox) teardown(ctx context.Context, removeDir bool) error {
 		}
 	}
 	if s.c != nil {
-		// Killing the init of a pid namespace kills every process in it (and
-		// libcontainer thaws a frozen cgroup first so the signal is delivered).
+		// Killing the init of a pid namespace kills every process in it,
+		// and libcontainer thaws a frozen cgroup after signalling the init.
+		// The other processes would then run until the kernel reaps the
+		// namespace: a paused sandbox released after its checkpoint would
+		// write to its files after the image was taken (CRIU then refuses
+		// to restore a file whose size changed). So a frozen sandbox gets
+		// SIGKILL queued to every process first: none runs again. Frozen
+		// processes cannot exit, so their pids cannot be reused meanwhile.
+		if st, err := s.c.Status(); err == nil && st == libcontainer.Paused {
+			if pids, err := s.c.Processes(); err == nil {
+				for _, pid := range pids {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
 		if err := s.c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 			errs = append(errs, fmt.Errorf("kill: %w", err))
 		}
