@@ -252,7 +252,9 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		cfg.Labels = append(cfg.Labels, netnsLabel+spec.NetNS)
 		networkHook(cfg, s)
 	}
-	if !restoring {
+	if !restoring && spec.Upper == "" {
+		// Not for a build step (Spec.Upper): its writes become a template
+		// layer, which must not carry a boot's id.
 		bootIDHook(cfg, s.rootfs)
 	}
 	if restoring {

@@ -2,6 +2,7 @@ package linux_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -9,10 +10,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
@@ -367,7 +369,8 @@ func rehome(t *testing.T, sb runtime.Sandbox) {
 			t.Fatal(err)
 		}
 		for _, pid := range strings.Fields(string(procs)) {
-			if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(pid), 0); err != nil {
+			// ESRCH: a short-lived process exited since the listing.
+			if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(pid), 0); err != nil && !errors.Is(err, unix.ESRCH) {
 				t.Fatalf("move %s to %s: %v", pid, leaf, err)
 			}
 		}
