@@ -52,10 +52,13 @@ func (l *listenerSet) remove(f *os.File) {
 // readers of a non-blocking descriptor), so when CloseListeners returns no
 // descriptor of a listener is left in the process.
 func CloseListeners() int {
+	// Taken out of the set here, not only when their serve goroutines
+	// notice: a second call must not count them again.
 	live.mu.Lock()
 	files := make([]*os.File, 0, len(live.files))
 	for f := range live.files {
 		files = append(files, f)
+		delete(live.files, f)
 	}
 	live.mu.Unlock()
 	for _, f := range files {
