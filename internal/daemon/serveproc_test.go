@@ -6,7 +6,6 @@ package daemon
 // the test.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -391,28 +391,17 @@ func (h *host) unmountAll() error {
 	ids := h.sandboxIDs()
 	for round := 0; ; round++ {
 		var points []string
-		f, err := os.Open("/proc/self/mountinfo")
-		if err != nil {
-			return err
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 5 {
-				continue
-			}
-			p := unescapeMount(fields[4])
-			mine := strings.HasPrefix(p, h.dir.Root+"/")
-			if base, ok := strings.CutPrefix(p, "/run/airlock-rootfs/"); ok {
-				if i := strings.LastIndex(base, "-"); i >= 0 && ids[base[i+1:]] {
-					mine = true
-				}
-			}
-			if mine {
+		for _, p := range mountutil.MountedUnder(h.dir.Root) {
+			if p != h.dir.Root {
 				points = append(points, p)
 			}
 		}
-		f.Close()
+		for _, p := range mountutil.MountedUnder("/run/airlock-rootfs") {
+			base, _ := strings.CutPrefix(p, "/run/airlock-rootfs/")
+			if i := strings.LastIndex(base, "-"); i >= 0 && ids[base[i+1:]] {
+				points = append(points, p)
+			}
+		}
 		if len(points) == 0 {
 			break
 		}
@@ -432,25 +421,6 @@ func (h *host) unmountAll() error {
 		}
 	}
 	return nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // cleanup kills what the test left: the server, every sandbox of the data

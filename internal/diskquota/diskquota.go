@@ -42,6 +42,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -245,7 +246,7 @@ func mountedType(dir string) (string, error) {
 	for sc.Scan() {
 		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 7 || unescape(fields[4]) != abs {
+		if len(fields) < 7 || mountutil.Unescape(fields[4]) != abs {
 			continue
 		}
 		for i := 6; i < len(fields)-1; i++ {
@@ -259,25 +260,6 @@ func mountedType(dir string) (string, error) {
 		return "", fmt.Errorf("diskquota: mountinfo: %w", err)
 	}
 	return fstype, nil
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Create makes dir (a direct child of the mount point) a subvolume limited to

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,11 +25,33 @@ func MountedUnder(dir string) []string {
 	var out []string
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			out = append(out, fields[4])
+		if len(fields) < 5 {
+			continue
+		}
+		if p := Unescape(fields[4]); p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// Unescape undoes mountinfo's octal escapes (\040 for a space, ...).
+func Unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // Unmount detaches the mount at path; a path that is not a mount point is not
