@@ -13,7 +13,6 @@ package bench
 // the memory table shows what came back to the host whatever the mode.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -743,20 +742,5 @@ func settledMemAvailable() (int64, error) {
 // only: without it the reading is merely older).
 func memAvailable() (int64, error) {
 	_ = os.WriteFile("/proc/sys/vm/stat_refresh", []byte("1"), 0)
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/meminfo: %w", err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no MemAvailable in /proc/meminfo")
+	return sandbox.MemAvailable()
 }

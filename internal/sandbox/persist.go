@@ -440,7 +440,7 @@ func affordable(image string) error {
 			}
 		}
 	}
-	avail, err := memAvailable()
+	avail, err := MemAvailable()
 	if err != nil {
 		return nil // unknown: let the restore try
 	}
@@ -450,8 +450,9 @@ func affordable(image string) error {
 	return nil
 }
 
-// memAvailable is the host's MemAvailable in bytes.
-func memAvailable() (int64, error) {
+// MemAvailable is the host's MemAvailable in bytes, as /proc/meminfo has it
+// (the resume check; the persistence bench reads it too).
+func MemAvailable() (int64, error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0, err
@@ -462,7 +463,7 @@ func memAvailable() (int64, error) {
 		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return 0, err
+				return 0, fmt.Errorf("/proc/meminfo: %w", err)
 			}
 			return kb << 10, nil
 		}
