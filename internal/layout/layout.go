@@ -9,6 +9,8 @@
 //	  sandboxes.img       btrfs image of the sandbox disk pool (--disk-quota)
 //	  sandboxes/          one directory per sandbox (on the pool's mount), and
 //	  sandboxes/<id>.log  its console log
+//	  paused/<id>/        a paused sandbox's checkpoint image
+//	  envd/<digest>       the envd binaries sandboxes run, by content
 //	  network/            the sandbox network's state (address leases)
 //	  runtime/<backend>/  each isolation backend's state (linux, gvisor)
 //	  templates/          built templates' records and root filesystems
@@ -67,6 +69,12 @@ func (d DataDir) PausedComplete(id string) string { return filepath.Join(d.Pause
 // Captures holds the states a fork or snapshot captured from a running
 // sandbox (its filesystem and a checkpoint of its processes).
 func (d DataDir) Captures() string { return filepath.Join(d.Root, "captures") }
+
+// Envd holds the envd binaries sandboxes were booted with, each named by a
+// digest of its content and never changed: a checkpoint maps the binary it
+// was taken with, and is restored with that one, not with whatever envd the
+// server runs by then (CRIU refuses a file whose build ID changed).
+func (d DataDir) Envd() string { return filepath.Join(d.Root, "envd") }
 
 // Network is the sandbox network's state directory.
 func (d DataDir) Network() string { return filepath.Join(d.Root, "network") }

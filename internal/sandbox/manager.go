@@ -174,6 +174,8 @@ type Manager struct {
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
 	creating map[string]int
+	// envd is the current envd binary's stored copy (envdstore.go).
+	envd envdStore
 
 	stop chan struct{}
 	// life ends at Close; background work that may wait long (a pooled
@@ -379,8 +381,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	if err == nil {
 		// A pooled sandbox's record was written for the pool; this one is
-		// the client's (its timeout and lifecycle).
-		err = writeBootRecord(e.dir, bootRecord{Template: tpl, Timeout: req.Timeout, Lifecycle: req.Lifecycle})
+		// the client's (its timeout and lifecycle), with the envd it booted.
+		var rec bootRecord
+		if rec, err = readBootRecord(e.dir); err == nil {
+			rec.Template, rec.Timeout, rec.Lifecycle = tpl, req.Timeout, req.Lifecycle
+			err = writeBootRecord(e.dir, rec)
+		}
 	}
 	if err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
@@ -488,6 +494,10 @@ type bootMode struct {
 	// image, when set, is a checkpoint to restore instead of starting
 	// envd afresh.
 	image string
+	// envd is the digest of the envd binary image was taken with (the boot
+	// record's Envd; envdstore.go); empty for an image from before those
+	// were recorded.
+	envd string
 }
 
 // boot is start, for every way a sandbox comes up: created afresh, from a
@@ -503,12 +513,16 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
+	envd, err := m.envdForBoot(mode)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
 	if !mode.existingDir {
 		m.pushDir(e)
 		if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
-		if err := writeBootRecord(dir, bootRecord{Template: tpl, Timeout: info.EndAt.Sub(info.StartedAt), Lifecycle: info.Lifecycle}); err != nil {
+		if err := writeBootRecord(dir, bootRecord{Template: tpl, Timeout: info.EndAt.Sub(info.StartedAt), Lifecycle: info.Lifecycle, Envd: envd}); err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
 	}
@@ -543,8 +557,8 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		Lower:    tpl.Rootfs,
 		Dir:      dir,
 		Mounts: []runtime.Mount{
-			{Source: m.opts.EnvdPath, Target: envdapi.BinaryPath, ReadOnly: true},
-			{Source: m.opts.EnvdPath, Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/sudo)
+			{Source: m.envdPath(envd), Target: envdapi.BinaryPath, ReadOnly: true},
+			{Source: m.envdPath(envd), Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/sudo)
 			{Source: runDir, Target: envdapi.RunDir},
 		},
 		Init: runtime.Process{
@@ -1428,6 +1442,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.releaseDisk(m.sandboxDir(id))
 		}
 	}
+	m.sweepEnvd(ctx)
 	return nil
 }
 

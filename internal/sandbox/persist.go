@@ -47,6 +47,9 @@ type bootRecord struct {
 	// Timeout is the create request's, which an auto-resume gives again.
 	Timeout   time.Duration `json:"timeout"`
 	Lifecycle Lifecycle     `json:"lifecycle"`
+	// Envd is the digest of the envd binary the sandbox was booted with
+	// (envdstore.go), which a checkpoint of it is restored with.
+	Envd string `json:"envd,omitempty"`
 }
 
 const bootRecordName = "boot.json"
@@ -362,10 +365,12 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 	}
 	mode := bootMode{existingDir: true}
 	if e.info.PausedWithMemory {
-		mode.image = dirs.PausedMemory(e.id)
+		mode.image, mode.envd = dirs.PausedMemory(e.id), rec.Envd
 		if err := affordable(mode.image); err != nil {
 			return fmt.Errorf("resume %s: %w", e.id, err)
 		}
+	} else if err := m.recordCurrentEnvd(e.dir, rec); err != nil {
+		return fmt.Errorf("resume %s: %w", e.id, err)
 	}
 	mark := len(e.undo.steps)
 	err = m.boot(context.WithoutCancel(ctx), e, rec.Template, mode)
@@ -388,6 +393,18 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 	}
 	m.log.Info("sandbox resumed", "id", e.id, "memory", mode.image != "")
 	return nil
+}
+
+// recordCurrentEnvd notes in the boot record in dir that the sandbox boots
+// cold with the current envd, so that its next checkpoint is restored with
+// that one.
+func (m *Manager) recordCurrentEnvd(dir string, rec bootRecord) error {
+	current, err := m.currentEnvd()
+	if err != nil || rec.Envd == current {
+		return err
+	}
+	rec.Envd = current
+	return writeBootRecord(dir, rec)
 }
 
 // renewSpentNetwork makes the network a paused sandbox kept usable again
@@ -708,14 +725,16 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 			return err
 		}
 		rec.Timeout, rec.Lifecycle = timeout, info.Lifecycle
+		mode := bootMode{existingDir: true}
+		if withMemory {
+			mode.image, mode.envd = filepath.Join(dir, captureMemory), rec.Envd
+		} else if rec.Envd, err = m.currentEnvd(); err != nil {
+			return err
+		}
 		if err := writeBootRecord(e.dir, rec); err != nil {
 			return err
 		}
 		m.pushLog(e)
-		mode := bootMode{existingDir: true}
-		if withMemory {
-			mode.image = filepath.Join(dir, captureMemory)
-		}
 		if err := m.boot(context.WithoutCancel(ctx), e, rec.Template, mode); err != nil {
 			return err
 		}
