@@ -80,21 +80,20 @@ type MemRow struct {
 	N    int
 	// Used is the sandbox's own memory while running (its cgroup, page
 	// cache included, which is where gVisor's memory shows), just before
-	// the pause. HostDrop is how far the host's
-	// MemAvailable fell from before the create to just before the pause;
-	// Returned how far it rose from just before the pause to just after it
-	// (a window of the pause alone, so that the host's own noise over the
-	// seconds a create and a workload take does not count). Resident is what
-	// the sandbox's cgroup still holds once paused (frozen in place), 0 when
-	// its processes left the host.
+	// the pause. HostDrop is how much the host's process memory (below)
+	// grew from before the create to just before the pause; Returned how
+	// much it shrank from just before the pause to just after it (a window
+	// of the pause alone). Resident is what the sandbox's cgroup still
+	// holds once paused (frozen in place), 0 when its processes left the
+	// host.
 	Used, HostDrop, Returned, Resident int64
 	Modes                              string
 }
 
 // Released is the share of what the sandbox used that the host has back
-// once it is paused, in percent. MemAvailable moves with everything else on
-// the host, so it can come out above 100 or below 0 when the sandbox's own
-// use is small (an idle one's few MiB).
+// once it is paused, in percent. Other processes move the host's figure
+// too, so it can come out above 100 or below 0 when the sandbox's own use
+// is small (an idle one's few MiB).
 func (r MemRow) Released() float64 {
 	if r.Used <= 0 {
 		return 0
@@ -250,7 +249,7 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 	modes := map[string]int{}
 	var used, drop, returned, resident []int64
 	for i := 0; i < n; i++ {
-		before, err := settledMemAvailable()
+		before, err := settledProcessMemory()
 		if err != nil {
 			return pause, resume, mem, err
 		}
@@ -275,7 +274,7 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 			if mib > 0 && holds < int64(mib)<<20*9/10 {
 				return fmt.Errorf("%s: the sandbox uses %d MiB, less than the %d MiB its process should hold", name, holds>>20, mib)
 			}
-			running, err := settledMemAvailable()
+			running, err := settledProcessMemory()
 			if err != nil {
 				return err
 			}
@@ -289,7 +288,7 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 				return err
 			}
 			modes[mode]++
-			paused, err := settledMemAvailable()
+			paused, err := settledProcessMemory()
 			if err != nil {
 				return err
 			}
@@ -302,12 +301,12 @@ func (p *persister) pauseResume(ctx context.Context, name, tpl string, mib, n in
 				left = pst.MemoryUsed + pst.MemoryCache
 			}
 			used = append(used, holds)
-			drop = append(drop, before-running)
-			returned = append(returned, paused-running)
+			drop = append(drop, running-before)
+			returned = append(returned, running-paused)
 			resident = append(resident, left)
 			if p.cfg.Progress != nil {
 				fmt.Fprintf(p.cfg.Progress, "%s %d/%d: %s, used %s MiB, host drop %s MiB, returned %s MiB\n",
-					name, i+1, n, mode, inMiB(holds), inMiB(before-running), inMiB(paused-running))
+					name, i+1, n, mode, inMiB(holds), inMiB(running-before), inMiB(running-paused))
 			}
 			start = time.Now()
 			if _, _, err := p.cfg.Manager.Connect(ctx, info.ID, sandboxTimeout); err != nil {
@@ -588,8 +587,8 @@ func waitCgroupMemory(ctx context.Context, id string, want int64) error {
 	}
 }
 
-// noiseFloor is the least use whose release MemAvailable can show on a
-// shared host: other processes move it by tens of MiB within a second.
+// noiseFloor is the least use whose release the host's process memory can
+// show on a shared host: other processes move it by MiBs within a second.
 const noiseFloor = 64 << 20
 
 // PrintPersist writes the timing table (Print's) and the memory table.
@@ -617,11 +616,11 @@ func PrintPersist(w io.Writer, res PersistResult) {
 			inMiB(r.Used), inMiB(r.HostDrop), inMiB(r.Returned), inMiB(r.Resident), r.Released(), targetReleasedPct, verdict, r.Modes)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "\nused: the sandbox's cgroup (page cache included), just before the pause; host drop: host MemAvailable")
-	fmt.Fprintln(w, "before the create minus just before the pause; returned: MemAvailable once paused minus just before")
-	fmt.Fprintln(w, "the pause; resident paused: what the sandbox's cgroup still holds once paused; released: returned/used.")
-	fmt.Fprintln(w, "MemAvailable moves with everything else on the host (tens of MiB on a shared machine), which outweighs")
-	fmt.Fprintln(w, "an idle sandbox's own use: read the idle row's released figure as noise.")
+	fmt.Fprintln(w, "\nused: the sandbox's cgroup (page cache included), just before the pause; host drop: how much the host's")
+	fmt.Fprintln(w, "process memory (AnonPages + Shmem: gVisor keeps a sandbox's memory in a memfd) grew from before the create")
+	fmt.Fprintln(w, "to just before the pause; returned: how much it shrank over the pause; resident paused: what the sandbox's")
+	fmt.Fprintln(w, "cgroup still holds once paused; released: returned/used. Other processes move the host's figure too, which")
+	fmt.Fprintln(w, "outweighs an idle sandbox's own use: read the idle row's released figure as noise.")
 }
 
 // editRuncSpec rewrites a bundle's config.json through edit.
@@ -695,18 +694,19 @@ func median(v []int64) int64 {
 	return s[len(s)/2]
 }
 
-// hostNoise is the memory table's baseline: how far MemAvailable moves
-// over a window like a pause's when nothing is paused (the median of n
-// windows' absolute change), the error bar of every "returned" figure.
+// hostNoise is the memory table's baseline: how far the host's process
+// memory moves over a window like a pause's when nothing is paused (the
+// median of n windows' absolute change), the error bar of every "returned"
+// figure.
 func hostNoise(n int) (MemRow, error) {
-	r := MemRow{Name: "baseline: host noise, nothing paused", N: n, Modes: "|MemAvailable change| over 0.5 s"}
+	r := MemRow{Name: "baseline: host noise, nothing paused", N: n, Modes: "|process memory change| over 0.5 s"}
 	var d []int64
 	for i := 0; i < n; i++ {
-		a, err := settledMemAvailable()
+		a, err := settledProcessMemory()
 		if err != nil {
 			return r, err
 		}
-		b, err := settledMemAvailable()
+		b, err := settledProcessMemory()
 		if err != nil {
 			return r, err
 		}
@@ -716,17 +716,17 @@ func hostNoise(n int) (MemRow, error) {
 	return r, nil
 }
 
-// settledMemAvailable is the median of a few readings of MemAvailable over
-// a quarter of a second: a killed process's pages are freed as it exits,
-// which the runtime waits for, but a cgroup or a netns may go in the
+// settledProcessMemory is the median of a few readings of processMemory
+// over a quarter of a second: a killed process's pages are freed as it
+// exits, which the runtime waits for, but a cgroup or a netns may go in the
 // background, and one reading catches any other process's passing peak.
-func settledMemAvailable() (int64, error) {
+func settledProcessMemory() (int64, error) {
 	var v []int64
 	for i := 0; i < 5; i++ {
 		if i > 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
-		m, err := memAvailable()
+		m, err := processMemory()
 		if err != nil {
 			return 0, err
 		}
@@ -735,12 +735,25 @@ func settledMemAvailable() (int64, error) {
 	return median(v), nil
 }
 
-// memAvailable is the host's MemAvailable in bytes. The kernel folds each
-// CPU's page counts into the totals /proc/meminfo reads only every
-// vm.stat_interval (a second), so a reading just after a pause would miss
-// what it freed; a write to /proc/sys/vm/stat_refresh folds them now (root
-// only: without it the reading is merely older).
-func memAvailable() (int64, error) {
+// processMemory is the host's memory in processes' pages, in bytes:
+// AnonPages plus Shmem (gVisor's sentry keeps a sandbox's memory in a
+// memfd). MemAvailable counts page cache too, which a pause writing its
+// image fills; and on the project machine (a VM) MemFree and MemAvailable
+// drifted by 200-400 MiB across a few 1 GiB allocations and frees while
+// AnonPages came back to within a few MiB (cause not pinned down). The kernel
+// folds each CPU's page counts into the totals /proc/meminfo reads only
+// every vm.stat_interval (a second), so a reading just after a pause would
+// miss what it freed; a write to /proc/sys/vm/stat_refresh folds them now
+// (root only: without it the reading is merely older).
+func processMemory() (int64, error) {
 	_ = os.WriteFile("/proc/sys/vm/stat_refresh", []byte("1"), 0)
-	return sandbox.MemAvailable()
+	anon, err := sandbox.HostMeminfo("AnonPages")
+	if err != nil {
+		return 0, err
+	}
+	shmem, err := sandbox.HostMeminfo("Shmem")
+	if err != nil {
+		return 0, err
+	}
+	return anon + shmem, nil
 }

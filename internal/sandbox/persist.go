@@ -468,8 +468,11 @@ func affordable(image string) error {
 }
 
 // MemAvailable is the host's MemAvailable in bytes, as /proc/meminfo has it
-// (the resume check; the persistence bench reads it too).
-func MemAvailable() (int64, error) {
+// (the resume check).
+func MemAvailable() (int64, error) { return HostMeminfo("MemAvailable") }
+
+// HostMeminfo is field key of the host's /proc/meminfo, in bytes.
+func HostMeminfo(key string) (int64, error) {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0, err
@@ -477,15 +480,18 @@ func MemAvailable() (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("/proc/meminfo: %w", err)
+				return 0, fmt.Errorf("/proc/meminfo: %s: %w", key, err)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, errors.New("no MemAvailable in /proc/meminfo")
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("/proc/meminfo: %w", err)
+	}
+	return 0, fmt.Errorf("no %s in /proc/meminfo", key)
 }
 
 // recoverPaused makes e, whose runtime sandbox did not survive (rt is what
