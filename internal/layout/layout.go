@@ -56,7 +56,10 @@ func (d DataDir) SandboxLog(id string) string { return filepath.Join(d.Sandboxes
 
 // Paused holds what a paused sandbox keeps outside its directory: the
 // checkpoint of its processes (PausedMemory), when it was paused with them.
-func (d DataDir) Paused(id string) string { return filepath.Join(d.Root, "paused", id) }
+func (d DataDir) Paused(id string) string { return filepath.Join(d.AllPaused(), id) }
+
+// AllPaused is the directory of every sandbox's Paused.
+func (d DataDir) AllPaused() string { return filepath.Join(d.Root, "paused") }
 
 // PausedMemory is the checkpoint image of a sandbox paused with its memory;
 // it counts only once PausedComplete exists beside it.
@@ -65,10 +68,6 @@ func (d DataDir) PausedMemory(id string) string { return filepath.Join(d.Paused(
 // PausedComplete marks PausedMemory as whole: written after the checkpoint
 // succeeded, so a crash during one leaves no image that looks usable.
 func (d DataDir) PausedComplete(id string) string { return filepath.Join(d.Paused(id), "complete") }
-
-// Captures holds the states a fork or snapshot captured from a running
-// sandbox (its filesystem and a checkpoint of its processes).
-func (d DataDir) Captures() string { return filepath.Join(d.Root, "captures") }
 
 // Envd holds the envd binaries sandboxes were booted with, each named by a
 // digest of its content and never changed: a checkpoint maps the binary it

@@ -900,6 +900,34 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	})
 }
 
+// trackLocked counts work in flight that Close waits for, and returns the
+// call that ends it; m.mu is held. Work that starts after Close began is
+// not counted (Add must not race with Wait).
+func (m *Manager) trackLocked() (done func()) {
+	if m.closed {
+		return func() {}
+	}
+	m.wg.Add(1)
+	return m.wg.Done
+}
+
+// background runs fn in a goroutine Close waits for; once Close began, it
+// runs fn in the caller's.
+func (m *Manager) background(fn func()) {
+	m.mu.Lock()
+	closed := m.closed
+	done := m.trackLocked()
+	m.mu.Unlock()
+	if closed {
+		fn()
+		return
+	}
+	go func() {
+		defer done()
+		fn()
+	}()
+}
+
 // kill ends a live sandbox; the caller holds e.op. The sandbox is gone and out
 // of the map (so no new traffic reaches it) before its teardown starts, and
 // op stays held until the teardown ends, so whoever waits for the sandbox
@@ -909,16 +937,10 @@ func (m *Manager) kill(ctx context.Context, e *entry) {
 	e.gone = true
 	m.mu.Lock()
 	delete(m.sandboxes, e.id)
-	// Close waits for kills in flight; one that starts after Close began
-	// is not counted (Add must not race with Wait).
-	tracked := !m.closed
-	if tracked {
-		m.wg.Add(1)
-	}
+	// Close waits for kills in flight.
+	done := m.trackLocked()
 	m.mu.Unlock()
-	if tracked {
-		defer m.wg.Done()
-	}
+	defer done()
 	e.mu.Lock()
 	if e.timer != nil {
 		e.timer.Stop()
@@ -1392,7 +1414,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			// A checkpoint image beside a running sandbox is stale (a
 			// resume that booted from it, or a pause whose checkpoint
 			// never completed): it is never restored again.
-			if err := os.RemoveAll(m.layout().Paused(rec.ID)); err != nil {
+			if err := m.discard(m.layout().Paused(rec.ID)); err != nil {
 				m.log.Warn("sandbox re-adopted: removing a stale checkpoint image", "id", rec.ID, "err", err)
 			}
 		}

@@ -387,7 +387,7 @@ func (m *Manager) resume(ctx context.Context, e *entry) error {
 	}
 	crashpoint.Hit(crashpoint.ResumeBooted)
 	if mode.image != "" {
-		if err := os.RemoveAll(dirs.Paused(e.id)); err != nil {
+		if err := m.discard(dirs.Paused(e.id)); err != nil {
 			m.log.Warn("sandbox resume: removing the image", "id", e.id, "err", err)
 		}
 	}
@@ -772,7 +772,9 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 		return nil, err
 	}
 	dir := filepath.Join(m.capturesDir(), "fork-"+newID())
-	defer os.RemoveAll(dir)
+	// Off the caller's path: the forks are answered before the capture's
+	// files go (Recover empties capturesDir).
+	defer m.background(func() { _ = os.RemoveAll(dir) })
 	var base Info
 	err := m.with(id, func(e *entry) error {
 		e.mu.Lock()
@@ -799,5 +801,6 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 // sweepCaptures removes what interrupted forks and snapshots left (Recover).
 func (m *Manager) sweepCaptures(ctx context.Context) {
 	_ = os.RemoveAll(m.capturesDir())
+	sweepDiscarded(m.layout().AllPaused())
 	m.sweepSnapshots(ctx)
 }

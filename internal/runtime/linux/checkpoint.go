@@ -47,6 +47,28 @@ func criuOpts(imageDir, workDir string, leaveRunning, networked bool) *libcontai
 	return o
 }
 
+// criuConfigLabel names, in a container's labels, the CRIU configuration
+// file libcontainer hands CRIU (its settings override the RPC's).
+const criuConfigLabel = "org.criu.config="
+
+// criuSettings are what criuOpts cannot say through libcontainer:
+//
+//   - network-lock nftables: while it dumps TCP connections, CRIU drops the
+//     sandbox netns's traffic (so a peer's data is not acknowledged after
+//     the socket's queues were saved), and lifts that after. Its default,
+//     iptables, runs iptables-restore for each; nftables does the same in
+//     process, through libnftables.
+const criuSettings = "network-lock nftables\n"
+
+// writeCRIUConfig writes criuSettings into the state dir, returning its path.
+func writeCRIUConfig(stateRoot string) (string, error) {
+	path := filepath.Join(stateRoot, "criu.conf")
+	if err := os.WriteFile(path, []byte(criuSettings), 0o644); err != nil {
+		return "", fmt.Errorf("linux runtime: criu config: %w", err)
+	}
+	return path, nil
+}
+
 // CRIUAvailable reports whether checkpoints can work on this host: `criu
 // check` passes for the criu on PATH. The error says what is missing.
 func CRIUAvailable() error {

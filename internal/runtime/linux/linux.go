@@ -88,6 +88,9 @@ type Runtime struct {
 	// rootfsKey tells apart the roots of backends with different state dirs
 	// (a daemon and test processes) in one RootfsDir.
 	rootfsKey string
+	// criuConfig is the CRIU configuration file of this backend's
+	// checkpoints (writeCRIUConfig).
+	criuConfig string
 	// views serves the sandboxes' /proc views of their limits (nil: none);
 	// viewsWarned keeps a missing lxcfs to one warning.
 	views       *lxcfs.Service
@@ -161,6 +164,9 @@ func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime,
 		rootfsKey: hex.EncodeToString(h[:6]),
 		idmaps:    idmaps,
 		cpus:      &runtime.CPUPicker{Parent: CgroupParent},
+	}
+	if r.criuConfig, err = writeCRIUConfig(stateRoot); err != nil {
+		return nil, err
 	}
 	if !opts.NoLXCFS {
 		dir := opts.LXCFSDir
@@ -243,7 +249,7 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	if err != nil {
 		return nil, err
 	}
-	cfg.Labels = append(cfg.Labels, lowerLabel+lower, dirLabel+spec.Dir)
+	cfg.Labels = append(cfg.Labels, lowerLabel+lower, dirLabel+spec.Dir, criuConfigLabel+r.criuConfig)
 	if spec.Upper != "" {
 		cfg.Labels = append(cfg.Labels, upperLabel+spec.Upper)
 	}
