@@ -12,7 +12,7 @@ import (
 // /usr/bin/python3 can import ipykernel (code-interpreter-v1), else the stdlib-only JSON-lines
 // driver (base, python3): same events, same chart data, no third-party packages.
 
-//go:embed py/airlock_charts.py py/airlock_ipy_startup.py py/airlock_driver.py
+//go:embed py/airlock_charts.py py/airlock_results.py py/airlock_ipy_startup.py py/airlock_driver.py
 var pyAssets embed.FS
 
 // pythonCandidates are the interpreters tried in order; Debian's comes first because that is
@@ -89,7 +89,7 @@ func StartIPykernel(ctx context.Context, opts Options) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writePyAssets(opts, "airlock_charts.py", "airlock_ipy_startup.py"); err != nil {
+	if err := writePyAssets(opts, "airlock_charts.py", "airlock_results.py", "airlock_ipy_startup.py"); err != nil {
 		return nil, err
 	}
 	startup := opts.RunDir + "/airlock_ipy_startup.py"

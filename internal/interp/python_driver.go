@@ -67,7 +67,7 @@ func StartPythonDriver(ctx context.Context, opts Options) (_ Kernel, err error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := writePyAssets(opts, "airlock_charts.py", "airlock_driver.py"); err != nil {
+	if err := writePyAssets(opts, "airlock_charts.py", "airlock_results.py", "airlock_driver.py"); err != nil {
 		return nil, err
 	}
 	sentinel := "\x1eairlock-done-" + randomHex(8) + "\x1e"

@@ -3,6 +3,7 @@ package interp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -281,6 +282,42 @@ func TestPythonBackends(t *testing.T) {
 				text, _ := data["text/plain"].(string)
 				if !strings.Contains(html, "<table") || !strings.Contains(text, "a  b") {
 					t.Errorf("DataFrame bundle: html %q text %q", html, text)
+				}
+				// result.data: the columns, as E2B's; missing values and timestamps
+				// made JSON.
+				cols, _ := data["e2b/data"].(map[string]any)
+				if got := fmt.Sprint(cols["a"], cols["b"]); got != "[1 2] [x y]" {
+					t.Errorf("DataFrame e2b/data = %#v, want columns a [1 2] and b [x y]", data["e2b/data"])
+				}
+				data = pyMustRun(t, k, "import pandas as pd\npd.DataFrame({'t': pd.to_datetime(['2024-01-02', None]), 'f': [1.5, float('nan')]})").main(t)
+				cols, _ = data["e2b/data"].(map[string]any)
+				if got := fmt.Sprint(cols["t"], cols["f"]); got != "[2024-01-02T00:00:00 <nil>] [1.5 <nil>]" {
+					t.Errorf("DataFrame with NaT and NaN: e2b/data = %#v", data["e2b/data"])
+				}
+				if data := pyMustRun(t, k, "[1, 2]").main(t); data["e2b/data"] != nil {
+					t.Errorf("a list got e2b/data %v", data["e2b/data"])
+				}
+			})
+			t.Run("json", func(t *testing.T) {
+				data := pyMustRun(t, k, "{'a': [1, 2], 'b': None}").main(t)
+				if got := fmt.Sprint(data["application/json"]); got != "map[a:[1 2] b:<nil>]" {
+					t.Errorf("a dict's application/json = %#v", data["application/json"])
+				}
+				if data := pyMustRun(t, k, "'text'").main(t); data["application/json"] != nil {
+					t.Errorf("a str got application/json %v", data["application/json"])
+				}
+			})
+			t.Run("saved image", func(t *testing.T) {
+				if !havePyModules(t, "PIL") {
+					t.Skip("no PIL")
+				}
+				out := pyMustRun(t, k, "from PIL import Image\nImage.new('RGB', (4, 4), 'red').save('red.png')")
+				var png bool
+				for _, r := range out.results() {
+					_, png = r.Data["image/png"].(string)
+				}
+				if !png {
+					t.Errorf("saving a PIL image to a file displayed no png: %+v", out.events)
 				}
 			})
 			t.Run("latency", func(t *testing.T) {

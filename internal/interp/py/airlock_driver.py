@@ -41,6 +41,19 @@ def _load_charts():
     return _charts
 
 
+_results = None
+
+
+def _load_results():
+    global _results
+    if _results is None:
+        spec = importlib.util.spec_from_file_location("_airlock_results", os.path.join(_HERE, "airlock_results.py"))
+        _results = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_results)
+        sys.modules["_airlock_results"] = _results
+    return _results
+
+
 def _send(obj):
     _EVENTS.write(json.dumps(obj, default=str) + "\n")
 
@@ -159,6 +172,14 @@ def _bundle(obj):
         if mime in _BINARY and isinstance(r, (bytes, bytearray)):
             r = base64.b64encode(r).decode("ascii")
         data[mime] = r
+    if "e2b/data" not in data:
+        frame = _load_results().frame_data(obj)
+        if frame is not None:
+            data["e2b/data"] = frame
+    if "application/json" not in data:
+        plain = _load_results().plain_json(obj)
+        if plain is not None:
+            data["application/json"] = plain
     for mime in list(data):
         if mime in _BINARY and isinstance(data[mime], (bytes, bytearray)):
             data[mime] = base64.b64encode(data[mime]).decode("ascii")
@@ -228,11 +249,24 @@ def _hook_ipython_display(module):
     module.display = display
 
 
+def _hook_pil_image(module):
+    # E2B's sandbox shows an image the code saves to a file, as if displayed.
+    original = module.Image.save
+
+    def save(image, fp, format=None, **params):
+        if isinstance(fp, (str, os.PathLike)):
+            display(image)
+        return original(image, fp, format, **params)
+
+    module.Image.save = save
+
+
 _HOOKS = {
     "matplotlib": _hook_matplotlib,
     "matplotlib.axes": _hook_axes,
     "IPython.core.display_functions": _hook_ipython_display,
     "IPython.core.display": _hook_ipython_display,
+    "PIL.Image": _hook_pil_image,
 }
 
 
