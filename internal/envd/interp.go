@@ -11,8 +11,11 @@ import (
 )
 
 // interpHost wires the code interpreter (internal/interp) into envd: kernels run
-// as the sandbox's default user with the sandbox env, and /execute takes the
-// same X-Access-Token as envd's own endpoints.
+// as root in the default user's home, as E2B's code interpreter runs them (its
+// Jupyter server is root's, its contexts start in /home/user), with the sandbox
+// env; /execute takes the same X-Access-Token as envd's own endpoints. Like
+// every process envd starts as root, a kernel has neither envd's
+// CAP_SYS_PTRACE nor its cgroup (usercgroup.Start).
 type interpHost struct {
 	srv     *interp.Server
 	runOnce sync.Once
@@ -41,14 +44,18 @@ func (s *Server) interpDefaults(ctx context.Context) (interp.Options, error) {
 	if err != nil {
 		return interp.Options{}, fmt.Errorf("default user: %w", err)
 	}
+	root, err := s.lookupUser("root")
+	if err != nil {
+		return interp.Options{}, fmt.Errorf("kernel user: %w", err)
+	}
 	h := s.interp
 	// Kernel support files live in a fresh private directory: a name chosen
 	// by envd at random, so nothing in the sandbox can plant it beforehand.
 	h.runOnce.Do(func() {
 		h.runDir, h.runErr = os.MkdirTemp("", "airlock-interp-")
 		if h.runErr == nil {
-			// Kernels run as the sandbox user inside their own 0700
-			// subdirectories: the root may be crossed, not listed.
+			// Each kernel has its own 0700 subdirectory: the root may be
+			// crossed, not listed.
 			h.runErr = os.Chmod(h.runDir, 0o711)
 		}
 	})
@@ -56,8 +63,8 @@ func (s *Server) interpDefaults(ctx context.Context) (interp.Options, error) {
 		return interp.Options{}, fmt.Errorf("interpreter run dir: %w", h.runErr)
 	}
 	return interp.Options{
-		Cwd: u.Home, UID: u.UID, GID: u.GID, Groups: u.Groups, Home: u.Home,
-		Env:    s.processEnv(u, nil),
+		Cwd: u.Home, UID: root.UID, GID: root.GID, Groups: root.Groups, Home: root.Home,
+		Env:    s.processEnv(root, nil),
 		RunDir: h.runDir,
 	}, nil
 }

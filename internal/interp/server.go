@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -344,8 +346,12 @@ func (s *Server) handleCreateContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cwd := ""
-	if req.Cwd != nil {
-		cwd = *req.Cwd
+	if req.Cwd != nil && *req.Cwd != "" {
+		var err error
+		if cwd, err = s.usableCwd(r.Context(), *req.Cwd); err != nil {
+			plain(w, http.StatusBadRequest, fmt.Sprintf("Cannot create a %s context in %q: %v", lang, *req.Cwd, err))
+			return
+		}
 	}
 	c := s.contexts.create(lang, cwd)
 	// Start now, as upstream creates the kernel with the context: a broken
@@ -360,6 +366,27 @@ func (s *Server) handleCreateContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, c.info())
+}
+
+// usableCwd checks that a context's cwd is a directory, as the kernel's chdir
+// would (kernels run as root, so any directory is enterable), resolving a
+// relative one from the default cwd, where a kernel would start.
+func (s *Server) usableCwd(ctx context.Context, cwd string) (string, error) {
+	if !filepath.IsAbs(cwd) {
+		def, err := s.cfg.Defaults(ctx)
+		if err != nil {
+			return "", fmt.Errorf("kernel options: %w", err)
+		}
+		cwd = filepath.Join(def.Cwd, cwd)
+	}
+	fi, err := os.Stat(cwd)
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%s is not a directory", cwd)
+	}
+	return filepath.Clean(cwd), nil
 }
 
 func (s *Server) handleListContexts(w http.ResponseWriter, r *http.Request) {

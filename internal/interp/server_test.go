@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -335,6 +337,22 @@ func TestContextsAPI(t *testing.T) {
 	resp, out = post(t, hs.URL+"/contexts", map[string]any{"language": "nope"})
 	if resp.StatusCode != 400 {
 		t.Errorf("bad language: %d %q", resp.StatusCode, out)
+	}
+	// A cwd no kernel could start in is the client's mistake, said before any
+	// kernel starts.
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cwd := range []string{"/nonexistent-airlock-dir", file} {
+		starts := fakes["fake"].starts.Load()
+		resp, out = post(t, hs.URL+"/contexts", map[string]any{"language": "fake", "cwd": cwd})
+		if resp.StatusCode != 400 || !strings.Contains(out, cwd) {
+			t.Errorf("cwd %s: %d %q, want 400 naming it", cwd, resp.StatusCode, out)
+		}
+		if fakes["fake"].starts.Load() != starts {
+			t.Errorf("cwd %s: a kernel was started", cwd)
+		}
 	}
 	// Default cwd: the default user's home.
 	_, out = post(t, hs.URL+"/contexts", map[string]any{"language": "fake"})

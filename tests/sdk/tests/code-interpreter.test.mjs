@@ -96,11 +96,51 @@ plt.show()
     assert.deepEqual(chart.elements.map((e) => [e.label, Number(e.value)]), [['a', 3], ['b', 5], ['c', 2]])
   })
 
-  test('python: a pandas DataFrame comes back as html and text', async () => {
-    const r = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2], "b": ["x", "y"]})')
+  test('python: a pandas DataFrame comes back as html, text and its columns as data', async () => {
+    const r = await sbx.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", None]})')
     const main = r.results.find((x) => x.isMainResult)
     assert.ok(main.html && main.html.includes('<table'), main.html)
     assert.match(main.text, /a\s+b/)
+    assert.deepEqual(main.data, { a: [1, 2, 3], b: ['x', 'y', null] })
+    assert.ok(main.formats().includes('data'), main.formats().join())
+  })
+
+  test('python: a dict is also json; an image saved to a file is displayed', async () => {
+    const r = await sbx.runCode('{"n": 1, "l": [1, 2]}')
+    assert.deepEqual(r.results[0].json, { n: 1, l: [1, 2] })
+    const img = await sbx.runCode("from PIL import Image\nImage.new('RGB', (8, 8), 'blue').save('/tmp/blue.png')")
+    assert.equal(img.error, undefined, img.error?.traceback)
+    assert.equal(img.results.length, 1)
+    assert.ok(img.results[0].png, 'no png in ' + img.results[0].formats().join())
+  })
+
+  test("contexts run as root in the default user's home, as E2B's", async () => {
+    const r = await sbx.runCode('import os, pathlib; (os.getuid(), str(pathlib.Path.cwd()))')
+    assert.equal(r.text, "(0, '/home/user')")
+    const sh = await sbx.runCode('!pwd')
+    assert.equal(sh.logs.stdout.join('').trim(), '/home/user')
+    const ctx = await sbx.createCodeContext({ language: 'python', cwd: '/root' })
+    assert.equal(ctx.cwd, '/root')
+    assert.equal((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text, '/root')
+    const listed = (await sbx.listCodeContexts()).find((c) => c.id === ctx.id)
+    assert.deepEqual({ id: listed.id, language: listed.language, cwd: listed.cwd }, { id: ctx.id, language: 'python', cwd: '/root' })
+    await sbx.removeCodeContext(ctx)
+    for (const lang of ['javascript', 'bash']) {
+      const c = await sbx.createCodeContext({ language: lang, cwd: '/root' })
+      const out = await sbx.runCode(lang === 'bash' ? 'pwd' : 'process.cwd()', { context: c })
+      assert.equal(lang === 'bash' ? out.logs.stdout.join('').trim() : out.text, '/root', lang)
+      await sbx.removeCodeContext(c)
+    }
+  })
+
+  test('a context in a directory that does not exist is a 400 naming it, and none is made', async () => {
+    const before = (await sbx.listCodeContexts()).length
+    await assert.rejects(sbx.createCodeContext({ language: 'python', cwd: '/no/such/dir' }), (e) => {
+      assert.match(String(e), /400|\/no\/such\/dir/)
+      assert.match(String(e), /\/no\/such\/dir/)
+      return true
+    })
+    assert.equal((await sbx.listCodeContexts()).length, before)
   })
 
   test('contexts are isolated from each other and from the default one', async () => {
@@ -148,6 +188,13 @@ plt.show()
     await sbx.runCode('export GREETING=hi; cd /tmp', { language: 'bash' })
     const r = await sbx.runCode('echo "$GREETING from $(pwd)"', { language: 'bash' })
     assert.deepEqual(r.logs.stdout, ['hi from /tmp\n'])
+  })
+
+  test('bash: env vars per execution, each line with its newline as E2B sends it', async () => {
+    const r = await sbx.runCode('echo $FOO', { language: 'bash', envs: { FOO: 'bar' } })
+    assert.equal(r.logs.stdout[0], 'bar\n')
+    const after = await sbx.runCode('echo ${FOO:-default}', { language: 'bash' })
+    assert.equal(after.logs.stdout[0], 'default\n')
   })
 
   test('env vars apply to one execution only', async () => {
