@@ -319,7 +319,8 @@ func (s *Sandbox) Execute(ctx context.Context, body e2bwire.ExecuteRequest, fn f
 
 // CreateContext makes a code-interpreter context (POST /contexts on port
 // 49999) for language, in cwd (empty: the interpreter's default), and
-// returns its id. Its kernel starts on first use.
+// returns its id once its kernel has started (the server starts it with the
+// context).
 func (s *Sandbox) CreateContext(ctx context.Context, language, cwd string) (string, error) {
 	body := map[string]string{"language": language}
 	if cwd != "" {
