@@ -15,9 +15,11 @@ RUNSC=/usr/local/bin/runsc
 # The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
 # matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
 # protobuf-compiler: scripts/gen-proto.sh.
+# default-jdk-headless: the java backend's tests compile and run its JShell kernel.
 PACKAGES=(
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
 	protobuf-compiler
+	default-jdk-headless
 )
 
 SETUP_NAME=setup-test

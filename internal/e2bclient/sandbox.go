@@ -316,3 +316,55 @@ func (s *Sandbox) Execute(ctx context.Context, body e2bwire.ExecuteRequest, fn f
 	}
 	return errors.New("code interpreter: the stream ended without end_of_execution")
 }
+
+// CreateContext makes a code-interpreter context (POST /contexts on port
+// 49999) for language, in cwd (empty: the interpreter's default), and
+// returns its id once its kernel has started (the server starts it with the
+// context).
+func (s *Sandbox) CreateContext(ctx context.Context, language, cwd string) (string, error) {
+	body := map[string]string{"language": language}
+	if cwd != "" {
+		body["cwd"] = cwd
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return "", fmt.Errorf("encode request: %w", err)
+	}
+	req, err := s.request(ctx, interpPort, http.MethodPost, "/contexts", bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("code interpreter: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("code interpreter: %w", errorFrom(resp))
+	}
+	var out struct {
+		ID string `json:"id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", fmt.Errorf("code interpreter: decode context: %w", err)
+	}
+	return out.ID, nil
+}
+
+// DeleteContext removes a code-interpreter context and stops its kernel.
+func (s *Sandbox) DeleteContext(ctx context.Context, id string) error {
+	req, err := s.request(ctx, interpPort, http.MethodDelete, "/contexts/"+url.PathEscape(id), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("code interpreter: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("code interpreter: %w", errorFrom(resp))
+	}
+	return nil
+}

@@ -202,3 +202,42 @@ func TestTypeScriptConformance(t *testing.T) {
 	h.KnownBugs = nodeKnownBugs
 	kerneltest.Run(t, h)
 }
+
+// javaHarness is the harness of the java backend (JShell). Snippets are Java
+// statements; text goes through lit, a JSON string being a valid Java string
+// literal for what the suite passes (printable text: no \u2028 issue, and \/
+// is never produced).
+func javaHarness(start interp.Starter) kerneltest.Harness {
+	return kerneltest.Harness{
+		Language: "java",
+		Start:    start,
+		Print:    func(s string) string { return "System.out.println(" + lit(s) + ");" },
+		PrintErr: func(s string) string { return "System.err.println(" + lit(s) + ");" },
+		Repeat:   func(s string, n int) string { return fmt.Sprintf("System.out.println(%s.repeat(%d));", lit(s), n) },
+		Set:      func(name, v string) string { return "String " + name + " = " + lit(v) + ";" },
+		PrintVar: func(name string) string { return "System.out.println(" + name + ");" },
+		PrintEnv: func(name string) string {
+			return "System.out.println(System.getenv().getOrDefault(" + lit(name) + ", \"\"));"
+		},
+		PrintCwd: `System.out.println(System.getProperty("user.dir"));`,
+		PrintFile: func(path string) string {
+			return "System.out.print(new String(java.nio.file.Files.readAllBytes(java.nio.file.Path.of(" + lit(path) + "))));"
+		},
+		// inheritIO: the child writes to the kernel's own fd 1 and 2 (and
+		// reads its stdin); `int` keeps waitFor's status from being a result.
+		Shell: func(cmd string) string {
+			return "int airlockStatus = new ProcessBuilder(\"/bin/sh\", \"-c\", " + lit(cmd) + ").inheritIO().start().waitFor();"
+		},
+		Sleep:            "Thread.sleep(3_600_000L);",
+		Spin:             "while (true) { }",
+		Exit:             "System.exit(3);",
+		Raise:            `throw new IllegalStateException("boom");`,
+		RaiseName:        "java.lang.IllegalStateException",
+		RaiseValue:       "boom",
+		DeathKeepsOutput: true,
+	}
+}
+
+func TestJavaConformance(t *testing.T) {
+	kerneltest.Run(t, javaHarness(interp.JavaStarter(t)))
+}

@@ -1,7 +1,7 @@
 // Package interp serves the E2B code-interpreter protocol (POST /execute streaming NDJSON,
 // /contexts, /health) inside a sandbox. The core (this file, server.go, context.go) owns the
 // HTTP protocol, the contexts and the MIME-bundle → E2B result mapping; language backends
-// (python, javascript/typescript, bash, r) implement Kernel, register a Starter, and pass the
+// (python, javascript/typescript, bash, r, java) implement Kernel, register a Starter, and pass the
 // conformance suite in interp/kerneltest.
 package interp
 
@@ -51,7 +51,7 @@ var ErrKernelDied = errors.New("kernel died")
 
 // Options says how to start a kernel.
 type Options struct {
-	Language string // normalised: python, javascript, typescript, bash, r
+	Language string // normalised: python, javascript, typescript, bash, r, java
 	Cwd      string
 	UID, GID uint32 // who the kernel runs as (the sandbox's default user unless a context says otherwise)
 	Groups   []uint32

@@ -215,8 +215,8 @@ func startNode(ctx context.Context, opts Options, cfg nodeConfig) (Kernel, error
 		quit:   make(chan struct{}),
 	}
 	go k.readEvents(evR)
-	go k.readRaw(0, stdout, []byte(marker))
-	go k.readRaw(1, stderr, []byte(marker))
+	go forwardRaw(0, stdout, []byte(marker), k.raw, k.quit)
+	go forwardRaw(1, stderr, []byte(marker), k.raw, k.quit)
 	go func() {
 		k.waitErr = cmd.Wait()
 		close(k.exited)
@@ -272,14 +272,16 @@ func (k *nodeKernel) readEvents(r *os.File) {
 	}
 }
 
-// readRaw forwards what the process writes to fd 1 or 2, split at the end
-// markers, never cutting a UTF-8 sequence or a possible marker in two.
-func (k *nodeKernel) readRaw(stream int, r io.Reader, marker []byte) {
+// forwardRaw forwards to out what a kernel process writes to fd 1 or 2
+// (stream 0 or 1), split at the end markers, never cutting a UTF-8 sequence or
+// a possible marker in two, until r ends or quit is closed. The node and java
+// kernels share it.
+func forwardRaw(stream int, r io.Reader, marker []byte, out chan<- rawMsg, quit <-chan struct{}) {
 	send := func(m rawMsg) bool {
 		select {
-		case k.raw <- m:
+		case out <- m:
 			return true
-		case <-k.quit:
+		case <-quit:
 			return false
 		}
 	}

@@ -28,7 +28,7 @@ const (
 )
 
 // Languages run_code accepts (the code interpreter's kernels).
-var languages = []any{"python", "javascript", "typescript", "bash", "r"}
+var languages = []any{"python", "javascript", "typescript", "bash", "r", "java"}
 
 // --- inputs and outputs -------------------------------------------------------
 

@@ -46,7 +46,7 @@ type Settings struct {
 	// server's default (serve --runtime).
 	Runtime string `toml:"runtime" json:"runtime,omitempty"`
 	// Kernels are the code-interpreter languages whose default contexts start
-	// with every sandbox (python, javascript, typescript, bash, r), so a first
+	// with every sandbox (python, javascript, typescript, bash, r, java), so a first
 	// runCode does not wait for a kernel to start.
 	Kernels []string `toml:"kernels" json:"kernels,omitempty"`
 	// BuildArgs are ARG values, overridden by --build-arg.
@@ -68,7 +68,7 @@ var (
 )
 
 // kernelLanguages are the languages the code interpreter knows.
-var kernelLanguages = map[string]bool{"python": true, "javascript": true, "typescript": true, "bash": true, "r": true}
+var kernelLanguages = map[string]bool{"python": true, "javascript": true, "typescript": true, "bash": true, "r": true, "java": true}
 
 // ValidName checks a template name or alias.
 func ValidName(name string) error {
@@ -194,7 +194,7 @@ func (s Settings) validate() error {
 	}
 	for _, k := range s.Kernels {
 		if !kernelLanguages[k] {
-			return bad("kernels: unknown language %q (known: python, javascript, typescript, bash, r)", k)
+			return bad("kernels: unknown language %q (known: python, javascript, typescript, bash, r, java)", k)
 		}
 	}
 	for k := range s.BuildArgs {
