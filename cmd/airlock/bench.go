@@ -187,7 +187,8 @@ func benchInterpCmd() *cobra.Command {
 		Short: "Measure the code interpreter: runCode round trips per language, and create + first runCode",
 		Long: `Start an Airlock server in this process, then measure over the calls
 @e2b/code-interpreter makes (POST /execute on port 49999 through the sandbox
-proxy): runCode('1+1') in a warm context for python, javascript and bash, and
+proxy): runCode('1+1') in a warm context for python, javascript, bash and r,
+createCodeContext + its first runCode for python and r (the kernel's start), and
 create + first runCode, cold and from the warm pool. Baselines in the same run:
 envd's /health through the proxy, and python3 -c through commands.run.`,
 		Args: cobra.NoArgs,

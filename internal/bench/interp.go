@@ -63,8 +63,12 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 		shell.Samples = append(shell.Samples, time.Since(start))
 	}
 	add(shell)
-	for _, lang := range []struct{ name, code string }{{"python", "1+1"}, {"javascript", "1+1"}, {"bash", "echo 2"}} {
+	for _, lang := range []struct{ name, code string }{{"python", "1+1"}, {"javascript", "1+1"}, {"bash", "echo 2"}, {"r", "1+1"}} {
 		r := Row{Name: fmt.Sprintf("runCode('%s') %s, warm context, %d", lang.code, lang.name, n)}
+		// Warm-up: a language the template does not prewarm (r) starts its kernel here.
+		if _, err := c.execute(ctx, sb, lang.code, lang.name); err != nil {
+			return nil, fmt.Errorf("%s warm-up: %w", lang.name, err)
+		}
 		for i := 0; i < n; i++ {
 			start := time.Now()
 			out, err := c.execute(ctx, sb, lang.code, lang.name)
@@ -75,6 +79,33 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 				return nil, fmt.Errorf("%s: unexpected output %q", lang.name, out)
 			}
 			r.Samples = append(r.Samples, time.Since(start))
+		}
+		add(r)
+	}
+
+	// First cell of a new context: the kernel's start (POST /contexts, as the SDK's
+	// createCodeContext) plus its first runCode, in the running sandbox.
+	for _, lang := range []string{"python", "r"} {
+		k := max(1, min(cfg.Creates, 10))
+		r := Row{Name: fmt.Sprintf("createCodeContext(%s) + first runCode('1+1'), %d", lang, k)}
+		for i := 0; i < k; i++ {
+			start := time.Now()
+			id, err := sb.CreateContext(ctx, lang, "")
+			if err != nil {
+				return nil, fmt.Errorf("%s context: %w", lang, err)
+			}
+			out, err := c.executeIn(ctx, sb, "1+1", id)
+			d := time.Since(start)
+			if derr := sb.DeleteContext(ctx, id); err == nil && derr != nil {
+				err = derr
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s first cell: %w", lang, err)
+			}
+			if !strings.Contains(out, "2") {
+				return nil, fmt.Errorf("%s first cell: unexpected output %q", lang, out)
+			}
+			r.Samples = append(r.Samples, d)
 		}
 		add(r)
 	}
@@ -138,8 +169,17 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 // execute runs code through POST /execute and returns the text of its results
 // and stdout; an error event is returned as an error.
 func (c *client) execute(ctx context.Context, sb *e2bclient.Sandbox, code, language string) (string, error) {
+	return c.executeReq(ctx, sb, e2bwire.ExecuteRequest{Code: code, Language: &language})
+}
+
+// executeIn is execute in a context made with CreateContext.
+func (c *client) executeIn(ctx context.Context, sb *e2bclient.Sandbox, code, contextID string) (string, error) {
+	return c.executeReq(ctx, sb, e2bwire.ExecuteRequest{Code: code, ContextID: &contextID})
+}
+
+func (c *client) executeReq(ctx context.Context, sb *e2bclient.Sandbox, req e2bwire.ExecuteRequest) (string, error) {
 	var out strings.Builder
-	err := sb.Execute(ctx, e2bwire.ExecuteRequest{Code: code, Language: &language}, func(ev e2bclient.Event) error {
+	err := sb.Execute(ctx, req, func(ev e2bclient.Event) error {
 		switch ev.Type {
 		case "result", "stdout":
 			out.WriteString(ev.Text)

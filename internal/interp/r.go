@@ -25,6 +25,11 @@ func StartR(ctx context.Context, opts Options) (Kernel, error) {
 		return nil, err
 	}
 	var env []string
+	if envValue(opts.Env, "LC_ALL") == "" && envValue(opts.Env, "LC_CTYPE") == "" && envValue(opts.Env, "LANG") == "" {
+		// Without a locale R runs in C and prints every non-ASCII character as <U+00E9>;
+		// E2B's image sets LANG=C.UTF-8, which glibc always has.
+		env = append(env, "LANG=C.UTF-8")
+	}
 	for k, v := range spec.Env {
 		env = append(env, k+"="+v)
 	}
