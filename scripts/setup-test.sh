@@ -14,10 +14,12 @@ RUNSC=/usr/local/bin/runsc
 
 # The code interpreter's Python backend tests (internal/interp) run Debian's ipykernel,
 # matplotlib and pandas on the host's /usr/bin/python3, as code-interpreter-v1 does.
+# R's backend tests run Debian's IRkernel (kernelspec "ir"), as code-interpreter-v1 does.
 # protobuf-compiler: scripts/gen-proto.sh.
 # default-jdk-headless: the java backend's tests compile and run its JShell kernel.
 PACKAGES=(
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
+	r-base-core r-cran-irkernel
 	protobuf-compiler
 	default-jdk-headless
 )

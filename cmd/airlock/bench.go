@@ -179,17 +179,17 @@ Sandboxes mount a template read-only and never copy it, so size should not show.
 
 func benchInterpCmd() *cobra.Command {
 	var (
-		dataDir, tpl             string
-		rtt, creates, javaStarts int
+		dataDir, tpl string
+		rtt, creates int
 	)
 	cmd := &cobra.Command{
 		Use:   "interp",
 		Short: "Measure the code interpreter: runCode round trips per language, and create + first runCode",
 		Long: `Start an Airlock server in this process, then measure over the calls
 @e2b/code-interpreter makes (POST /execute on port 49999 through the sandbox
-proxy): runCode('1+1') in a warm context for python, javascript, bash and java,
-java's first cell in a new context (its JVM starting), and create + first
-runCode, cold and from the warm pool. Baselines in the same run:
+proxy): runCode('1+1') in a warm context for python, javascript, bash, r and java,
+createCodeContext + its first runCode for python, r and java (the kernel's start), and
+create + first runCode, cold and from the warm pool. Baselines in the same run:
 envd's /health through the proxy, and python3 -c through commands.run.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -209,7 +209,7 @@ envd's /health through the proxy, and python3 -c through commands.run.`,
 					SetWarmPool: warmPoolSetter(cmd.Context(), d, tpl),
 					WarmCount:   func() int { return d.Manager.WarmCount(t.ID) },
 				},
-				RoundTrips: rtt, Creates: creates, JavaStarts: javaStarts,
+				RoundTrips: rtt, Creates: creates,
 			})
 			if err != nil {
 				return err
@@ -224,7 +224,6 @@ envd's /health through the proxy, and python3 -c through commands.run.`,
 	f.StringVar(&tpl, "template", "code-interpreter-v1", "template to create sandboxes from")
 	f.IntVar(&rtt, "round-trips", 200, "runCode round trips per language in one warm context")
 	f.IntVar(&creates, "creates", 20, "create + first runCode, cold and warm")
-	f.IntVar(&javaStarts, "java-starts", 10, "first runCode in a new java context")
 	return cmd
 }
 

@@ -18,8 +18,6 @@ type InterpConfig struct {
 	RoundTrips int
 	// Creates is the number of create + first runCode measured cold and warm.
 	Creates int
-	// JavaStarts is the number of first cells measured in new java contexts.
-	JavaStarts int
 }
 
 // Interp measures the code interpreter over the wire calls @e2b/code-interpreter
@@ -65,39 +63,12 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 		shell.Samples = append(shell.Samples, time.Since(start))
 	}
 	add(shell)
-	// Java's kernel is not prewarmed (a JVM per sandbox that may never run
-	// Java): its first cell in a new context starts one. Measured first, so
-	// the warm row below runs in a context that has started.
-	// A context's kernel starts when it is created, so the sample spans both
-	// calls: what a first runCode(language: 'java') costs.
-	first := Row{Name: fmt.Sprintf("createCodeContext(java) + first runCode('1+1'): JVM start, %d", cfg.JavaStarts)}
-	for i := 0; i < cfg.JavaStarts; i++ {
-		start := time.Now()
-		id, err := sb.CreateContext(ctx, "java", "")
-		if err != nil {
-			return nil, fmt.Errorf("java context: %w", err)
-		}
-		out, err := c.executeIn(ctx, sb, "1+1", id)
-		d := time.Since(start)
-		if derr := sb.DeleteContext(ctx, id); derr != nil && err == nil {
-			err = derr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("java first cell: %w", err)
-		}
-		if !strings.Contains(out, "2") {
-			return nil, fmt.Errorf("java: unexpected output %q", out)
-		}
-		first.Samples = append(first.Samples, d)
-	}
-	if cfg.JavaStarts > 0 {
-		add(first)
-	}
-	if _, err := c.execute(ctx, sb, "1+1", "java"); err != nil {
-		return nil, fmt.Errorf("java warm-up: %w", err)
-	}
-	for _, lang := range []struct{ name, code string }{{"python", "1+1"}, {"javascript", "1+1"}, {"bash", "echo 2"}, {"java", "1+1"}} {
+	for _, lang := range []struct{ name, code string }{{"python", "1+1"}, {"javascript", "1+1"}, {"bash", "echo 2"}, {"r", "1+1"}, {"java", "1+1"}} {
 		r := Row{Name: fmt.Sprintf("runCode('%s') %s, warm context, %d", lang.code, lang.name, n)}
+		// Warm-up: a language the template does not prewarm (r, java) starts its kernel here.
+		if _, err := c.execute(ctx, sb, lang.code, lang.name); err != nil {
+			return nil, fmt.Errorf("%s warm-up: %w", lang.name, err)
+		}
 		for i := 0; i < n; i++ {
 			start := time.Now()
 			out, err := c.execute(ctx, sb, lang.code, lang.name)
@@ -108,6 +79,33 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 				return nil, fmt.Errorf("%s: unexpected output %q", lang.name, out)
 			}
 			r.Samples = append(r.Samples, time.Since(start))
+		}
+		add(r)
+	}
+
+	// First cell of a new context: the kernel's start (POST /contexts, as the SDK's
+	// createCodeContext) plus its first runCode, in the running sandbox.
+	for _, lang := range []string{"python", "r", "java"} {
+		k := max(1, min(cfg.Creates, 10))
+		r := Row{Name: fmt.Sprintf("createCodeContext(%s) + first runCode('1+1'), %d", lang, k)}
+		for i := 0; i < k; i++ {
+			start := time.Now()
+			id, err := sb.CreateContext(ctx, lang, "")
+			if err != nil {
+				return nil, fmt.Errorf("%s context: %w", lang, err)
+			}
+			out, err := c.executeIn(ctx, sb, "1+1", id)
+			d := time.Since(start)
+			if derr := sb.DeleteContext(ctx, id); err == nil && derr != nil {
+				err = derr
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s first cell: %w", lang, err)
+			}
+			if !strings.Contains(out, "2") {
+				return nil, fmt.Errorf("%s first cell: unexpected output %q", lang, out)
+			}
+			r.Samples = append(r.Samples, d)
 		}
 		add(r)
 	}
@@ -168,19 +166,18 @@ func Interp(ctx context.Context, cfg InterpConfig) ([]Row, error) {
 	return rows, nil
 }
 
-// execute runs code through POST /execute in language's default context and
-// returns the text of its results and stdout; an error event is returned as an
-// error.
+// execute runs code through POST /execute and returns the text of its results
+// and stdout; an error event is returned as an error.
 func (c *client) execute(ctx context.Context, sb *e2bclient.Sandbox, code, language string) (string, error) {
-	return c.executeRequest(ctx, sb, e2bwire.ExecuteRequest{Code: code, Language: &language})
+	return c.executeReq(ctx, sb, e2bwire.ExecuteRequest{Code: code, Language: &language})
 }
 
-// executeIn is execute in the context with the given id.
+// executeIn is execute in a context made with CreateContext.
 func (c *client) executeIn(ctx context.Context, sb *e2bclient.Sandbox, code, contextID string) (string, error) {
-	return c.executeRequest(ctx, sb, e2bwire.ExecuteRequest{Code: code, ContextID: &contextID})
+	return c.executeReq(ctx, sb, e2bwire.ExecuteRequest{Code: code, ContextID: &contextID})
 }
 
-func (c *client) executeRequest(ctx context.Context, sb *e2bclient.Sandbox, req e2bwire.ExecuteRequest) (string, error) {
+func (c *client) executeReq(ctx context.Context, sb *e2bclient.Sandbox, req e2bwire.ExecuteRequest) (string, error) {
 	var out strings.Builder
 	err := sb.Execute(ctx, req, func(ev e2bclient.Event) error {
 		switch ev.Type {

@@ -274,6 +274,57 @@ func (e *Event) decode(line []byte) error {
 	return nil
 }
 
+// CreateContext makes a code-interpreter context (POST /contexts on port 49999), which
+// starts its kernel, and returns its id. An empty cwd leaves the interpreter's default.
+func (s *Sandbox) CreateContext(ctx context.Context, language, cwd string) (string, error) {
+	body := map[string]string{"language": language}
+	if cwd != "" {
+		body["cwd"] = cwd
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return "", fmt.Errorf("encode request: %w", err)
+	}
+	req, err := s.request(ctx, interpPort, http.MethodPost, "/contexts", bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("create context: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return "", fmt.Errorf("create context: %w", errorFrom(resp))
+	}
+	var out struct {
+		ID string `json:"id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", fmt.Errorf("create context: decode answer: %w", err)
+	}
+	return out.ID, nil
+}
+
+// DeleteContext removes a code-interpreter context and stops its kernel.
+func (s *Sandbox) DeleteContext(ctx context.Context, id string) error {
+	req, err := s.request(ctx, interpPort, http.MethodDelete, "/contexts/"+url.PathEscape(id), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("delete context: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("delete context: %w", errorFrom(resp))
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
 // Execute runs code in the sandbox's code interpreter (POST /execute on port
 // 49999) and calls fn with each event up to end_of_execution, when it returns
 // nil. An error from fn ends the execution and is returned as it is. The
@@ -315,56 +366,4 @@ func (s *Sandbox) Execute(ctx context.Context, body e2bwire.ExecuteRequest, fn f
 		return fmt.Errorf("code interpreter: %w", err)
 	}
 	return errors.New("code interpreter: the stream ended without end_of_execution")
-}
-
-// CreateContext makes a code-interpreter context (POST /contexts on port
-// 49999) for language, in cwd (empty: the interpreter's default), and
-// returns its id once its kernel has started (the server starts it with the
-// context).
-func (s *Sandbox) CreateContext(ctx context.Context, language, cwd string) (string, error) {
-	body := map[string]string{"language": language}
-	if cwd != "" {
-		body["cwd"] = cwd
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return "", fmt.Errorf("encode request: %w", err)
-	}
-	req, err := s.request(ctx, interpPort, http.MethodPost, "/contexts", bytes.NewReader(b))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.c.http.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("code interpreter: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("code interpreter: %w", errorFrom(resp))
-	}
-	var out struct {
-		ID string `json:"id"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return "", fmt.Errorf("code interpreter: decode context: %w", err)
-	}
-	return out.ID, nil
-}
-
-// DeleteContext removes a code-interpreter context and stops its kernel.
-func (s *Sandbox) DeleteContext(ctx context.Context, id string) error {
-	req, err := s.request(ctx, interpPort, http.MethodDelete, "/contexts/"+url.PathEscape(id), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := s.c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("code interpreter: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("code interpreter: %w", errorFrom(resp))
-	}
-	return nil
 }

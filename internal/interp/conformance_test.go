@@ -241,3 +241,44 @@ func javaHarness(start interp.Starter) kerneltest.Harness {
 func TestJavaConformance(t *testing.T) {
 	kerneltest.Run(t, javaHarness(interp.JavaStarter(t)))
 }
+
+// rHarness is the harness of the R backend (IRkernel). Its snippets write through
+// cat(), which IRkernel streams as stdout text, rather than print(), whose
+// `[1] "..."` framing the suite's plain lines do not expect.
+func rHarness(t *testing.T) kerneltest.Harness {
+	if _, err := exec.LookPath("R"); err != nil {
+		testenv.Missing(t, "no R on this host (scripts/setup-test.sh installs r-base-core and r-cran-irkernel)")
+	}
+	return kerneltest.Harness{
+		Language: "r",
+		Start:    starter(t, "r"),
+		Print:    func(s string) string { return "cat(" + rlit(s) + ", \"\\n\", sep = \"\")" },
+		// message() is what IRkernel streams as stderr; it ends the line itself.
+		PrintErr: func(s string) string { return "message(" + rlit(s) + ", appendLF = FALSE)" },
+		Repeat: func(s string, n int) string {
+			return fmt.Sprintf("cat(strrep(%s, %d), \"\\n\", sep = \"\")", rlit(s), n)
+		},
+		Set:       func(name, v string) string { return name + " <- " + rlit(v) },
+		PrintVar:  func(name string) string { return "cat(" + name + ", \"\\n\", sep = \"\")" },
+		PrintEnv:  func(name string) string { return "cat(Sys.getenv(" + rlit(name) + "), \"\\n\", sep = \"\")" },
+		PrintCwd:  "cat(getwd(), \"\\n\", sep = \"\")",
+		PrintFile: func(path string) string { return "cat(readLines(" + rlit(path) + "), sep = \"\\n\")" },
+		// invisible: system()'s status would be a result.
+		Shell: func(cmd string) string {
+			return "invisible(system2(\"/bin/sh\", c(\"-c\", shQuote(" + rlit(cmd) + "))))"
+		},
+		Sleep: "Sys.sleep(3600)",
+		Spin:  "repeat {}",
+		// IRkernel turns quit() into a request to the frontend (E2B ignores it, as we do).
+		Exit:       "tools::pskill(Sys.getpid(), tools::SIGKILL)",
+		Raise:      "stop(\"boom\")",
+		RaiseName:  "ERROR",
+		RaiseValue: "Error in eval(expr, envir, enclos): boom\n",
+	}
+}
+
+// rlit quotes s as an R string literal (a JSON string is one, but for R's
+// handling of "\u" escapes of non-ASCII text, which JSON leaves raw anyway).
+func rlit(s string) string { return lit(s) }
+
+func TestRConformance(t *testing.T) { kerneltest.Run(t, rHarness(t)) }

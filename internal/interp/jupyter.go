@@ -1,6 +1,7 @@
 package interp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,14 +69,9 @@ func readKernelspec(name string) (*jupyterKernelSpec, error) {
 	return nil, fmt.Errorf("jupyter kernelspec %q: %w", name, ErrUnavailable)
 }
 
-func init() {
-	// R through IRkernel (Debian r-cran-irkernel installs the "ir" kernelspec); templates
-	// without it get ErrUnavailable.
-	Register("r", StartKernelspec("ir"))
-}
-
-// StartKernelspec returns a Starter for an installed Jupyter kernelspec (e.g. "ir" for R's
-// IRkernel). Per-execution env vars are not applied for such kernels (no generic way).
+// StartKernelspec returns a Starter for an installed Jupyter kernelspec. Per-execution env
+// vars are not applied for such kernels (no generic way); a language backend (r.go) passes
+// its own jupyterEnvCode to startJupyter instead.
 func StartKernelspec(name string) Starter {
 	return func(ctx context.Context, opts Options) (Kernel, error) {
 		spec, err := readKernelspec(name)
@@ -85,11 +82,36 @@ func StartKernelspec(name string) Starter {
 		for k, v := range spec.Env {
 			env = append(env, k+"="+v)
 		}
-		return startJupyter(ctx, opts, name, spec.Argv, env, nil)
+		return startJupyter(ctx, opts, name, spec.Argv, env, jupyterFlavor{})
 	}
 }
 
 type jupyterEnvCode func(env map[string]string) (apply, restore string, err error)
+
+// jupyterFlavor is what a language backend tells the generic client about its kernel.
+type jupyterFlavor struct {
+	// envCode sets and restores an execution's env; nil: the env is not applied.
+	envCode jupyterEnvCode
+	// captureFDs forwards what is written to the kernel process's fd 1 and 2 (child
+	// processes, writes that bypass the kernel's own capture) as the current execution's
+	// stdout and stderr, which ipykernel does itself and IRkernel does not.
+	captureFDs bool
+	// busyHeartbeat: the kernel answers heartbeats only between requests (IRkernel polls
+	// its heartbeat socket in its main loop), so silence while it executes is no sign of
+	// death.
+	busyHeartbeat bool
+	// interruptOnceStarted: SIGINT is sent only once the kernel announced the cell
+	// (execute_input); outside a cell the kernel may not survive one.
+	interruptOnceStarted bool
+}
+
+// jupyterRaw is a piece of what the kernel process wrote to fd 1 or 2, or one of the
+// marks the client writes into the same pipes after a cell (mark > 0).
+type jupyterRaw struct {
+	stream string
+	text   string
+	mark   uint64
+}
 
 type jupyterInbound struct {
 	channel string // "shell", "iopub", "control"
@@ -108,8 +130,20 @@ type jupyterKernel struct {
 	connFile string
 	signer   jupyterSigner
 	session  string
-	envCode  jupyterEnvCode
+	flavor   jupyterFlavor
 	output   *tailBuffer // the kernel process's own stdout/stderr, for death reports
+
+	// With flavor.captureFDs: the write ends of the kernel's fd 1 and 2 (kept to write the
+	// end-of-cell marks), the chunks read from them while an execution is active, and the
+	// token that starts a mark.
+	rawOut, rawErr *os.File
+	raw            chan jupyterRaw
+	active         atomic.Bool
+	markToken      []byte
+	markSeq        atomic.Uint64
+	// busy is the kernel's last execution_state on iopub, whichever request it was for
+	// (busyHeartbeat).
+	busy atomic.Bool
 
 	sockCancel                   context.CancelFunc
 	shell, iopub, control, hbeat zmq4.Socket
@@ -149,7 +183,7 @@ func freeLoopbackPorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func startJupyter(ctx context.Context, opts Options, name string, argv, env []string, envCode jupyterEnvCode) (_ *jupyterKernel, err error) {
+func startJupyter(ctx context.Context, opts Options, name string, argv, env []string, flavor jupyterFlavor) (_ *jupyterKernel, err error) {
 	if err := prepareRunDir(opts); err != nil {
 		return nil, err
 	}
@@ -161,7 +195,7 @@ func startJupyter(ctx context.Context, opts Options, name string, argv, env []st
 		name:     name,
 		signer:   jupyterSigner{key: []byte(randomHex(32))},
 		session:  randomHex(16),
-		envCode:  envCode,
+		flavor:   flavor,
 		waitDone: make(chan struct{}),
 		dead:     make(chan struct{}),
 		waiters:  map[string]*jupyterWaiter{},
@@ -188,12 +222,35 @@ func startJupyter(ctx context.Context, opts Options, name string, argv, env []st
 	}
 	k.cmd = kernelCmd(opts, args, env...)
 	k.cmd.Stdout, k.cmd.Stderr = k.output, k.output
+	var outR, errR *os.File
+	if flavor.captureFDs {
+		if outR, k.rawOut, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("kernel stdout pipe: %w", err)
+		}
+		if errR, k.rawErr, err = os.Pipe(); err != nil {
+			outR.Close()
+			k.rawOut.Close()
+			return nil, fmt.Errorf("kernel stderr pipe: %w", err)
+		}
+		k.cmd.Stdout, k.cmd.Stderr = k.rawOut, k.rawErr
+		k.raw = make(chan jupyterRaw, 64)
+		k.markToken = []byte("\x1eairlock-mark-" + randomHex(16) + ":")
+	}
 	if err := startKernel(k.cmd); err != nil {
 		os.Remove(k.connFile)
+		if flavor.captureFDs {
+			for _, f := range []*os.File{outR, errR, k.rawOut, k.rawErr} {
+				f.Close()
+			}
+		}
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("start %s kernel: %w: %w", name, ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("start %s kernel: %w", name, err)
+	}
+	if flavor.captureFDs {
+		go k.readRaw(outR, "stdout")
+		go k.readRaw(errR, "stderr")
 	}
 	go func() {
 		werr := k.cmd.Wait()
@@ -261,6 +318,14 @@ func (k *jupyterKernel) read(s zmq4.Socket, channel string) {
 		msg, err := k.signer.decode(raw)
 		if err != nil {
 			continue // unsigned or malformed: ignore, as Jupyter clients do
+		}
+		if channel == "iopub" && msg.Header.MsgType == "status" {
+			var st struct {
+				State string `json:"execution_state"`
+			}
+			if json.Unmarshal(msg.Content, &st) == nil {
+				k.busy.Store(st.State == "busy")
+			}
 		}
 		k.mu.Lock()
 		w := k.waiters[msg.Parent.MsgID]
@@ -354,6 +419,11 @@ func (k *jupyterKernel) heartbeat() {
 			case <-k.dead:
 				return
 			case <-t.C:
+				if k.flavor.busyHeartbeat && k.busy.Load() {
+					// Executing: the kernel answers the ping when the cell ends.
+					k.lastBeat.Store(time.Now().UnixNano())
+					continue
+				}
 				if time.Since(time.Unix(0, k.lastBeat.Load())) > k.hbLimit {
 					k.markDead(fmt.Errorf("no heartbeat for %v", k.hbLimit))
 					// A kernel that stopped answering is useless: end it so nothing lingers.
@@ -438,9 +508,13 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 		return 0, k.diedErr()
 	default:
 	}
+	if k.flavor.captureFDs {
+		k.startCapture()
+		defer k.active.Store(false)
+	}
 	abandoned := false // gave up on a cell that ignores interrupts: it still runs
-	if len(env) > 0 && k.envCode != nil {
-		apply, restore, err := k.envCode(env)
+	if len(env) > 0 && k.flavor.envCode != nil {
+		apply, restore, err := k.flavor.envCode(env)
 		if err != nil {
 			return 0, err
 		}
@@ -473,19 +547,33 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 
 	var (
 		idle, replied bool
+		started       = !k.flavor.interruptOnceStarted // the kernel announced the cell
 		count         int
 		ctxDone       = ctx.Done()
 		interruptErr  error
+		interruptDue  bool // ctx ended before the cell started: signal once it has
 		grace         <-chan time.Time
 		resignal      *time.Ticker
 		resignalC     <-chan time.Time
+		raw           <-chan jupyterRaw // the fd 1/2 capture, if any
+		mark          uint64            // the end-of-cell mark being waited for
+		marksLeft     = 0
 	)
+	if k.flavor.captureFDs {
+		raw = k.raw
+	}
 	defer func() {
 		if resignal != nil {
 			resignal.Stop()
 		}
 	}()
-	for !idle || !replied {
+	interruptNow := func() {
+		interruptDue = false
+		k.interrupt()
+		resignal = time.NewTicker(time.Second)
+		resignalC = resignal.C
+	}
+	for !idle || !replied || marksLeft > 0 {
 		select {
 		case in := <-w.ch:
 			if in.channel == "shell" && in.msg.Header.MsgType == "execute_reply" {
@@ -494,36 +582,64 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 					return 0, fmt.Errorf("decode execute_reply: %w", err)
 				}
 				count, replied = r.ExecutionCount, true
-				continue
-			}
-			if in.channel != "iopub" {
-				continue
-			}
-			if in.msg.Header.MsgType == "status" {
-				var st struct {
-					State string `json:"execution_state"`
+			} else if in.channel == "iopub" {
+				switch in.msg.Header.MsgType {
+				case "status":
+					var st struct {
+						State string `json:"execution_state"`
+					}
+					if json.Unmarshal(in.msg.Content, &st) == nil && st.State == "idle" {
+						idle = true
+					}
+				case "execute_input":
+					started = true
+					if interruptDue {
+						interruptNow()
+					}
+				default:
+					// After ctx ended the client is gone: outputs (e.g. the KeyboardInterrupt)
+					// are drained but not emitted.
+					if ev, ok := jupyterEvent(in.msg); ok && interruptErr == nil {
+						emit(ev)
+					}
 				}
-				if json.Unmarshal(in.msg.Content, &st) == nil && st.State == "idle" {
-					idle = true
+			}
+			if idle && replied && raw != nil && mark == 0 {
+				// The cell is over, so whatever it (and the processes it waited for) wrote
+				// to fd 1 and 2 is in the pipes: a mark written after it ends the cell's part.
+				mark, marksLeft = k.writeMarks(), 2
+			}
+		case c := <-raw:
+			if c.mark != 0 {
+				if c.mark == mark {
+					marksLeft--
 				}
 				continue
 			}
-			// After ctx ended the client is gone: outputs (e.g. the KeyboardInterrupt) are
-			// drained but not emitted.
-			if ev, ok := jupyterEvent(in.msg); ok && interruptErr == nil {
-				emit(ev)
+			if interruptErr == nil {
+				emit(Event{Type: c.stream, Text: c.text})
 			}
 		case <-ctxDone:
 			interruptErr = ctx.Err()
 			ctxDone = nil
-			k.interrupt()
 			grace = time.After(jupyterInterruptGrace)
-			resignal = time.NewTicker(time.Second)
-			resignalC = resignal.C
+			if idle && replied {
+				continue // only the marks are left: nothing to interrupt
+			}
+			if started {
+				interruptNow()
+			} else {
+				interruptDue = true
+			}
 		case <-resignalC:
 			// Code that caught the first KeyboardInterrupt (or was in C code) gets another.
 			k.interrupt()
 		case <-grace:
+			if idle && replied {
+				// The marks are late (a pipe kept full by a background process): the cell
+				// is over all the same.
+				return count, interruptErr
+			}
 			// The cell ignores interrupts; give up waiting but leave the kernel running (its
 			// state is kept and it stays busy until the cell ends).
 			abandoned = true
@@ -536,6 +652,88 @@ func (k *jupyterKernel) Execute(ctx context.Context, code string, env map[string
 		return count, interruptErr
 	}
 	return count, nil
+}
+
+// startCapture makes the fd 1/2 capture deliver to the execution that starts. Chunks left
+// in the channel belong to no execution (written between cells, or after an execution
+// gave up on its cell): they go to the death-report tail only.
+func (k *jupyterKernel) startCapture() {
+	for {
+		select {
+		case <-k.raw:
+			continue
+		default:
+		}
+		break
+	}
+	k.active.Store(true)
+}
+
+// writeMarks writes a new end-of-cell mark into the kernel's fd 1 and 2 pipes and returns
+// its number. The writes run in the background: a pipe kept full blocks them until the
+// reader, which Execute drains, has made room.
+func (k *jupyterKernel) writeMarks() uint64 {
+	seq := k.markSeq.Add(1)
+	m := fmt.Appendf(append([]byte(nil), k.markToken...), "%016x", seq)
+	for _, f := range []*os.File{k.rawOut, k.rawErr} {
+		go func() { _, _ = f.Write(m) }()
+	}
+	return seq
+}
+
+// readRaw reads one of the kernel's fd 1/2 pipes until it closes (every writer gone),
+// splitting out the marks and never splitting a UTF-8 character between chunks.
+func (k *jupyterKernel) readRaw(r *os.File, stream string) {
+	defer r.Close()
+	markLen := len(k.markToken) + 16
+	buf := make([]byte, 32<<10)
+	var pending []byte
+	for {
+		n, err := r.Read(buf)
+		pending = append(pending, buf[:n]...)
+		for {
+			i := bytes.Index(pending, k.markToken)
+			if i < 0 || len(pending) < i+markLen {
+				break
+			}
+			k.deliverRaw(jupyterRaw{stream: stream, text: string(pending[:i])})
+			if seq, perr := strconv.ParseUint(string(pending[i+len(k.markToken):i+markLen]), 16, 64); perr == nil {
+				k.deliverRaw(jupyterRaw{stream: stream, mark: seq})
+			}
+			pending = pending[i+markLen:]
+		}
+		if err != nil {
+			k.deliverRaw(jupyterRaw{stream: stream, text: string(pending)})
+			return
+		}
+		// Hold back a mark whose number has not all arrived, the start of a mark, or an
+		// incomplete character.
+		keep := heldBack(pending, k.markToken)
+		if i := bytes.Index(pending, k.markToken); i >= 0 {
+			keep = len(pending) - i
+		}
+		k.deliverRaw(jupyterRaw{stream: stream, text: string(pending[:len(pending)-keep])})
+		pending = append(pending[:0:0], pending[len(pending)-keep:]...)
+	}
+}
+
+// deliverRaw hands a chunk to the active execution; what is written when none is active
+// (start-up messages, a background process) only goes to the death-report tail. Everything
+// goes there too, so a death report has the kernel's last words.
+func (k *jupyterKernel) deliverRaw(c jupyterRaw) {
+	if c.mark == 0 {
+		if c.text == "" {
+			return
+		}
+		k.output.Write([]byte(c.text))
+	}
+	if !k.active.Load() {
+		return
+	}
+	select {
+	case k.raw <- c:
+	case <-k.dead:
+	}
 }
 
 // interrupt sends SIGINT to the kernel's process group (interrupt_mode "signal", as
@@ -591,6 +789,11 @@ func (k *jupyterKernel) Close() error {
 					s.Close()
 				}
 			}
+		}
+		if k.rawOut != nil {
+			// The readers end once the processes the kernel started are gone too.
+			k.rawOut.Close()
+			k.rawErr.Close()
 		}
 		if err := os.Remove(k.connFile); err != nil && !errors.Is(err, os.ErrNotExist) && k.closeErr == nil {
 			k.closeErr = fmt.Errorf("remove connection file: %w", err)

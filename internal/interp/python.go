@@ -112,7 +112,7 @@ func StartIPykernel(ctx context.Context, opts Options) (Kernel, error) {
 		// Keeps debugpy quiet about frozen modules in subprocesses too.
 		"PYDEVD_DISABLE_FILE_VALIDATION=1",
 	}
-	k, err := startJupyter(ctx, opts, "python3", argv, env, pythonEnvCode)
+	k, err := startJupyter(ctx, opts, "python3", argv, env, jupyterFlavor{envCode: pythonEnvCode})
 	if err != nil {
 		return nil, err
 	}
