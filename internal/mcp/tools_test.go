@@ -192,7 +192,7 @@ func TestToolSchemas(t *testing.T) {
 		{"create_sandbox", "timeout", "default", `300`},
 		{"create_sandbox", "timeout", "minimum", `1`},
 		{"create_sandbox", "timeout", "maximum", `86400`},
-		{"run_code", "language", "enum", `["python","javascript","typescript","bash","r"]`},
+		{"run_code", "language", "enum", `["python","javascript","typescript","bash","r","java"]`},
 		{"run_code", "language", "default", `"python"`},
 		{"run_code", "timeout", "maximum", `86400`},
 		{"run_command", "timeout", "default", `300`},
