@@ -304,9 +304,14 @@ func resultLine(bundle map[string]any, main bool) map[string]any {
 			extra[mime] = v
 			continue
 		}
-		if key == "text" {
-			if s, ok := v.(string); ok {
+		if s, ok := v.(string); ok {
+			switch key {
+			case "text":
 				v = stripQuotes(s)
+			case "png", "jpeg", "pdf":
+				// ipykernel's base64 ends in a newline, the other kernels'
+				// does not: one form whichever kernel made it.
+				v = strings.TrimRight(s, "\n")
 			}
 		}
 		out[key] = v

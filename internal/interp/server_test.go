@@ -260,8 +260,8 @@ func TestExecuteStream(t *testing.T) {
 }
 
 func TestResultMapping(t *testing.T) {
-	l := resultLine(map[string]any{"text/plain": `"q"`, "image/png": "AAA", "e2b/chart": map[string]any{"type": "line"}, "application/json": map[string]any{"a": 1.0}}, false)
-	if l["text"] != "q" || l["png"] != "AAA" || l["chart"].(map[string]any)["type"] != "line" || l["is_main_result"] != false || l["json"].(map[string]any)["a"] != 1.0 {
+	l := resultLine(map[string]any{"text/plain": `"q"`, "image/png": "AAA\n", "image/svg+xml": "<svg/>\n", "e2b/chart": map[string]any{"type": "line"}, "application/json": map[string]any{"a": 1.0}}, false)
+	if l["text"] != "q" || l["png"] != "AAA" || l["svg"] != "<svg/>\n" || l["chart"].(map[string]any)["type"] != "line" || l["is_main_result"] != false || l["json"].(map[string]any)["a"] != 1.0 {
 		t.Errorf("%v", l)
 	}
 	if stripQuotes("'") != "'" || stripQuotes("'a'b'") != "a'b" || stripQuotes("x") != "x" {

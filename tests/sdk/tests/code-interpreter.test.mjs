@@ -105,6 +105,36 @@ plt.show()
     assert.ok(main.formats().includes('data'), main.formats().join())
   })
 
+  test('python: every MIME type E2B maps comes back under its key, others nested under extra', async () => {
+    const code = [
+      'import base64',
+      'class Rich:',
+      '    def _repr_html_(self): return "<b>h</b>"',
+      '    def _repr_markdown_(self): return "**m**"',
+      '    def _repr_svg_(self): return "<svg></svg>"',
+      '    def _repr_png_(self): return b"\\x89PNG"',
+      '    def _repr_jpeg_(self): return b"\\xff\\xd8"',
+      '    def _repr_pdf_(self): return b"%PDF-1"',
+      '    def _repr_latex_(self): return "$x$"',
+      '    def _repr_json_(self): return {"k": 1}',
+      '    def _repr_javascript_(self): return "console.log(1)"',
+      '    def _repr_mimebundle_(self, include=None, exclude=None): return {"application/x-airlock": "custom"}',
+      '    def __repr__(self): return "Rich()"',
+      'Rich()',
+    ].join('\n')
+    const r = await sbx.runCode(code)
+    assert.equal(r.error, undefined, r.error?.traceback)
+    const m = r.results[0]
+    const b64 = (s) => Buffer.from(s, 'latin1').toString('base64')
+    assert.deepEqual(
+      { text: m.text, html: m.html, markdown: m.markdown, svg: m.svg, png: m.png, jpeg: m.jpeg, pdf: m.pdf, latex: m.latex, json: m.json, javascript: m.javascript },
+      { text: 'Rich()', html: '<b>h</b>', markdown: '**m**', svg: '<svg></svg>', png: b64('\x89PNG'), jpeg: b64('\xff\xd8'), pdf: b64('%PDF-1'), latex: '$x$', json: { k: 1 }, javascript: 'console.log(1)' },
+    )
+    // Other types ride nested under extra, as E2B's server sends them: the
+    // Python SDK reads that as result.extra, the JS SDK keeps it in raw.
+    assert.deepEqual(m.raw.extra, { 'application/x-airlock': 'custom' })
+  })
+
   test('python: a dict is also json; an image saved to a file is displayed', async () => {
     const r = await sbx.runCode('{"n": 1, "l": [1, 2]}')
     assert.deepEqual(r.results[0].json, { n: 1, l: [1, 2] })
