@@ -114,7 +114,8 @@ func TestCodeInterpreterThroughProxy(t *testing.T) {
 			tail = append(tail, typ)
 		}
 	}
-	if byType["stdout"] != "user /home/user bar per-exec\n" || byType["stderr"] != "warn\n" ||
+	// Kernels run as root in the default user's home, as E2B's.
+	if byType["stdout"] != "root /home/user bar per-exec\n" || byType["stderr"] != "warn\n" ||
 		strings.Join(tail, ",") != "number_of_executions,end_of_execution" {
 		t.Fatalf("stream: %q", body)
 	}
