@@ -110,20 +110,24 @@ func ParseMirrors(list []string) ([]Mirror, error) {
 		}
 		out = append(out, m)
 	}
-	if err := checkMirrors(out); err != nil {
+	if err := ValidateMirrors(out); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// checkMirrors refuses two mirrors for one registry (docker.io and
-// index.docker.io are one): which one would win would be a guess.
-func checkMirrors(ms []Mirror) error {
+// ValidateMirrors checks mirrors made without ParseMirror, and refuses two
+// mirrors for one registry (docker.io and index.docker.io are one): which one
+// would win would be a guess.
+func ValidateMirrors(ms []Mirror) error {
 	seen := map[string]Mirror{}
 	for _, m := range ms {
 		r, err := name.NewRegistry(m.Registry, name.StrictValidation)
-		if err != nil || m.Host == "" {
-			return fmt.Errorf("%w %q: %v", ErrBadMirror, m.String(), err)
+		if err != nil {
+			return fmt.Errorf("%w %q: registry: %w", ErrBadMirror, m.String(), err)
+		}
+		if _, err := name.NewRegistry(m.Host, name.StrictValidation); err != nil {
+			return fmt.Errorf("%w %q: mirror host: %w", ErrBadMirror, m.String(), err)
 		}
 		if prev, dup := seen[r.RegistryStr()]; dup {
 			return fmt.Errorf("%w: two mirrors for %s (%s and %s); give one", ErrBadMirror, m.Registry, prev.URL(), m.URL())

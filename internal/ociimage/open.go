@@ -112,7 +112,7 @@ func Open(ctx context.Context, ref string, opts Options) (*Image, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if err := checkMirrors(opts.Mirrors); err != nil {
+	if err := ValidateMirrors(opts.Mirrors); err != nil {
 		return nil, err
 	}
 	plat, err := v1.ParsePlatform(opts.Platform)
