@@ -23,6 +23,7 @@ import (
 func serveCmd() *cobra.Command {
 	var c daemon.Config
 	var logLevel string
+	var mirrors []string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the E2B-compatible API and the sandbox-traffic proxy",
@@ -39,6 +40,10 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			var err error
+			if c.RegistryMirrors, err = registryMirrors(mirrors); err != nil {
+				return err
+			}
 			return runServe(ctx, c, logLevel)
 		},
 	}
@@ -71,6 +76,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringSliceVar(&c.Network.DNSUpstreams, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
 	f.StringSliceVar(&c.Network.AllowPrivate, "allow-private", nil, "private IPv4 ranges (CIDR or IP, comma-separated) every sandbox may reach; 10/8, 172.16/12, 192.168/16 and 100.64/10 are closed by default unless a sandbox's network.allowOut names them (169.254/16 stays closed)")
 	f.StringVar(&c.Network.DNSListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
+	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/daemon"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/ociimage"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
@@ -24,11 +25,20 @@ func templateCmd() *cobra.Command {
 	var dataDir string
 	cmd := &cobra.Command{Use: "template", Short: "Build, list, inspect and remove sandbox templates"}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", layout.DefaultRoot, "directory for templates, sandboxes and state")
+	// Only builds pull images; build's PreRunE fills mirrors.
+	var mirrorFlags []string
+	var mirrors []ociimage.Mirror
 	open := func() (*template.Store, error) {
 		envd, _ := findEnvd() // only RUN steps need it; the build says so if it is missing
-		return template.Open(template.Options{DataDir: dataDir, EnvdPath: envd})
+		return template.Open(template.Options{DataDir: dataDir, EnvdPath: envd, RegistryMirrors: mirrors})
 	}
-	cmd.AddCommand(templateBuildCmd(open), templateListCmd(open), templateInspectCmd(open), templateRmCmd(open, &dataDir))
+	build := templateBuildCmd(open)
+	addRegistryMirrorFlag(build, &mirrorFlags)
+	build.PreRunE = func(*cobra.Command, []string) (err error) {
+		mirrors, err = registryMirrors(mirrorFlags)
+		return err
+	}
+	cmd.AddCommand(build, templateListCmd(open), templateInspectCmd(open), templateRmCmd(open, &dataDir))
 	return cmd
 }
 
@@ -57,7 +67,10 @@ beside the Dockerfile (or --config), then from the flags:
 
 FROM takes debian:bookworm or debian:bookworm-slim (built with debootstrap),
 another template by name, or an OCI image: a registry reference
-(registry.example.com/app:1), oci:<layout dir>[:tag] or docker-archive:<file>.
+(registry.example.com/app:1, or a Docker Hub name with a tag: ubuntu:22.04),
+oci:<layout dir>[:tag] or docker-archive:<file>. --registry-mirror sends the
+pulls of a registry to a mirror (docker.io=http://10.0.0.5:5000 pulls
+ubuntu:22.04 as library/ubuntu:22.04 from 10.0.0.5:5000).
 
 Every step is cached by content: an unchanged rebuild takes seconds, a change
 rebuilds from the first changed step. With a built-in's name and no Dockerfile

@@ -58,6 +58,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/ociimage"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -102,6 +103,9 @@ type Config struct {
 	DiskImageMB int64
 	// Network configures per-sandbox networking.
 	Network NetworkConfig
+	// RegistryMirrors redirect template image pulls from a registry to a
+	// mirror (serve --registry-mirror).
+	RegistryMirrors []ociimage.Mirror
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -317,7 +321,7 @@ func (d *Daemon) lockDataDir() error {
 func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err error) {
 	d.Templates, err = template.Open(template.Options{
 		DataDir: d.cfg.TemplateDataDir, EnvdPath: d.cfg.EnvdPath, NoEgress: !d.cfg.Network.Egress,
-		DNSUpstreams: d.cfg.Network.DNSUpstreams, Logger: d.log,
+		DNSUpstreams: d.cfg.Network.DNSUpstreams, RegistryMirrors: d.cfg.RegistryMirrors, Logger: d.log,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -128,7 +128,11 @@ func (i *Image) Extract(ctx context.Context, dst string, progress func(doneBytes
 			return fmt.Errorf("extract %s: %w", i.Ref, err)
 		}
 		if err := x.layer(ctx, l, i.layers[n], report); err != nil {
-			return fmt.Errorf("extract %s: layer %d (%s): %w", i.Ref, n, i.layers[n].digest, err)
+			via := ""
+			if i.Mirror != "" {
+				via = " through registry mirror " + i.Mirror
+			}
+			return fmt.Errorf("extract %s: layer %d (%s)%s: %w", i.Ref, n, i.layers[n].digest, via, err)
 		}
 	}
 	if err := x.finish(); err != nil {

@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"archive/tar"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,11 @@ type Options struct {
 	// Insecure speaks plain HTTP to the registry. Without it ggcr already
 	// does so for localhost, loopback and RFC 1918 addresses only.
 	Insecure bool
+	// Mirrors redirect pulls from a registry to a mirror (see Mirror):
+	// `ubuntu:22.04` with a docker.io mirror is pulled from the mirror as
+	// library/ubuntu:22.04. Build them with ParseMirror; Open refuses two
+	// for one registry.
+	Mirrors []Mirror
 	// MaxBytes bounds the bytes of file content Extract writes; 0 means no
 	// bound. Exceeding it fails with ErrTooLarge.
 	MaxBytes int64
@@ -79,6 +85,9 @@ type Image struct {
 	// uncompressed digests, so it changes whenever the content does).
 	Digest string
 	Config Config
+	// Mirror is the base URL of the registry mirror the image is pulled
+	// through (Options.Mirrors), "" when none.
+	Mirror string
 	// Size is the total of the layer bytes Extract reads: compressed blob
 	// sizes, or for docker-archive the layer tars as stored. For progress.
 	Size int64
@@ -102,6 +111,9 @@ func Open(ctx context.Context, ref string, opts Options) (*Image, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if err := ValidateMirrors(opts.Mirrors); err != nil {
+		return nil, err
 	}
 	plat, err := v1.ParsePlatform(opts.Platform)
 	if err != nil {
@@ -172,13 +184,31 @@ func (im *Image) openRegistry(ctx context.Context, src source, plat v1.Platform)
 	if err != nil {
 		return fmt.Errorf("%w: %q: %w", ErrBadRef, src.ref, err)
 	}
+	orig := ref
+	mirror, ref, err := mirrorFor(im.opts.Mirrors, ref)
+	if err != nil {
+		return err
+	}
+	if mirror != nil {
+		im.Mirror = mirror.URL()
+	}
+	tr := im.opts.Transport
+	if mirror != nil && !mirror.PlainHTTP {
+		tr = tlsOnly{host: mirror.Host, next: cmp.Or[http.RoundTripper](tr, remote.DefaultTransport)}
+	}
 	resolve := func(ctx context.Context, r name.Reference) (*remote.Descriptor, error) {
 		o := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(im.opts.Keychain), remote.WithPlatform(plat)}
-		if im.opts.Transport != nil {
-			o = append(o, remote.WithTransport(im.opts.Transport))
+		if tr != nil {
+			o = append(o, remote.WithTransport(tr))
 		}
 		d, err := remote.Get(r, o...)
 		if err != nil {
+			if mirror != nil {
+				// Name what was asked for and where it was sent: the
+				// mirror's address alone would not tell which FROM failed.
+				return nil, fmt.Errorf("%s (%s) through registry mirror %s for %s: %w",
+					src.ref, orig.Name(), mirror.URL(), mirror.Registry, classifyRemote(r, err))
+			}
 			return nil, classifyRemote(r, err)
 		}
 		return d, nil

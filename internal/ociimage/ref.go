@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
 )
 
 // Transport prefixes accepted by Open.
@@ -97,4 +99,18 @@ func parseRef(s string) (source, error) {
 		}
 	}
 	return source{kind: "registry", ref: s}, nil
+}
+
+// IsDockerHubRef reports whether s is a Docker Hub short name with a tag or a
+// digest, such as "ubuntu:22.04", "e2bdev/base:latest" or "alpine@sha256:…",
+// which `docker pull` reads as docker.io/library/ubuntu:22.04 and
+// docker.io/e2bdev/base:latest. A bare "ubuntu" is false: a template builder
+// reads bare names as its own templates' names, and a typo there must not
+// turn into a pull.
+func IsDockerHubRef(s string) bool {
+	if IsImageRef(s) || strings.Contains(s, "://") || !strings.ContainsAny(s, ":@") {
+		return false
+	}
+	ref, err := name.ParseReference(s)
+	return err == nil && ref.Context().RegistryStr() == name.DefaultRegistry
 }

@@ -71,20 +71,28 @@ func (s *Store) resolveFrom(ctx context.Context, ref string, line int, p *progre
 			t, err = s.Get(ref)
 		}
 		if errors.Is(err, ErrNotFound) {
-			return nil, bad("no template is named %q (FROM takes a template name, debian:bookworm[-slim], a registry image such as docker.io/library/ubuntu:24.04, oci:<dir> or docker-archive:<file>)", ref)
+			return nil, bad("no template is named %q (FROM takes a template name, debian:bookworm[-slim], a registry image such as ubuntu:24.04 or docker.io/library/ubuntu:24.04 (a tag is needed), oci:<dir> or docker-archive:<file>)", ref)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("Dockerfile line %d: FROM %s: %w", line, ref, err)
 		}
 		return &source{ref: ref, kind: "template", key: t.Key, config: t.Config, parent: &t}, nil
 	}
-	if !ociimage.IsImageRef(ref) {
-		return nil, bad("not a template name, debian:bookworm[-slim], or an image reference (a registry host such as docker.io/..., oci:<dir>, docker-archive:<file>)")
+	// A Docker Hub short name with a tag or digest (ubuntu:22.04,
+	// e2bdev/base:latest) is pulled from Docker Hub, or its mirror, as Docker
+	// does; a bare name was a template's above.
+	if !ociimage.IsImageRef(ref) && !ociimage.IsDockerHubRef(ref) {
+		return nil, bad("not a template name, debian:bookworm[-slim], or an image reference (ubuntu:22.04, a registry host such as docker.io/..., oci:<dir>, docker-archive:<file>)")
 	}
 	p.setPhase("resolving image " + ref)
-	img, err := ociimage.Open(ctx, ref, ociimage.Options{})
+	img, err := ociimage.Open(ctx, ref, s.ImageOptions())
 	if err != nil {
 		return nil, fmt.Errorf("Dockerfile line %d: FROM %s: %w", line, ref, err)
+	}
+	what := ref
+	if img.Mirror != "" {
+		what += " from the registry mirror " + img.Mirror
+		p.note("FROM %s: pulling through the registry mirror %s", ref, img.Mirror)
 	}
 	cfg := ImageConfig{Env: img.Config.Env, User: img.Config.User, Workdir: img.Config.WorkingDir}
 	if len(cfg.Env) == 0 {
@@ -96,9 +104,9 @@ func (s *Store) resolveFrom(ctx context.Context, ref string, line int, p *progre
 			if err := os.Mkdir(rootfs, 0o755); err != nil {
 				return err
 			}
-			p.setPhase("extracting " + ref)
+			p.setPhase("extracting " + what)
 			return img.Extract(ctx, rootfs, func(done, total int64) {
-				p.setPhase(fmt.Sprintf("extracting %s: %s of %s", ref, formatSize(done), formatSize(total)))
+				p.setPhase(fmt.Sprintf("extracting %s: %s of %s", what, formatSize(done), formatSize(total)))
 			})
 		},
 	}, nil

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/ociimage"
 )
 
 var (
@@ -136,6 +137,9 @@ type Options struct {
 	NoEgress bool
 	// DNSUpstreams for build steps; default the host's resolv.conf.
 	DNSUpstreams []string
+	// RegistryMirrors redirect image pulls (FROM an image) from a registry to a
+	// mirror; see ociimage.Mirror.
+	RegistryMirrors []ociimage.Mirror
 	// Builtins holds the built-in definitions (<name>/Dockerfile and airlock.toml);
 	// nil means the ones embedded from the repo's templates/ directory.
 	Builtins fs.FS
@@ -184,6 +188,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if err := ociimage.ValidateMirrors(opts.RegistryMirrors); err != nil {
+		return nil, fmt.Errorf("template store: %w", err)
+	}
 	builtins, err := loadBuiltins(opts.Builtins)
 	if err != nil {
 		return nil, fmt.Errorf("template store: %w", err)
@@ -203,6 +210,13 @@ func Open(opts Options) (*Store, error) {
 
 // Mirror is the Debian mirror builds use.
 func (s *Store) Mirror() string { return s.opts.Mirror }
+
+// ImageOptions are the ociimage options every image pull of this store uses
+// (its registry mirrors): code that opens an image for a build passes them to
+// ociimage.Open, so the operator's mirrors apply to it too.
+func (s *Store) ImageOptions() ociimage.Options {
+	return ociimage.Options{Mirrors: s.opts.RegistryMirrors, Logger: s.log}
+}
 
 // Builtins lists the names of the built-in templates.
 func (s *Store) Builtins() []string {
