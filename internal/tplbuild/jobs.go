@@ -333,7 +333,12 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 			unclaim()
 			return fmt.Errorf("%w: fromTemplate %s: %w", ErrInvalid, spec.FromTemplate, err)
 		}
+		// Steps start as the source's default user, as upstream's do (its
+		// base runs them as "user"): its setting, else its last USER.
 		sourceUser = src.Config.User
+		if src.Settings.DefaultUser != "" {
+			sourceUser = src.Settings.DefaultUser
+		}
 	}
 	conv, err := Convert(spec, sourceUser)
 	if err != nil {

@@ -68,9 +68,10 @@ var (
 // ValidHash reports whether h looks like the SDK's files hash (hex sha256).
 func ValidHash(h string) bool { return validHash.MatchString(h) }
 
-// Convert turns the SDK's steps into a Dockerfile. sourceUser is the USER the
-// source template leaves (its image config): a RUN with its own user and a
-// COPY without one need the user in effect, which E2B tracks the same way.
+// Convert turns the SDK's steps into a Dockerfile. sourceUser is the user the
+// steps start as (the source template's default user): a RUN with its own
+// user and a COPY without one need the user in effect, which E2B tracks the
+// same way.
 //
 // The mapping follows what E2B's builder does with each step:
 //   - RUN [cmd, user?]: bash -c cmd, as user for this step only.
@@ -102,6 +103,9 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 		out.StepOfLine[len(lines)] = step
 	}
 	emit(0, "FROM "+spec.FromTemplate)
+	if sourceUser != "" {
+		emit(0, "USER "+sourceUser)
+	}
 	user := sourceUser
 	for i, st := range spec.Steps {
 		n := i + 1
