@@ -64,6 +64,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 )
 
 // Config is everything a server is started with (serve's flags).
@@ -128,6 +129,7 @@ type Daemon struct {
 
 	APIKeys   []string
 	Templates *template.Store
+	Builds    *tplbuild.Service // template builds asked for through the E2B API
 	Store     *store.SQLite
 	Runtime   runtime.Runtime   // the default backend
 	Runtimes  []runtime.Runtime // every available backend, the default among them
@@ -256,6 +258,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		})
 	}
 	if err := d.startManager(ctx, first); err != nil {
+		return err
+	}
+	if err := d.startTemplateBuilds(); err != nil {
 		return err
 	}
 	if err := d.startListeners(); err != nil {
@@ -416,6 +421,7 @@ func (d *Daemon) startListeners() error {
 		Domain:       d.cfg.Domain,
 		Limits:       d.cfg.Limits,
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager},
+		Builds:       d.Builds,
 		Logger:       d.log,
 	})
 	d.Proxy = proxy.New(d.Manager, d.log)

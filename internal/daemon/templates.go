@@ -13,7 +13,23 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 )
+
+// startTemplateBuilds starts the jobs of E2B API template builds; builds a
+// previous server left unfinished are recorded as failed. Its closer cancels
+// the running builds (the listeners, closed first, take no new ones).
+func (d *Daemon) startTemplateBuilds() error {
+	b, err := tplbuild.Open(d.Templates, tplbuild.Options{
+		Dir: d.Layout.TemplateBuilds(), FilesDir: d.Layout.TemplateFiles(), Logger: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	d.Builds = b
+	d.push("template builds", b.Close)
+	return nil
+}
 
 // e2bTemplates serves the E2B template endpoints from the template store. It
 // lists built templates (an unbuilt built-in cannot make a sandbox, and the E2B

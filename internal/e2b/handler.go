@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -53,7 +54,10 @@ type Options struct {
 	// Templates serves the template endpoints (templates.go); nil makes them
 	// answer 404 with a JSON message.
 	Templates TemplateCatalog
-	Logger    *slog.Logger
+	// Builds runs template builds (tplbuild.go); nil makes the build
+	// endpoints answer 501.
+	Builds TemplateBuilds
+	Logger *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
@@ -64,6 +68,9 @@ type Handler struct {
 	mux  *http.ServeMux
 	// requests and creates are the per-key token buckets (nil: no limit).
 	requests, creates *keyLimiters
+	// uploadKey signs template file upload URLs; per process, so a URL
+	// outlives neither the server nor a restart.
+	uploadKey []byte
 }
 
 // NewHandler returns the API handler. Mount it at the root of the API
@@ -86,9 +93,11 @@ func NewHandler(m Manager, opts Options) *Handler {
 	}
 	h := &Handler{
 		m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux(),
-		requests: newKeyLimiters(opts.Limits.Requests),
-		creates:  newKeyLimiters(opts.Limits.Creates),
+		requests:  newKeyLimiters(opts.Limits.Requests),
+		creates:   newKeyLimiters(opts.Limits.Creates),
+		uploadKey: make([]byte, 32),
 	}
+	_, _ = rand.Read(h.uploadKey) // crypto/rand.Read never fails on Linux
 
 	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

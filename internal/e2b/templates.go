@@ -9,8 +9,9 @@ package e2b
 //	GET    /templates/aliases/{alias}   Template.exists / aliasExists
 //	DELETE /templates/{templateID}      Sandbox.deleteSnapshot, `template delete`
 //
-// The build, tag and visibility endpoints answer 501 with a JSON body, so the
-// SDK's Template.build fails with a message instead of a bare 404.
+// Template builds (Template.build in the SDKs) are in tplbuild.go. The older
+// build requests, tags and visibility answer 501 with a JSON body, so a
+// client fails with a message instead of a bare 404.
 
 import (
 	"context"
@@ -190,17 +191,15 @@ func (h *Handler) routeTemplates() {
 	h.handle("GET /templates/aliases/{alias}", h.templateAlias)
 	h.handle("DELETE /templates/{templateID}", h.deleteSnapshotOrTemplate)
 
-	build := notImplemented("Building templates through the E2B API is not supported by Airlock; build them on the server with `airlock template build`")
+	h.routeTemplateBuilds()
+	// The older build flows (v1/v2 requests, v1 start) predate the SDKs'
+	// Template.build and are not offered.
+	build := notImplemented("This template build API is not supported by Airlock; use an e2b SDK with Template.build (POST /v3/templates), or `airlock template build` on the server")
 	for _, p := range []string{
-		"POST /v3/templates",
 		"POST /v2/templates",
 		"POST /templates",
 		"POST /templates/{templateID}",
-		"GET /templates/{templateID}/files/{hash}",
 		"POST /templates/{templateID}/builds/{buildID}",
-		"POST /v2/templates/{templateID}/builds/{buildID}",
-		"GET /templates/{templateID}/builds/{buildID}/status",
-		"GET /templates/{templateID}/builds/{buildID}/logs",
 	} {
 		h.handle(p, build)
 	}

@@ -393,18 +393,20 @@ func TestTemplatesNil(t *testing.T) {
 
 func TestTemplateUnsupported(t *testing.T) {
 	h, _, _ := newTemplateHandler(t)
-	const build = "Building templates through the E2B API is not supported by Airlock; build them on the server with `airlock template build`"
+	const build = "This template build API is not supported by Airlock; use an e2b SDK with Template.build (POST /v3/templates), or `airlock template build` on the server"
 	const tags = "Template tags are not supported by Airlock; refer to a template by its id or name"
+	// Without Options.Builds the SDK's build flow answers 501 too.
+	const noBuilds = "Building templates through the E2B API is not enabled on this server; build them with `airlock template build`"
 	for _, tc := range []struct{ method, path, msg string }{
-		{"POST", "/v3/templates", build},
+		{"POST", "/v3/templates", noBuilds},
 		{"POST", "/v2/templates", build},
 		{"POST", "/templates", build},
 		{"POST", "/templates/base", build},
-		{"GET", "/templates/base/files/abc123", build},
+		{"GET", "/templates/base/files/abc123", noBuilds},
 		{"POST", "/templates/base/builds/b1", build},
-		{"POST", "/v2/templates/base/builds/b1", build},
-		{"GET", "/templates/base/builds/b1/status", build},
-		{"GET", "/templates/base/builds/b1/logs", build},
+		{"POST", "/v2/templates/base/builds/b1", noBuilds},
+		{"GET", "/templates/base/builds/b1/status", noBuilds},
+		{"GET", "/templates/base/builds/b1/logs", noBuilds},
 		{"POST", "/templates/tags", tags},
 		{"DELETE", "/templates/tags", tags},
 		{"GET", "/templates/base/tags", tags},

@@ -87,5 +87,12 @@ func (d DataDir) Templates() string { return filepath.Join(d.Root, "templates") 
 // Layers is the template builder's layer cache.
 func (d DataDir) Layers() string { return filepath.Join(d.Root, "layers") }
 
+// TemplateBuilds holds the records of template builds asked for through the
+// E2B API (<id>.json) and each running build's context (<id>/).
+func (d DataDir) TemplateBuilds() string { return filepath.Join(d.Root, "template-builds") }
+
+// TemplateFiles holds the files clients uploaded for those builds, by hash.
+func (d DataDir) TemplateFiles() string { return filepath.Join(d.Root, "template-files") }
+
 // Build is the build sandboxes' state (their runtime, network and scratch).
 func (d DataDir) Build() string { return filepath.Join(d.Root, "build") }

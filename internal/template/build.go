@@ -33,6 +33,10 @@ type BuildRequest struct {
 	// the ARG values.
 	Settings Settings
 	Replace  bool
+	// Output, when set, also gets the build's full output as it is written
+	// to the build log (the steps' output and the builder's notes), for
+	// clients that show it live (the E2B API's build logs).
+	Output io.Writer
 }
 
 // buildOrigin says who asks: a built-in build may use its reserved name.
@@ -110,6 +114,7 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 	st, end := s.beginBuild(req.Name)
 	defer end()
 	p := newProgress(out, req.Name)
+	p.raw = req.Output
 	p.run()
 	defer p.close()
 	s.setProgress(st, p)

@@ -98,6 +98,7 @@ type progress struct {
 	now   func() time.Time
 	start time.Time
 	log   io.Writer // the build.log file; nil discards
+	raw   io.Writer // BuildRequest.Output: what goes to log, live; nil discards
 
 	buf  []byte
 	tail []string
@@ -222,6 +223,9 @@ func (p *progress) Write(b []byte) (int, error) {
 		// A full disk must not hide the build's own error; the log is best effort.
 		_, _ = p.log.Write(b)
 	}
+	if p.raw != nil {
+		_, _ = p.raw.Write(b)
+	}
 	p.buf = append(p.buf, b...)
 	for {
 		i := bytes.IndexByte(p.buf, '\n')
@@ -252,6 +256,9 @@ func (p *progress) note(format string, a ...any) {
 	defer p.mu.Unlock()
 	if p.log != nil {
 		_, _ = io.WriteString(p.log, s+"\n")
+	}
+	if p.raw != nil {
+		_, _ = io.WriteString(p.raw, s+"\n")
 	}
 	p.addTail(s)
 }

@@ -1,0 +1,291 @@
+package e2b
+
+// The E2B template build flow (Template.build, buildInBackground and
+// getBuildStatus in the SDKs) over Airlock's builder:
+//
+//	POST /v3/templates                                  name[:tag] → templateID, buildID
+//	GET  /templates/{templateID}/files/{hash}           present, or an upload URL
+//	PUT  /airlock/v1/template-files/{hash}?token=…      the upload (URL signed, no API key)
+//	POST /v2/templates/{templateID}/builds/{buildID}    the steps; the build is queued
+//	GET  /templates/{templateID}/builds/{buildID}/status  status + log entries from logsOffset
+//	GET  /templates/{templateID}/builds/{buildID}/logs    log entries from cursor
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+)
+
+// TemplateBuilds runs the builds (tplbuild.Service).
+type TemplateBuilds interface {
+	Request(req tplbuild.Request) (templateID, buildID string, err error)
+	FilePresent(templateID, hash string) (bool, error)
+	PutFile(hash string, r io.Reader) error
+	Start(templateID, buildID string, spec tplbuild.Spec) error
+	Status(templateID, buildID string, offset, limit int) (tplbuild.Status, error)
+	MaxUpload() int64
+}
+
+// uploadPath is where the SDK PUTs a COPY step's archive. It is outside the
+// E2B paths because the SDK sends no API key with it (upstream's is a
+// presigned bucket URL), so the URL carries its own signature.
+const uploadPath = "/airlock/v1/template-files/"
+
+// Wire shapes of the upstream schemas.
+type templateBuildRequestV3 struct {
+	Name     string   `json:"name"`
+	Alias    string   `json:"alias"`
+	Tags     []string `json:"tags"`
+	CPUCount int      `json:"cpuCount"`
+	MemoryMB int      `json:"memoryMB"`
+}
+
+type templateRequestResponseV3 struct {
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID"`
+	Public     bool     `json:"public"`
+	Aliases    []string `json:"aliases"`
+	Names      []string `json:"names"`
+	Tags       []string `json:"tags"`
+}
+
+type templateBuildFileUpload struct {
+	Present bool   `json:"present"`
+	URL     string `json:"url,omitempty"`
+}
+
+type buildLogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Message   string    `json:"message"`
+	Level     string    `json:"level"`
+	Step      string    `json:"step,omitempty"`
+}
+
+type buildStatusReason struct {
+	Message    string          `json:"message"`
+	Step       string          `json:"step,omitempty"`
+	LogEntries []buildLogEntry `json:"logEntries"`
+}
+
+type templateBuildInfo struct {
+	Logs       []string           `json:"logs"`
+	LogEntries []buildLogEntry    `json:"logEntries"`
+	TemplateID string             `json:"templateID"`
+	BuildID    string             `json:"buildID"`
+	Status     string             `json:"status"`
+	Reason     *buildStatusReason `json:"reason,omitempty"`
+}
+
+type templateBuildLogs struct {
+	Logs []buildLogEntry `json:"logs"`
+}
+
+func (h *Handler) routeTemplateBuilds() {
+	h.handle("POST /v3/templates", h.requestBuild)
+	h.handle("GET /templates/{templateID}/files/{hash}", h.fileUploadLink)
+	h.mux.Handle("PUT "+uploadPath+"{hash}", h.serveAPI(h.uploadFile))
+	h.handle("POST /v2/templates/{templateID}/builds/{buildID}", h.startBuild)
+	h.handle("GET /templates/{templateID}/builds/{buildID}/status", h.buildStatus)
+	h.handle("GET /templates/{templateID}/builds/{buildID}/logs", h.buildLogs)
+}
+
+var errNoBuilds = &apiError{status: http.StatusNotImplemented, message: "Building templates through the E2B API is not enabled on this server; build them with `airlock template build`"}
+
+// buildError maps tplbuild's errors to their wire form.
+func buildError(err error) error {
+	switch {
+	case errors.Is(err, tplbuild.ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, message: err.Error(), err: err}
+	case errors.Is(err, tplbuild.ErrNotFound):
+		return &apiError{status: http.StatusNotFound, message: err.Error(), err: err}
+	case errors.Is(err, tplbuild.ErrTooLarge):
+		return &apiError{status: http.StatusRequestEntityTooLarge, message: err.Error(), err: err}
+	}
+	return &apiError{status: http.StatusInternalServerError, message: err.Error(), err: err}
+}
+
+// requestBuild is POST /v3/templates: 202 with the ids.
+func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	var req templateBuildRequestV3
+	if _, err := h.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	name := req.Name
+	if name == "" {
+		name = req.Alias // the deprecated field older SDKs send
+	}
+	if name == "" {
+		return badRequest("name is required")
+	}
+	for _, t := range req.Tags {
+		if t != "default" {
+			return badRequest("Invalid tag %q: tags are not supported by Airlock", t)
+		}
+	}
+	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB})
+	if err != nil {
+		return buildError(err)
+	}
+	writeJSON(w, http.StatusAccepted, templateRequestResponseV3{
+		TemplateID: id, BuildID: build, Public: true,
+		Aliases: []string{id}, Names: []string{id}, Tags: []string{},
+	})
+	return nil
+}
+
+// uploadToken signs a hash, so only URLs this server handed out accept uploads.
+func (h *Handler) uploadToken(hash string) string {
+	m := hmac.New(sha256.New, h.uploadKey)
+	m.Write([]byte(hash))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// fileUploadLink is GET /templates/{templateID}/files/{hash}: 201 with
+// present, or with a URL on this listener (the host the client reached).
+func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	hash := r.PathValue("hash")
+	present, err := h.opts.Builds.FilePresent(r.PathValue("templateID"), hash)
+	if err != nil {
+		return buildError(err)
+	}
+	out := templateBuildFileUpload{Present: present}
+	if !present {
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		out.URL = (&url.URL{Scheme: scheme, Host: r.Host, Path: uploadPath + hash, RawQuery: "token=" + h.uploadToken(hash)}).String()
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// uploadFile is the PUT to the URL fileUploadLink gave.
+func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	hash := r.PathValue("hash")
+	if !hmac.Equal([]byte(r.URL.Query().Get("token")), []byte(h.uploadToken(hash))) {
+		return &apiError{status: http.StatusForbidden, message: "invalid upload token: ask GET /templates/{templateID}/files/{hash} for an upload URL"}
+	}
+	max := h.opts.Builds.MaxUpload()
+	if r.ContentLength > max {
+		return &apiError{status: http.StatusRequestEntityTooLarge, message: fmt.Sprintf("upload is larger than %d bytes", max)}
+	}
+	if err := h.opts.Builds.PutFile(hash, r.Body); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// startBuild is POST /v2/templates/{templateID}/builds/{buildID}: 202 once
+// the steps are checked and the build is queued.
+func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	var spec tplbuild.Spec
+	if _, err := h.decodeBody(w, r, &spec); err != nil {
+		return err
+	}
+	if err := h.opts.Builds.Start(r.PathValue("templateID"), r.PathValue("buildID"), spec); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+func wireEntries(in []tplbuild.LogEntry) []buildLogEntry {
+	out := make([]buildLogEntry, 0, len(in))
+	for _, e := range in {
+		out = append(out, buildLogEntry{Timestamp: e.Timestamp, Message: e.Message, Level: e.Level, Step: e.Step})
+	}
+	return out
+}
+
+// intParam reads a non-negative integer query parameter.
+func intParam(r *http.Request, name string, def, max int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, badRequest("Invalid %s %q: a non-negative integer is expected", name, v)
+	}
+	if max > 0 && n > max {
+		n = max
+	}
+	return n, nil
+}
+
+// buildStatus is GET …/builds/{buildID}/status: the state and up to limit
+// (default and cap 100) log entries from logsOffset.
+func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	offset, err := intParam(r, "logsOffset", 0, 0)
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(r, "limit", 100, 100)
+	if err != nil {
+		return err
+	}
+	st, err := h.opts.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
+	if err != nil {
+		return buildError(err)
+	}
+	out := templateBuildInfo{
+		Logs: []string{}, LogEntries: wireEntries(st.Entries),
+		TemplateID: st.TemplateID, BuildID: st.BuildID, Status: st.Status,
+	}
+	for _, e := range st.Entries {
+		out.Logs = append(out.Logs, e.Message)
+	}
+	if st.Reason != nil {
+		out.Reason = &buildStatusReason{Message: st.Reason.Message, Step: st.Reason.Step, LogEntries: []buildLogEntry{}}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// buildLogs is GET …/builds/{buildID}/logs: entries from cursor (an index
+// into the build's log), up to limit.
+func (h *Handler) buildLogs(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	cursor, err := intParam(r, "cursor", 0, 0)
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(r, "limit", 100, 100)
+	if err != nil {
+		return err
+	}
+	st, err := h.opts.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), cursor, limit)
+	if err != nil {
+		return buildError(err)
+	}
+	writeJSON(w, http.StatusOK, templateBuildLogs{Logs: wireEntries(st.Entries)})
+	return nil
+}

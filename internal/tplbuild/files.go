@@ -1,0 +1,323 @@
+package tplbuild
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// DefaultMaxUpload bounds one uploaded archive (the SDK gzips it).
+const DefaultMaxUpload = 1 << 30
+
+// maxExtracted bounds what one archive may unpack to, so a small gzip bomb
+// cannot fill the data dir.
+const maxExtracted = 4 << 30
+
+// ErrTooLarge is an upload beyond the limit (413 on the wire).
+var ErrTooLarge = errors.New("upload too large")
+
+// files keeps uploads content-addressed by the SDK's hash: <dir>/<hash>. The
+// bytes cannot be checked against the hash when they arrive, because the
+// SDK's hash also covers the COPY's src and dest, which only the build
+// request carries; they are checked when a build uses them (extract).
+type files struct {
+	dir string
+	max int64
+}
+
+func (f files) path(hash string) string { return filepath.Join(f.dir, hash) }
+
+func (f files) present(hash string) bool {
+	st, err := os.Stat(f.path(hash))
+	return err == nil && st.Mode().IsRegular()
+}
+
+// put stores r under hash: to a temp file first, renamed into place once
+// whole and synced, so a present hash is never a partial upload.
+func (f files) put(hash string, r io.Reader) error {
+	if !ValidHash(hash) {
+		return fmt.Errorf("%w: files hash %q is not a hex sha256", ErrInvalid, hash)
+	}
+	if err := os.MkdirAll(f.dir, 0o700); err != nil {
+		return fmt.Errorf("uploads dir: %w", err)
+	}
+	tmp, err := os.CreateTemp(f.dir, ".tmp-"+hash+"-*")
+	if err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op once renamed
+	defer tmp.Close()
+	n, err := io.Copy(tmp, io.LimitReader(r, f.max+1))
+	if err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	if n > f.max {
+		return fmt.Errorf("%w: more than %d bytes", ErrTooLarge, f.max)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: empty upload", ErrInvalid)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), f.path(hash)); err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	return nil
+}
+
+// entry is one archive member as the SDK's hash sees it.
+type entry struct {
+	rel    string // relative posix path, as the SDK hashes it
+	mode   int64  // st_mode: type bits | permission bits
+	size   int64
+	link   string // symlink target
+	isDir  bool
+	isFile bool
+}
+
+const (
+	sIFREG = 0o100000
+	sIFDIR = 0o040000
+	sIFLNK = 0o120000
+)
+
+// extract unpacks the upload for hash into dst (created) and checks the bytes
+// against the hash the way the SDK computes it (calculateFilesHash in the npm
+// package): sha256 of "COPY <src> <dest>", then for every file in path order
+// its relative path, mode and size as decimal text, and a file's content or a
+// symlink's target. A mismatch removes the upload (so the SDK uploads again on
+// a retry) and is ErrInvalid.
+//
+// A directory's size in that hash is the client filesystem's st_size, which
+// no archive carries. Archives without directories are checked exactly; for
+// the others the usual sizes are tried (4096: ext4, xfs and most others;
+// btrfs's sum of name lengths), and when none matches verified is false: the
+// files are used, and the build log says they were not verified.
+func (f files) extract(ctx context.Context, c Copy, dst string) (verified bool, err error) {
+	src, err := os.Open(f.path(c.Hash))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("%w: step %d: files %s (COPY %s) were never uploaded", ErrInvalid, c.Step, c.Hash, c.Src)
+	}
+	if err != nil {
+		return false, fmt.Errorf("open upload: %w", err)
+	}
+	defer src.Close()
+	entries, err := untar(ctx, src, dst)
+	if err != nil {
+		_ = os.RemoveAll(dst)
+		f.drop(c.Hash)
+		return false, fmt.Errorf("%w: step %d: files %s: %w", ErrInvalid, c.Step, c.Hash, err)
+	}
+	ok, exact, err := matchHash(c, entries, dst)
+	if err != nil {
+		_ = os.RemoveAll(dst)
+		return false, err
+	}
+	if !ok && exact {
+		_ = os.RemoveAll(dst)
+		f.drop(c.Hash)
+		return false, fmt.Errorf("%w: step %d: the files uploaded for COPY %s %s do not match their hash %s", ErrInvalid, c.Step, c.Src, c.Dest, c.Hash)
+	}
+	return ok, nil
+}
+
+func (f files) drop(hash string) { _ = os.Remove(f.path(hash)) }
+
+// matchHash recomputes the SDK's hash; exact says whether the archive held
+// everything the hash covers (no directories).
+// File contents are read back from dir, where the archive was extracted, in
+// the SDK's order rather than the archive's.
+func matchHash(c Copy, entries []entry, dir string) (ok, exact bool, err error) {
+	sort.Slice(entries, func(i, j int) bool { return entries[i].rel < entries[j].rel })
+	hasDir := false
+	for _, e := range entries {
+		hasDir = hasDir || e.isDir
+	}
+	sizes := []func(e entry) int64{func(entry) int64 { return 4096 }}
+	if hasDir {
+		sizes = append(sizes, func(e entry) int64 { return btrfsDirSize(e, entries) })
+	}
+	for _, dirSize := range sizes {
+		sum, err := filesHash(c, entries, dirSize, dir)
+		if err != nil {
+			return false, false, err
+		}
+		if hex.EncodeToString(sum) == c.Hash {
+			return true, true, nil
+		}
+	}
+	return false, !hasDir, nil
+}
+
+func filesHash(c Copy, entries []entry, dirSize func(entry) int64, dir string) ([]byte, error) {
+	h := sha256.New()
+	io.WriteString(h, "COPY "+c.Src+" "+c.Dest)
+	for _, e := range entries {
+		io.WriteString(h, e.rel)
+		size := e.size
+		if e.isDir {
+			size = dirSize(e)
+		}
+		io.WriteString(h, strconv.FormatInt(e.mode, 10))
+		io.WriteString(h, strconv.FormatInt(size, 10))
+		switch {
+		case e.link != "" && !e.isFile && !e.isDir:
+			io.WriteString(h, e.link)
+		case e.isFile:
+			if err := hashFile(h, filepath.Join(dir, filepath.FromSlash(e.rel))); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return h.Sum(nil), nil
+}
+
+func hashFile(w io.Writer, name string) error {
+	// O_NOFOLLOW: the entry is a regular file the archive made; a symlink
+	// there now would be the archive replacing it, which untar refuses.
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("hash %s: %w", name, err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(w, f); err != nil {
+		return fmt.Errorf("hash %s: %w", name, err)
+	}
+	return nil
+}
+
+// btrfsDirSize is st_size of a btrfs directory: twice the sum of its
+// entries' name lengths (each name is indexed twice).
+func btrfsDirSize(dir entry, all []entry) int64 {
+	var n int64
+	prefix := dir.rel + "/"
+	for _, e := range all {
+		if rest, ok := strings.CutPrefix(e.rel, prefix); ok && !strings.Contains(rest, "/") {
+			n += 2 * int64(len(rest))
+		}
+	}
+	return n
+}
+
+// untar unpacks a tar or gzipped tar into dst. Only regular files,
+// directories and symlinks are taken; names must stay inside dst, and
+// writes go through an os.Root so no symlink of the archive can lead out.
+func untar(ctx context.Context, r io.Reader, dst string) ([]entry, error) {
+	br := bufio.NewReader(r)
+	var rd io.Reader = br
+	if head, _ := br.Peek(2); bytes.Equal(head, []byte{0x1f, 0x8b}) {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("gzip: %w", err)
+		}
+		defer gz.Close()
+		rd = gz
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	defer root.Close()
+	tr := tar.NewReader(rd)
+	var out []entry
+	var total int64
+	seen := map[string]bool{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("not a tar archive: %w", err)
+		}
+		name := strings.TrimSuffix(strings.TrimPrefix(hdr.Name, "./"), "/")
+		clean := path.Clean(name)
+		if name == "" || clean != name || path.IsAbs(name) || clean == ".." || strings.HasPrefix(clean, "../") {
+			return nil, fmt.Errorf("archive entry %q is outside the context", hdr.Name)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("archive entry %q appears twice", hdr.Name)
+		}
+		seen[name] = true
+		perm := hdr.Mode & 0o7777
+		e := entry{rel: name}
+		if err := mkParents(root, name); err != nil {
+			return nil, err
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			e.isDir, e.mode = true, sIFDIR|perm
+			if err := root.Mkdir(name, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+			if err := root.Chmod(name, fs.FileMode(perm)&fs.ModePerm|0o700); err != nil {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+		case tar.TypeReg:
+			total += hdr.Size
+			if total > maxExtracted {
+				return nil, fmt.Errorf("the archive unpacks to more than %d bytes", int64(maxExtracted))
+			}
+			e.isFile, e.mode, e.size = true, sIFREG|perm, hdr.Size
+			w, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fs.FileMode(perm)&fs.ModePerm|0o600)
+			if err != nil {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+			_, err = io.Copy(w, tr)
+			w.Close()
+			if err != nil {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+			if err := root.Chmod(name, fs.FileMode(perm)&fs.ModePerm); err != nil {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+		case tar.TypeSymlink:
+			e.mode, e.link, e.size = sIFLNK|0o777, hdr.Linkname, int64(len(hdr.Linkname))
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return nil, fmt.Errorf("extract %s: %w", name, err)
+			}
+		default:
+			return nil, fmt.Errorf("archive entry %q: type %q is not a file, directory or symlink", hdr.Name, hdr.Typeflag)
+		}
+		out = append(out, e)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the archive is empty")
+	}
+	return out, nil
+}
+
+// mkParents makes name's parent directories inside root (an archive need not
+// list them).
+func mkParents(root *os.Root, name string) error {
+	dir := path.Dir(name)
+	if dir == "." {
+		return nil
+	}
+	if err := root.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("extract %s: %w", name, err)
+	}
+	return nil
+}

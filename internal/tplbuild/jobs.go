@@ -1,0 +1,564 @@
+package tplbuild
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/template"
+)
+
+// Build states, the upstream TemplateBuildStatus values.
+const (
+	StatusWaiting  = "waiting"
+	StatusBuilding = "building"
+	StatusReady    = "ready"
+	StatusError    = "error"
+)
+
+// Builder is what a job needs of the template store (template.Store).
+type Builder interface {
+	Build(ctx context.Context, req template.BuildRequest, progress io.Writer) (template.Template, error)
+	Get(idOrAlias string) (template.Template, error)
+	IsBuiltin(name string) bool
+}
+
+// Options configures a Service.
+type Options struct {
+	// Dir holds the build records (<Dir>/<buildID>.json) and each running
+	// build's context (<Dir>/<buildID>/); FilesDir the uploads by hash.
+	Dir, FilesDir string
+	// MaxConcurrent builds run at once; the others wait (status "waiting").
+	// Default 1: a build already uses every core it can get.
+	MaxConcurrent int
+	// MaxUpload bounds one upload; default DefaultMaxUpload.
+	MaxUpload int64
+	Logger    *slog.Logger
+}
+
+// LogEntry is one line of a build's log (upstream BuildLogEntry).
+type LogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"`
+	Message   string    `json:"message"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// Reason says why a build failed (upstream BuildStatusReason).
+type Reason struct {
+	Message string `json:"message"`
+	// Step is the SDK's step number ("1" is its first step) or "base".
+	Step string `json:"step,omitempty"`
+}
+
+// Status is a build's state and a page of its log.
+type Status struct {
+	TemplateID, BuildID string
+	Status              string
+	Entries             []LogEntry
+	Reason              *Reason
+}
+
+// Request is a build asked for by POST /v3/templates.
+type Request struct {
+	Name     string
+	CPUCount int
+	MemoryMB int
+}
+
+// record is a build as kept on disk, so a restart can answer for it.
+type record struct {
+	TemplateID string    `json:"templateID"`
+	BuildID    string    `json:"buildID"`
+	Status     string    `json:"status"`
+	Reason     *Reason   `json:"reason,omitempty"`
+	CPUCount   int       `json:"cpuCount,omitempty"`
+	MemoryMB   int       `json:"memoryMB,omitempty"`
+	Started    bool      `json:"started,omitempty"` // the steps were posted
+	CreatedAt  time.Time `json:"createdAt"`
+	FinishedAt time.Time `json:"finishedAt,omitzero"`
+}
+
+type job struct {
+	rec     record
+	entries []LogEntry
+}
+
+// maxEntries bounds a build's log kept in memory; past it lines are counted,
+// not kept (the full output is in the template's build.log).
+const maxEntries = 20000
+
+// recordTTL is how long finished builds are answered for after a restart.
+const recordTTL = 7 * 24 * time.Hour
+
+// Service runs builds as jobs: one record and one in-memory log per build.
+type Service struct {
+	b     Builder
+	opts  Options
+	files files
+	log   *slog.Logger
+	slots chan struct{}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	jobs map[string]*job
+}
+
+// Open starts a Service. Builds a previous server left waiting or building
+// (it stopped or crashed during them) are recorded as failed: nothing of
+// theirs was kept, and a client polling them must not wait forever.
+func Open(b Builder, opts Options) (*Service, error) {
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = 1
+	}
+	if opts.MaxUpload <= 0 {
+		opts.MaxUpload = DefaultMaxUpload
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	for _, d := range []string{opts.Dir, opts.FilesDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("template builds: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{
+		b: b, opts: opts, files: files{dir: opts.FilesDir, max: opts.MaxUpload}, log: opts.Logger,
+		slots: make(chan struct{}, opts.MaxConcurrent), ctx: ctx, cancel: cancel, jobs: map[string]*job{},
+	}
+	if err := s.recover(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// recover fails the builds a previous server left unfinished, removes their
+// contexts, and forgets records older than recordTTL.
+func (s *Service) recover() error {
+	ents, err := os.ReadDir(s.opts.Dir)
+	if err != nil {
+		return fmt.Errorf("template builds: %w", err)
+	}
+	for _, e := range ents {
+		p := filepath.Join(s.opts.Dir, e.Name())
+		if e.IsDir() {
+			_ = os.RemoveAll(p) // a context of a build that is over
+			continue
+		}
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		r, err := s.readRecord(id)
+		if err != nil {
+			s.log.Warn("template builds: unreadable record removed", "file", p, "err", err)
+			_ = os.Remove(p)
+			continue
+		}
+		switch {
+		case r.Status == StatusWaiting || r.Status == StatusBuilding:
+			r.Status = StatusError
+			r.Reason = &Reason{Message: "the server restarted during the build; build again"}
+			r.FinishedAt = time.Now().UTC()
+			if err := s.writeRecord(r); err != nil {
+				return err
+			}
+		case time.Since(r.FinishedAt) > recordTTL:
+			_ = os.Remove(p)
+		}
+	}
+	return nil
+}
+
+// Close cancels the running builds and waits for them; each is recorded as
+// failed by its own goroutine.
+func (s *Service) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// MaxUpload is the size bound of one upload.
+func (s *Service) MaxUpload() int64 { return s.opts.MaxUpload }
+
+func (s *Service) recordPath(id string) string { return filepath.Join(s.opts.Dir, id+".json") }
+
+func (s *Service) readRecord(id string) (record, error) {
+	var r record
+	data, err := os.ReadFile(s.recordPath(id))
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("build record %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// writeRecord replaces a record atomically (write, sync, rename).
+func (s *Service) writeRecord(r record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(s.opts.Dir, ".tmp-"+r.BuildID+"-*")
+	if err != nil {
+		return fmt.Errorf("build record: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("build record: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), s.recordPath(r.BuildID)); err != nil {
+		return fmt.Errorf("build record: %w", err)
+	}
+	return nil
+}
+
+// ParseName splits the SDK's "name[:tag]". Airlock has no tags; "default"
+// (upstream's implicit tag) is accepted, any other is refused.
+func ParseName(s string) (string, error) {
+	name, tag, tagged := strings.Cut(s, ":")
+	if tagged && tag != "default" {
+		return "", fmt.Errorf("%w: template %q: tags are not supported by Airlock (only %q)", ErrInvalid, s, "default")
+	}
+	if err := template.ValidName(name); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return name, nil
+}
+
+// Request registers a build of name (see ParseName) and returns its
+// template and build ids. Nothing is built until Start.
+func (s *Service) Request(req Request) (templateID, buildID string, err error) {
+	name, err := ParseName(req.Name)
+	if err != nil {
+		return "", "", err
+	}
+	if s.b.IsBuiltin(name) {
+		return "", "", fmt.Errorf("%w: %q is a built-in template's name; choose another", ErrInvalid, name)
+	}
+	if req.CPUCount < 0 || req.MemoryMB < 0 {
+		return "", "", fmt.Errorf("%w: cpuCount and memoryMB must not be negative", ErrInvalid)
+	}
+	r := record{
+		TemplateID: name, BuildID: rand.Text(), Status: StatusWaiting,
+		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, CreatedAt: time.Now().UTC(),
+	}
+	r.BuildID = strings.ToLower(r.BuildID)
+	if err := s.writeRecord(r); err != nil {
+		return "", "", err
+	}
+	s.mu.Lock()
+	s.jobs[r.BuildID] = &job{rec: r}
+	s.mu.Unlock()
+	return r.TemplateID, r.BuildID, nil
+}
+
+// knownTemplate reports whether templateID has a build here or is a template.
+func (s *Service) knownTemplate(templateID string) bool {
+	s.mu.Lock()
+	for _, j := range s.jobs {
+		if j.rec.TemplateID == templateID {
+			s.mu.Unlock()
+			return true
+		}
+	}
+	s.mu.Unlock()
+	_, err := s.b.Get(templateID)
+	return err == nil
+}
+
+// FilePresent answers GET /templates/{id}/files/{hash}.
+func (s *Service) FilePresent(templateID, hash string) (bool, error) {
+	if !ValidHash(hash) {
+		return false, fmt.Errorf("%w: files hash %q is not a hex sha256", ErrInvalid, hash)
+	}
+	if !s.knownTemplate(templateID) {
+		return false, fmt.Errorf("%w: template %q", ErrNotFound, templateID)
+	}
+	return s.files.present(hash), nil
+}
+
+// PutFile stores an upload (the PUT to the URL FilePresent's caller got).
+func (s *Service) PutFile(hash string, r io.Reader) error { return s.files.put(hash, r) }
+
+// Start checks the steps, assembles the build context from the uploads and
+// queues the build. Errors are the client's (ErrInvalid, ErrNotFound) until
+// the job is queued; after that they are the build's status.
+func (s *Service) Start(templateID, buildID string, spec Spec) error {
+	s.mu.Lock()
+	j := s.jobs[buildID]
+	if j == nil || j.rec.TemplateID != templateID {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
+	}
+	if j.rec.Started {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: build %s was started already", ErrInvalid, buildID)
+	}
+	j.rec.Started = true // claimed: a second POST must not start it twice
+	s.mu.Unlock()
+	unclaim := func() {
+		s.mu.Lock()
+		j.rec.Started = false
+		s.mu.Unlock()
+	}
+
+	var sourceUser string
+	if spec.FromTemplate != "" {
+		src, err := s.b.Get(spec.FromTemplate)
+		if err != nil {
+			unclaim()
+			return fmt.Errorf("%w: fromTemplate %s: %w", ErrInvalid, spec.FromTemplate, err)
+		}
+		// Steps start as the source's default user, as upstream's do (its
+		// base runs them as "user"): its setting, else its last USER.
+		sourceUser = src.Config.User
+		if src.Settings.DefaultUser != "" {
+			sourceUser = src.Settings.DefaultUser
+		}
+	}
+	conv, err := Convert(spec, sourceUser)
+	if err != nil {
+		unclaim()
+		return err
+	}
+	ctxDir := filepath.Join(s.opts.Dir, buildID)
+	var unverified []string
+	for _, c := range conv.Copies {
+		dst := filepath.Join(ctxDir, c.Hash)
+		if _, err := os.Stat(dst); err == nil {
+			continue // the same files copied twice
+		}
+		ok, err := s.files.extract(s.ctx, c, dst)
+		if err != nil {
+			_ = os.RemoveAll(ctxDir)
+			unclaim()
+			return err
+		}
+		if !ok {
+			unverified = append(unverified, c.Src)
+		}
+	}
+	j.rec.Status = StatusWaiting
+	if err := s.writeRecord(s.snapshot(j)); err != nil {
+		_ = os.RemoveAll(ctxDir)
+		unclaim()
+		return err
+	}
+	for _, src := range unverified {
+		s.appendLog(j, "warn", "", fmt.Sprintf("the files of COPY %s could not be checked against their hash (directory sizes depend on the client's filesystem); using them as uploaded", src))
+	}
+	settings := template.Settings{
+		CPUCount: j.rec.CPUCount, MemoryMB: j.rec.MemoryMB,
+		StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(j, conv, ctxDir, settings)
+	}()
+	return nil
+}
+
+func (s *Service) snapshot(j *job) record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return j.rec
+}
+
+// run waits for a slot, builds, and records the outcome.
+func (s *Service) run(j *job, conv Converted, ctxDir string, settings template.Settings) {
+	defer os.RemoveAll(ctxDir)
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.ctx.Done():
+		s.finish(j, StatusError, &Reason{Message: "the server shut down before the build started; build again"})
+		return
+	}
+	defer func() { <-s.slots }()
+	s.setStatus(j, StatusBuilding)
+	s.appendLog(j, "info", "", "Building template "+j.rec.TemplateID+" from "+firstLine(conv.Dockerfile))
+	// Two writers: the builder's status lines and the steps' raw output
+	// arrive from different goroutines and must not mix within a line.
+	status, output := &logWriter{s: s, j: j}, &logWriter{s: s, j: j}
+	_, err := s.b.Build(s.ctx, template.BuildRequest{
+		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
+		Settings: settings, Replace: true, Output: output,
+	}, status)
+	status.flush()
+	output.flush()
+	if err != nil {
+		s.finish(j, StatusError, failure(err, conv, s.ctx.Err() != nil))
+		return
+	}
+	s.finish(j, StatusReady, nil)
+}
+
+// failure turns a build error into the reason the SDK throws: the failing
+// SDK step, its exit code and the last lines of its output.
+func failure(err error, conv Converted, shutdown bool) *Reason {
+	if shutdown {
+		return &Reason{Message: "the server shut down during the build; build again"}
+	}
+	r := &Reason{Message: err.Error()}
+	var be *template.BuildError
+	var se *template.StepError
+	if errors.As(err, &se) {
+		step := conv.StepOfLine[se.Line]
+		if step > 0 {
+			r.Step = fmt.Sprint(step)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "step %d: %s", step, se.Text)
+		if se.ExitCode >= 0 {
+			fmt.Fprintf(&b, ": exited with code %d", se.ExitCode)
+		} else {
+			fmt.Fprintf(&b, ": %v", se.Err)
+		}
+		if errors.As(err, &be) && len(be.Tail) > 0 {
+			tail := be.Tail
+			if len(tail) > 10 {
+				tail = tail[len(tail)-10:]
+			}
+			b.WriteString("\nlast output:\n  " + strings.Join(tail, "\n  "))
+		}
+		r.Message = b.String()
+	} else if errors.As(err, &be) {
+		r.Message = be.Err.Error()
+	}
+	return r
+}
+
+func (s *Service) setStatus(j *job, status string) {
+	s.mu.Lock()
+	j.rec.Status = status
+	rec := j.rec
+	s.mu.Unlock()
+	if err := s.writeRecord(rec); err != nil {
+		s.log.Warn("template builds: recording status", "build", rec.BuildID, "err", err)
+	}
+}
+
+func (s *Service) finish(j *job, status string, reason *Reason) {
+	if reason != nil {
+		s.appendLog(j, "error", reason.Step, reason.Message)
+	} else {
+		s.appendLog(j, "info", "", "Template "+j.rec.TemplateID+" is ready")
+	}
+	s.mu.Lock()
+	j.rec.Status, j.rec.Reason, j.rec.FinishedAt = status, reason, time.Now().UTC()
+	rec := j.rec
+	s.mu.Unlock()
+	if err := s.writeRecord(rec); err != nil {
+		s.log.Warn("template builds: recording the outcome", "build", rec.BuildID, "err", err)
+	}
+}
+
+func (s *Service) appendLog(j *job, level, step, msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(j.entries) == maxEntries {
+		j.entries = append(j.entries, LogEntry{Timestamp: time.Now().UTC(), Level: "warn", Message: "(more output in the template's build.log on the server)"})
+	}
+	if len(j.entries) > maxEntries {
+		return
+	}
+	j.entries = append(j.entries, LogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step})
+}
+
+// Status returns a build's state and up to limit log entries from offset.
+// A build of an earlier server run has its record but no log.
+func (s *Service) Status(templateID, buildID string, offset, limit int) (Status, error) {
+	s.mu.Lock()
+	j := s.jobs[buildID]
+	var rec record
+	var entries []LogEntry
+	if j != nil {
+		rec = j.rec
+		if offset < len(j.entries) {
+			end := min(len(j.entries), offset+limit)
+			entries = append(entries, j.entries[offset:end]...)
+		}
+	}
+	s.mu.Unlock()
+	if j == nil {
+		r, err := s.readRecord(buildID)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return Status{}, fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
+			}
+			return Status{}, err
+		}
+		rec = r
+	}
+	if rec.TemplateID != templateID {
+		return Status{}, fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
+	}
+	return Status{TemplateID: rec.TemplateID, BuildID: rec.BuildID, Status: rec.Status, Entries: entries, Reason: rec.Reason}, nil
+}
+
+// logWriter turns the builder's output into log entries, one per line.
+type logWriter struct {
+	s   *Service
+	j   *job
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexAny(w.buf, "\n\r")
+		if i < 0 {
+			break
+		}
+		if l := strings.TrimSpace(string(w.buf[:i])); l != "" {
+			w.s.appendLog(w.j, "info", "", l)
+		}
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 8192 {
+		w.s.appendLog(w.j, "info", "", string(w.buf))
+		w.buf = w.buf[:0]
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l := strings.TrimSpace(string(w.buf)); l != "" {
+		w.s.appendLog(w.j, "info", "", l)
+	}
+	w.buf = nil
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return strings.TrimPrefix(l, "FROM ")
+}

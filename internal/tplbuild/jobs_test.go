@@ -1,0 +1,232 @@
+package tplbuild
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/template"
+)
+
+// fakeBuilder stands in for template.Store: builds block until release and
+// fail when the Dockerfile says "exit 3".
+type fakeBuilder struct {
+	release chan struct{}
+	got     chan template.BuildRequest
+}
+
+func (f *fakeBuilder) Build(ctx context.Context, req template.BuildRequest, progress io.Writer) (template.Template, error) {
+	f.got <- req
+	select {
+	case <-f.release:
+	case <-ctx.Done():
+		return template.Template{}, ctx.Err()
+	}
+	fmt.Fprintln(req.Output, "step output line")
+	if strings.Contains(string(req.Dockerfile), "exit 3") {
+		return template.Template{}, &template.BuildError{Name: req.Name, Tail: []string{"about to fail"},
+			Err: &template.StepError{Step: 1, Steps: 1, Line: 3, Text: "RUN exit 3", ExitCode: 3}}
+	}
+	return template.Template{ID: req.Name}, nil
+}
+
+func (f *fakeBuilder) Get(name string) (template.Template, error) {
+	if name == "base" {
+		return template.Template{ID: "base", Settings: template.Settings{DefaultUser: "user"}}, nil
+	}
+	return template.Template{}, template.ErrNotFound
+}
+
+func (f *fakeBuilder) IsBuiltin(name string) bool { return name == "base" }
+
+func newService(t *testing.T, dir string) (*Service, *fakeBuilder) {
+	t.Helper()
+	fb := &fakeBuilder{release: make(chan struct{}), got: make(chan template.BuildRequest, 4)}
+	s, err := Open(fb, Options{Dir: filepath.Join(dir, "builds"), FilesDir: filepath.Join(dir, "files"), MaxUpload: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, fb
+}
+
+func waitStatus(t *testing.T, s *Service, tpl, id, want string) Status {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := s.Status(tpl, id, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status == want {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %s, want %s", st.Status, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sdkHash is the npm SDK's calculateFilesHash for one regular file.
+func sdkHash(src, dest, rel string, mode int, content string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "COPY %s %s%s%d%d%s", src, dest, rel, mode, len(content), content)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func tgz(t *testing.T, name, content string) []byte {
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(tw, content)
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+func TestJobLifecycle(t *testing.T) {
+	s, fb := newService(t, t.TempDir())
+	defer s.Close()
+	// Two builds with a bound of one: the second waits.
+	tpl, id, err := s.Request(Request{Name: "my-agent", CPUCount: 1})
+	if err != nil || tpl != "my-agent" {
+		t.Fatal(tpl, err)
+	}
+	hash := sdkHash("f.txt", "/f.txt", "f.txt", 0o100644, "hello")
+	if ok, err := s.FilePresent(tpl, hash); ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f.txt", "hello"))); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := s.FilePresent(tpl, hash); !ok {
+		t.Fatal("upload not present")
+	}
+	spec := Spec{FromTemplate: "base", StartCmd: "serve", Steps: []Step{
+		{Type: "COPY", Args: []string{"f.txt", "/f.txt"}, FilesHash: hash},
+	}}
+	if err := s.Start(tpl, id, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(tpl, id, spec); !errors.Is(err, ErrInvalid) {
+		t.Errorf("second start: %v", err)
+	}
+	req := <-fb.got
+	if req.Settings.StartCmd != "serve" || req.Settings.CPUCount != 1 || !strings.Contains(string(req.Dockerfile), "COPY --chown=user") {
+		t.Errorf("request: %+v\n%s", req.Settings, req.Dockerfile)
+	}
+	data, err := os.ReadFile(filepath.Join(req.ContextDir, hash, "f.txt"))
+	if err != nil || string(data) != "hello" {
+		t.Errorf("context file: %q %v", data, err)
+	}
+	waitStatus(t, s, tpl, id, StatusBuilding)
+
+	tpl2, id2, _ := s.Request(Request{Name: "failing"})
+	if err := s.Start(tpl2, id2, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"exit 3"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	waitStatus(t, s, tpl2, id2, StatusWaiting)
+
+	fb.release <- struct{}{}
+	st := waitStatus(t, s, tpl, id, StatusReady)
+	if len(st.Entries) == 0 || !strings.Contains(fmt.Sprint(st.Entries), "step output line") {
+		t.Errorf("entries: %+v", st.Entries)
+	}
+	if page, _ := s.Status(tpl, id, len(st.Entries), 100); len(page.Entries) != 0 {
+		t.Errorf("offset past the end: %+v", page.Entries)
+	}
+	if _, err := os.Stat(req.ContextDir); !os.IsNotExist(err) {
+		t.Errorf("context left behind: %v", err)
+	}
+
+	<-fb.got
+	fb.release <- struct{}{}
+	st = waitStatus(t, s, tpl2, id2, StatusError)
+	// Line 3 of the Dockerfile (FROM, USER user, RUN) is the SDK's step 1.
+	if st.Reason == nil || st.Reason.Step != "1" || !strings.Contains(st.Reason.Message, "exited with code 3") || !strings.Contains(st.Reason.Message, "about to fail") {
+		t.Errorf("reason: %+v", st.Reason)
+	}
+	if _, err := s.Status("other", id2, 0, 10); !errors.Is(err, ErrNotFound) {
+		t.Errorf("wrong template: %v", err)
+	}
+}
+
+func TestBadUploads(t *testing.T) {
+	s, _ := newService(t, t.TempDir())
+	defer s.Close()
+	tpl, id, _ := s.Request(Request{Name: "x"})
+	never := sdkHash("a", "/a", "a", 0o100644, "a")
+	err := s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "never uploaded") {
+		t.Errorf("never uploaded: %v", err)
+	}
+	// Bytes that are not what was hashed: refused and dropped.
+	if err := s.PutFile(never, bytes.NewReader(tgz(t, "a", "b"))); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "do not match") {
+		t.Errorf("mismatch: %v", err)
+	}
+	if ok, _ := s.FilePresent(tpl, never); ok {
+		t.Error("a mismatched upload is kept")
+	}
+	// Not a tar; names leaving the context; too large.
+	for _, body := range [][]byte{[]byte("plain text"), tgz(t, "../evil", "x")} {
+		s.PutFile(never, bytes.NewReader(body))
+		err = s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("bad archive: %v", err)
+		}
+	}
+	if err := s.PutFile(never, bytes.NewReader(make([]byte, 2<<20))); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("too large: %v", err)
+	}
+	for _, n := range []string{"Upper", "a:b", "base", "x:default:y"} {
+		if _, _, err := s.Request(Request{Name: n}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("name %q: %v", n, err)
+		}
+	}
+	if _, _, err := s.Request(Request{Name: "ok:default"}); err != nil {
+		t.Errorf("name ok:default: %v", err)
+	}
+}
+
+// A server that stops during a build reports it as failed after a restart.
+func TestRestartFailsUnfinished(t *testing.T) {
+	dir := t.TempDir()
+	s, fb := newService(t, dir)
+	tpl, id, _ := s.Request(Request{Name: "slow"})
+	if err := s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	<-fb.got
+	waitStatus(t, s, tpl, id, StatusBuilding)
+	// A crash: the record says building; no Close ran.
+	rec, err := s.readRecord(id)
+	if err != nil || rec.Status != StatusBuilding {
+		t.Fatal(rec, err)
+	}
+	s2, _ := newService(t, dir)
+	st, err := s2.Status(tpl, id, 0, 10)
+	if err != nil || st.Status != StatusError || st.Reason == nil || !strings.Contains(st.Reason.Message, "restarted") {
+		t.Errorf("after restart: %+v %v", st, err)
+	}
+	s.Close()
+	s2.Close()
+}

@@ -1,0 +1,238 @@
+// Package tplbuild runs template builds asked for through the E2B API
+// (Template.build in the SDKs): it keeps the files the SDK uploads, turns the
+// SDK's steps into a Dockerfile for Airlock's one builder (template.Store.Build),
+// and runs each build as a job with a status and a log clients poll.
+package tplbuild
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+)
+
+// ErrInvalid marks a request the client must fix (a 400 on the wire).
+var ErrInvalid = errors.New("invalid template build")
+
+// ErrNotFound marks an unknown template or build id (a 404 on the wire).
+var ErrNotFound = errors.New("template build not found")
+
+// Step is one instruction of the SDK's template (the upstream TemplateStep).
+type Step struct {
+	Type      string   `json:"type"`
+	Args      []string `json:"args"`
+	FilesHash string   `json:"filesHash,omitempty"`
+	Force     bool     `json:"force,omitempty"`
+}
+
+// Spec is what the SDK sends to start a build (upstream TemplateBuildStartV2).
+type Spec struct {
+	FromTemplate string `json:"fromTemplate,omitempty"`
+	FromImage    string `json:"fromImage,omitempty"`
+	// FromImageRegistry is kept raw: only its presence matters (refused).
+	FromImageRegistry json.RawMessage `json:"fromImageRegistry,omitempty"`
+	Force             bool            `json:"force,omitempty"`
+	Steps             []Step          `json:"steps"`
+	StartCmd          string          `json:"startCmd,omitempty"`
+	ReadyCmd          string          `json:"readyCmd,omitempty"`
+}
+
+// Converted is a Spec as Airlock's builder takes it.
+type Converted struct {
+	Dockerfile string
+	// StepOfLine maps a Dockerfile line to the SDK step (1-based) it came
+	// from, so a failing line is reported as the step the SDK points at.
+	StepOfLine map[int]int
+	// Copies are the COPY steps' file hashes, in order: the uploads the build
+	// context is assembled from (each under a directory named by its hash).
+	Copies []Copy
+}
+
+// Copy is one COPY step's upload: its hash and the src/dest the SDK hashed.
+type Copy struct {
+	Step      int
+	Hash      string
+	Src, Dest string
+}
+
+var (
+	validEnvKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	validHash   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	// validUser is what useradd and --chown accept without quoting.
+	validUser = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$`)
+	validMode = regexp.MustCompile(`^0?[0-7]{3,4}$`)
+)
+
+// ValidHash reports whether h looks like the SDK's files hash (hex sha256).
+func ValidHash(h string) bool { return validHash.MatchString(h) }
+
+// Convert turns the SDK's steps into a Dockerfile. sourceUser is the user the
+// steps start as (the source template's default user): a RUN with its own
+// user and a COPY without one need the user in effect, which E2B tracks the
+// same way.
+//
+// The mapping follows what E2B's builder does with each step:
+//   - RUN [cmd, user?]: bash -c cmd, as user for this step only.
+//   - ENV [k1, v1, k2, v2...]: ENV; $VAR in values expands, as upstream.
+//   - WORKDIR [path]: WORKDIR (created if missing).
+//   - USER [name]: the user is created (useradd, home, bash) when missing,
+//     then USER.
+//   - COPY [src, dest, user?, mode?]: COPY from the upload's directory in
+//     the build context, owned by user (default: the user in effect), mode
+//     applied when given.
+//
+// Every line is written in a form that needs no quoting of the SDK's text
+// (JSON arrays, quoted ENV values), and text that cannot be written safely
+// (newlines in a path, odd user names) is refused with ErrInvalid.
+func Convert(spec Spec, sourceUser string) (Converted, error) {
+	if spec.FromImage != "" || len(spec.FromImageRegistry) > 0 {
+		return Converted{}, fmt.Errorf("%w: fromImage is not supported by Airlock's template API yet; start from a template (Template().fromTemplate('base'))", ErrInvalid)
+	}
+	if spec.FromTemplate == "" {
+		return Converted{}, fmt.Errorf("%w: fromTemplate is required", ErrInvalid)
+	}
+	if !validRef(spec.FromTemplate) {
+		return Converted{}, fmt.Errorf("%w: fromTemplate %q is not a template name", ErrInvalid, spec.FromTemplate)
+	}
+	out := Converted{StepOfLine: map[int]int{}}
+	var lines []string
+	emit := func(step int, l string) {
+		lines = append(lines, l)
+		out.StepOfLine[len(lines)] = step
+	}
+	emit(0, "FROM "+spec.FromTemplate)
+	if sourceUser != "" {
+		emit(0, "USER "+sourceUser)
+	}
+	user := sourceUser
+	for i, st := range spec.Steps {
+		n := i + 1
+		bad := func(format string, a ...any) error {
+			return fmt.Errorf("%w: step %d (%s): %s", ErrInvalid, n, st.Type, fmt.Sprintf(format, a...))
+		}
+		switch strings.ToUpper(st.Type) {
+		case "RUN":
+			if len(st.Args) < 1 || len(st.Args) > 2 || strings.TrimSpace(st.Args[0]) == "" {
+				return Converted{}, bad("args must be [command] or [command, user]")
+			}
+			run := "RUN " + jsonArray("/bin/bash", "-c", st.Args[0])
+			if len(st.Args) == 2 && st.Args[1] != "" && st.Args[1] != user {
+				if !validUser.MatchString(st.Args[1]) {
+					return Converted{}, bad("invalid user %q", st.Args[1])
+				}
+				emit(n, "USER "+st.Args[1])
+				emit(n, run)
+				emit(n, "USER "+orRoot(user))
+				continue
+			}
+			emit(n, run)
+		case "ENV":
+			if len(st.Args) == 0 || len(st.Args)%2 != 0 {
+				return Converted{}, bad("args must be key, value pairs")
+			}
+			var kv []string
+			for j := 0; j < len(st.Args); j += 2 {
+				k, v := st.Args[j], st.Args[j+1]
+				if !validEnvKey.MatchString(k) {
+					return Converted{}, bad("invalid variable name %q", k)
+				}
+				if strings.ContainsAny(v, "\n\r") {
+					return Converted{}, bad("the value of %s has a line break", k)
+				}
+				kv = append(kv, k+"="+envQuote(v))
+			}
+			emit(n, "ENV "+strings.Join(kv, " "))
+		case "WORKDIR":
+			if len(st.Args) != 1 || st.Args[0] == "" {
+				return Converted{}, bad("args must be [path]")
+			}
+			if strings.ContainsAny(st.Args[0], "\n\r\\$") {
+				return Converted{}, bad("path %q has characters a WORKDIR cannot carry", st.Args[0])
+			}
+			emit(n, "WORKDIR "+st.Args[0])
+		case "USER":
+			// Upstream's second arg (add to sudoers) is not supported: Airlock's
+			// sandboxes give every user sudo already.
+			if len(st.Args) < 1 || len(st.Args) > 2 || !validUser.MatchString(st.Args[0]) {
+				return Converted{}, bad("args must be [user] with a valid user name")
+			}
+			u := st.Args[0]
+			if u != "root" {
+				emit(n, "USER root")
+				emit(n, "RUN "+jsonArray("/bin/sh", "-c", "id -u "+u+" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "+u))
+			}
+			emit(n, "USER "+u)
+			user = u
+		case "COPY":
+			if len(st.Args) < 2 || len(st.Args) > 4 {
+				return Converted{}, bad("args must be [src, dest, user?, mode?]")
+			}
+			src, dest := st.Args[0], st.Args[1]
+			if !ValidHash(st.FilesHash) {
+				return Converted{}, bad("filesHash must be a hex sha256, got %q", st.FilesHash)
+			}
+			clean := path.Clean(src)
+			if src == "" || path.IsAbs(src) || clean == ".." || strings.HasPrefix(clean, "../") || strings.ContainsAny(src, "\n\r") {
+				return Converted{}, bad("src %q must be a path inside the template's context", src)
+			}
+			if dest == "" || strings.ContainsAny(dest, "\n\r") {
+				return Converted{}, bad("invalid dest %q", dest)
+			}
+			flags := ""
+			owner := user
+			if len(st.Args) > 2 && st.Args[2] != "" {
+				owner = st.Args[2]
+			}
+			if owner != "" {
+				// E2B's form is user or user:group; both are --chown's.
+				for _, part := range strings.SplitN(owner, ":", 2) {
+					if !validUser.MatchString(part) {
+						return Converted{}, bad("invalid owner %q", owner)
+					}
+				}
+				flags += " --chown=" + owner
+			}
+			if len(st.Args) > 3 && st.Args[3] != "" {
+				if !validMode.MatchString(st.Args[3]) {
+					return Converted{}, bad("mode %q is not octal", st.Args[3])
+				}
+				flags += " --chmod=" + strings.TrimPrefix(st.Args[3], "0")
+			}
+			// A relative dest is relative to WORKDIR in both E2B and Docker.
+			emit(n, "COPY"+flags+" "+jsonArray(st.FilesHash+"/"+clean, dest))
+			out.Copies = append(out.Copies, Copy{Step: n, Hash: st.FilesHash, Src: src, Dest: dest})
+		default:
+			return Converted{}, bad("unknown step type (Airlock supports COPY, ENV, RUN, WORKDIR, USER)")
+		}
+	}
+	out.Dockerfile = strings.Join(lines, "\n") + "\n"
+	return out, nil
+}
+
+func orRoot(u string) string {
+	if u == "" {
+		return "root"
+	}
+	return u
+}
+
+// jsonArray writes a Dockerfile exec-form array; JSON escaping is the quoting
+// the Dockerfile parser reads back.
+func jsonArray(words ...string) string {
+	b, _ := json.Marshal(words) // strings always marshal
+	return string(b)
+}
+
+// envQuote double-quotes an ENV value. Backslash and quote are escaped; $
+// stays, so $PATH in a value expands as it does upstream.
+func envQuote(v string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	return `"` + r.Replace(v) + `"`
+}
+
+// validRef is a template name Airlock can resolve in FROM.
+func validRef(s string) bool {
+	return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`).MatchString(s)
+}

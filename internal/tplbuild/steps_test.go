@@ -1,0 +1,101 @@
+package tplbuild
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const testHash = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func TestConvert(t *testing.T) {
+	spec := Spec{
+		FromTemplate: "base",
+		Steps: []Step{
+			{Type: "COPY", Args: []string{"app/", "/opt/app", "", ""}, FilesHash: testHash},
+			{Type: "ENV", Args: []string{"A", `say "hi" \ $HOME`, "B", "2"}},
+			{Type: "WORKDIR", Args: []string{"/opt/app"}},
+			{Type: "RUN", Args: []string{"apt-get install -y jq\necho done", "root"}},
+			{Type: "USER", Args: []string{"alice"}},
+			{Type: "RUN", Args: []string{"whoami"}},
+			{Type: "COPY", Args: []string{"x.sh", "bin/", "bob:staff", "0755"}, FilesHash: testHash},
+			{Type: "USER", Args: []string{"root"}},
+		},
+	}
+	got, err := Convert(spec, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		`FROM base`,
+		`USER user`,
+		`COPY --chown=user ["` + testHash + `/app","/opt/app"]`,
+		`ENV A="say \"hi\" \\ $HOME" B="2"`,
+		`WORKDIR /opt/app`,
+		`USER root`,
+		`RUN ["/bin/bash","-c","apt-get install -y jq\necho done"]`,
+		`USER user`,
+		`USER root`,
+		`RUN ["/bin/sh","-c","id -u alice \u003e/dev/null 2\u003e\u00261 || useradd --create-home --shell /bin/bash alice"]`,
+		`USER alice`,
+		`RUN ["/bin/bash","-c","whoami"]`,
+		`COPY --chown=bob:staff --chmod=755 ["` + testHash + `/x.sh","bin/"]`,
+		`USER root`,
+	}, "\n") + "\n"
+	if got.Dockerfile != want {
+		t.Errorf("Dockerfile:\n%s\nwant:\n%s", got.Dockerfile, want)
+	}
+	// Lines map back to the SDK's steps: the RUN of step 4 is line 7, the
+	// useradd of step 5 line 10.
+	for line, step := range map[int]int{1: 0, 3: 1, 7: 4, 8: 4, 10: 5, 12: 6, 13: 7} {
+		if got.StepOfLine[line] != step {
+			t.Errorf("line %d: step %d, want %d", line, got.StepOfLine[line], step)
+		}
+	}
+	if len(got.Copies) != 2 || got.Copies[0].Src != "app/" || got.Copies[1].Dest != "bin/" || got.Copies[1].Step != 7 {
+		t.Errorf("copies: %+v", got.Copies)
+	}
+}
+
+func TestConvertSourceUserRoot(t *testing.T) {
+	got, err := Convert(Spec{FromTemplate: "python3", Steps: []Step{
+		{Type: "COPY", Args: []string{"f", "/f"}, FilesHash: testHash},
+		{Type: "RUN", Args: []string{"true", "nobody"}},
+	}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "FROM python3\nCOPY [\"" + testHash + "/f\",\"/f\"]\nUSER nobody\nRUN [\"/bin/bash\",\"-c\",\"true\"]\nUSER root\n"
+	if got.Dockerfile != want {
+		t.Errorf("got\n%s\nwant\n%s", got.Dockerfile, want)
+	}
+}
+
+func TestConvertRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec Spec
+		msg  string
+	}{
+		{"unknown type", Spec{FromTemplate: "base", Steps: []Step{{Type: "ADD", Args: []string{"a", "b"}}}}, "unknown step type"},
+		{"from image", Spec{FromImage: "ubuntu:22.04"}, "fromImage is not supported"},
+		{"no source", Spec{}, "fromTemplate is required"},
+		{"bad source", Spec{FromTemplate: "../x"}, "is not a template name"},
+		{"env odd", Spec{FromTemplate: "base", Steps: []Step{{Type: "ENV", Args: []string{"A"}}}}, "key, value pairs"},
+		{"env key", Spec{FromTemplate: "base", Steps: []Step{{Type: "ENV", Args: []string{"A B", "1"}}}}, "invalid variable name"},
+		{"env newline", Spec{FromTemplate: "base", Steps: []Step{{Type: "ENV", Args: []string{"A", "1\n2"}}}}, "line break"},
+		{"run empty", Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{" "}}}}, "args must be"},
+		{"run user", Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"x", "a b"}}}}, "invalid user"},
+		{"user name", Spec{FromTemplate: "base", Steps: []Step{{Type: "USER", Args: []string{"x;rm"}}}}, "valid user name"},
+		{"workdir newline", Spec{FromTemplate: "base", Steps: []Step{{Type: "WORKDIR", Args: []string{"/a\nRUN x"}}}}, "cannot carry"},
+		{"copy no hash", Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/b"}}}}, "filesHash"},
+		{"copy escapes", Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"../a", "/b"}, FilesHash: testHash}}}, "inside the template's context"},
+		{"copy absolute", Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"/etc", "/b"}, FilesHash: testHash}}}, "inside the template's context"},
+		{"copy mode", Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/b", "", "rwx"}, FilesHash: testHash}}}, "not octal"},
+	} {
+		_, err := Convert(tc.spec, "")
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want ErrInvalid with %q", tc.name, err, tc.msg)
+		}
+	}
+}
