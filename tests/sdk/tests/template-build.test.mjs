@@ -109,6 +109,20 @@ describe('Template.build', { concurrency: false }, () => {
     assert.ok(await Template.exists(bg))
   })
 
+  test('fromBaseImage() is the built-in base template (no pull)', async () => {
+    const fb = uniq('tplb-fbi')
+    built.add(fb)
+    const logs = []
+    await Template.build(Template().fromBaseImage().runCmd('echo base-image-marker; id -un > /tmp/who'), fb, { onBuildLogs: (e) => logs.push(e) })
+    const text = logs.map((e) => e.message).join('\n')
+    assert.ok(logs.some((e) => e.message === 'base-image-marker'), text.slice(-2000))
+    assert.match(text, /FROM base: template base/, text.slice(-2000))
+    const sbx = await Sandbox.create(fb, { metadata: meta({ file: 'template-build' }) })
+    track(sbx.sandboxId)
+    assert.equal(await run(sbx, 'cat /tmp/who'), 'user', 'steps run as the base template\'s user')
+    await sbx.kill()
+  })
+
   test('a failing RUN → BuildError with exit code and output; no template left', async () => {
     const bad = uniq('tplb-bad')
     built.add(bad)
