@@ -412,7 +412,7 @@ func (s *Service) run(j *job, conv Converted, ctxDir string, settings template.S
 	status, output := &logWriter{s: s, j: j}, &logWriter{s: s, j: j}
 	_, err := s.b.Build(s.ctx, template.BuildRequest{
 		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
-		Settings: settings, Replace: true, Output: output,
+		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
 	}, status)
 	status.flush()
 	output.flush()

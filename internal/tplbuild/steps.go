@@ -50,6 +50,11 @@ type Converted struct {
 	// Copies are the COPY steps' file hashes, in order: the uploads the build
 	// context is assembled from (each under a directory named by its hash).
 	Copies []Copy
+	// NoCacheFromLine is the first Dockerfile line built without the layer
+	// cache (template.BuildRequest.NoCacheFromLine): the first step with
+	// force (the SDK's skipCache() sets it on that step and every later
+	// one), or 1 for a whole-template force; 0 when the cache is used.
+	NoCacheFromLine int
 }
 
 // Copy is one COPY step's upload: its hash and the src/dest the SDK hashed.
@@ -104,8 +109,14 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 		emit(0, "USER "+sourceUser)
 	}
 	user := sourceUser
+	if spec.Force {
+		out.NoCacheFromLine = 1
+	}
 	for i, st := range spec.Steps {
 		n := i + 1
+		if st.Force && out.NoCacheFromLine == 0 {
+			out.NoCacheFromLine = len(lines) + 1
+		}
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("%w: step %d (%s): %s", ErrInvalid, n, st.Type, fmt.Sprintf(format, a...))
 		}

@@ -130,3 +130,25 @@ func TestSource(t *testing.T) {
 		t.Errorf("fromImage: %q %v", got.Dockerfile, err)
 	}
 }
+
+func TestConvertForce(t *testing.T) {
+	steps := []Step{
+		{Type: "RUN", Args: []string{"a"}},
+		{Type: "RUN", Args: []string{"b", "root"}, Force: true},
+		{Type: "RUN", Args: []string{"c"}, Force: true},
+	}
+	got, err := Convert(Spec{FromTemplate: "base", Steps: steps}, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// FROM, USER user, RUN a, then step 2 from line 4 (USER root, RUN b, USER user).
+	if got.NoCacheFromLine != 4 || got.StepOfLine[4] != 2 {
+		t.Errorf("NoCacheFromLine %d\n%s", got.NoCacheFromLine, got.Dockerfile)
+	}
+	if got, _ := Convert(Spec{FromTemplate: "base", Steps: steps[:1]}, "user"); got.NoCacheFromLine != 0 {
+		t.Errorf("no force: NoCacheFromLine %d", got.NoCacheFromLine)
+	}
+	if got, _ := Convert(Spec{FromTemplate: "base", Force: true, Steps: steps[:1]}, "user"); got.NoCacheFromLine != 1 {
+		t.Errorf("template force: NoCacheFromLine %d", got.NoCacheFromLine)
+	}
+}
