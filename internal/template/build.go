@@ -3,6 +3,7 @@ package template
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +38,13 @@ type BuildRequest struct {
 	// to the build log (the steps' output and the builder's notes), for
 	// clients that show it live (the E2B API's build logs).
 	Output io.Writer
+	// NoCacheFromLine, when > 0, rebuilds every step on that Dockerfile line
+	// or later instead of taking it from the layer cache (the E2B SDK's
+	// skipCache() and step force). Those steps' layer keys get a nonce of
+	// this build mixed in, so they miss the cache and the layers they make
+	// are new ones (an older template keeps its own); the steps after them
+	// miss too, as their parent changed.
+	NoCacheFromLine int
 }
 
 // buildOrigin says who asks: a built-in build may use its reserved name.
@@ -296,6 +304,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 
 	var chain []Layer
 	var box *buildbox.Box
+	nonce := rand.Text()
 	defer func() {
 		if box != nil {
 			if err := box.Close(); err != nil {
@@ -361,6 +370,9 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 			return &StepError{Step: n, Steps: len(steps), Line: st.Line, Text: st.Text, ExitCode: code, Err: err}
 		}
 		parts := []string{parent, st.CacheText}
+		if req.NoCacheFromLine > 0 && st.Line >= req.NoCacheFromLine {
+			parts = append(parts, "no-cache:"+nonce)
+		}
 		if st.Kind == dockerfile.StepCopy {
 			digest, err := bctx.Digest(st.Sources)
 			if err != nil {

@@ -25,6 +25,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -140,6 +141,9 @@ type Options struct {
 	// RegistryMirrors redirect image pulls (FROM an image) from a registry to a
 	// mirror; see ociimage.Mirror.
 	RegistryMirrors []ociimage.Mirror
+	// ImageTransport, when set, carries every registry request of an image
+	// pull (tests: to keep a pull with no mirror off the network).
+	ImageTransport http.RoundTripper
 	// Builtins holds the built-in definitions (<name>/Dockerfile and airlock.toml);
 	// nil means the ones embedded from the repo's templates/ directory.
 	Builtins fs.FS
@@ -215,7 +219,7 @@ func (s *Store) Mirror() string { return s.opts.Mirror }
 // (its registry mirrors): code that opens an image for a build passes them to
 // ociimage.Open, so the operator's mirrors apply to it too.
 func (s *Store) ImageOptions() ociimage.Options {
-	return ociimage.Options{Mirrors: s.opts.RegistryMirrors, Logger: s.log}
+	return ociimage.Options{Mirrors: s.opts.RegistryMirrors, Transport: s.opts.ImageTransport, Logger: s.log}
 }
 
 // Builtins lists the names of the built-in templates.

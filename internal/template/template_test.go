@@ -562,3 +562,34 @@ func TestBuiltins(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildNoCacheFromLine: a rebuild with NoCacheFromLine runs that step
+// again (a new stamp) while the steps before it still come from the cache.
+func TestBuildNoCacheFromLine(t *testing.T) {
+	s := storeFor(t)
+	name := uniqueName(t, s, "nocache")
+	df := []byte("FROM base\nRUN echo one > /one\nRUN date +%s%N > /stamp\n")
+	stamp := func(tpl template.Template) string {
+		top := tpl.Layers[len(tpl.Layers)-1]
+		b, err := os.ReadFile(filepath.Join(testenv.DataDir(), "layers", top.Key, "rootfs", "stamp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	// Stamps are read at once: a replaced template's layers are collected.
+	first, _ := build(t, s, template.BuildRequest{Name: name, Dockerfile: df})
+	firstStamp := stamp(first)
+	again, _ := build(t, s, template.BuildRequest{Name: name, Dockerfile: df, Replace: true})
+	if stamp(again) != firstStamp || !again.Layers[len(again.Layers)-1].Cached {
+		t.Fatalf("a plain rebuild was not cached: %s vs %s", firstStamp, stamp(again))
+	}
+	forced, out := build(t, s, template.BuildRequest{Name: name, Dockerfile: df, Replace: true, NoCacheFromLine: 3})
+	n := len(forced.Layers)
+	if !forced.Layers[n-2].Cached || forced.Layers[n-1].Cached {
+		t.Errorf("cached: line 2 %v (want true), line 3 %v (want false)\n%s", forced.Layers[n-2].Cached, forced.Layers[n-1].Cached, out)
+	}
+	if stamp(forced) == firstStamp {
+		t.Errorf("the forced step did not run again: stamp %s", stamp(forced))
+	}
+}

@@ -326,15 +326,21 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 		s.mu.Unlock()
 	}
 
+	// Steps start as the source's default user, as upstream's do (its base
+	// runs them as "user"): a template's setting, else its last USER. An
+	// image's USER is the builder's to read when it has pulled it.
 	var sourceUser string
-	if spec.FromTemplate != "" {
-		src, err := s.b.Get(spec.FromTemplate)
+	from, isTemplate, err := Source(spec)
+	if err != nil {
+		unclaim()
+		return err
+	}
+	if isTemplate {
+		src, err := s.b.Get(from)
 		if err != nil {
 			unclaim()
-			return fmt.Errorf("%w: fromTemplate %s: %w", ErrInvalid, spec.FromTemplate, err)
+			return fmt.Errorf("%w: source template %s: %w", ErrInvalid, from, err)
 		}
-		// Steps start as the source's default user, as upstream's do (its
-		// base runs them as "user"): its setting, else its last USER.
 		sourceUser = src.Config.User
 		if src.Settings.DefaultUser != "" {
 			sourceUser = src.Settings.DefaultUser
@@ -406,7 +412,7 @@ func (s *Service) run(j *job, conv Converted, ctxDir string, settings template.S
 	status, output := &logWriter{s: s, j: j}, &logWriter{s: s, j: j}
 	_, err := s.b.Build(s.ctx, template.BuildRequest{
 		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
-		Settings: settings, Replace: true, Output: output,
+		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
 	}, status)
 	status.flush()
 	output.flush()
@@ -446,8 +452,13 @@ func failure(err error, conv Converted, shutdown bool) *Reason {
 			b.WriteString("\nlast output:\n  " + strings.Join(tail, "\n  "))
 		}
 		r.Message = b.String()
-	} else if errors.As(err, &be) {
-		r.Message = be.Err.Error()
+	} else {
+		if errors.As(err, &be) {
+			r.Message = be.Err.Error()
+		}
+		// Before the steps there is only the source: the image that could
+		// not be pulled (the message names it and the cause) or the template.
+		r.Step = "base"
 	}
 	return r
 }

@@ -11,6 +11,8 @@ import (
 	"path"
 	"regexp"
 	"strings"
+
+	"github.com/airlock-sandbox/airlock/internal/ociimage"
 )
 
 // ErrInvalid marks a request the client must fix (a 400 on the wire).
@@ -48,6 +50,11 @@ type Converted struct {
 	// Copies are the COPY steps' file hashes, in order: the uploads the build
 	// context is assembled from (each under a directory named by its hash).
 	Copies []Copy
+	// NoCacheFromLine is the first Dockerfile line built without the layer
+	// cache (template.BuildRequest.NoCacheFromLine): the first step with
+	// force (the SDK's skipCache() sets it on that step and every later
+	// one), or 1 for a whole-template force; 0 when the cache is used.
+	NoCacheFromLine int
 }
 
 // Copy is one COPY step's upload: its hash and the src/dest the SDK hashed.
@@ -87,14 +94,9 @@ func ValidHash(h string) bool { return validHash.MatchString(h) }
 // (JSON arrays, quoted ENV values), and text that cannot be written safely
 // (newlines in a path, odd user names) is refused with ErrInvalid.
 func Convert(spec Spec, sourceUser string) (Converted, error) {
-	if spec.FromImage != "" || len(spec.FromImageRegistry) > 0 {
-		return Converted{}, fmt.Errorf("%w: fromImage is not supported by Airlock's template API yet; start from a template (Template().fromTemplate('base'))", ErrInvalid)
-	}
-	if spec.FromTemplate == "" {
-		return Converted{}, fmt.Errorf("%w: fromTemplate is required", ErrInvalid)
-	}
-	if !validRef(spec.FromTemplate) {
-		return Converted{}, fmt.Errorf("%w: fromTemplate %q is not a template name", ErrInvalid, spec.FromTemplate)
+	from, _, err := Source(spec)
+	if err != nil {
+		return Converted{}, err
 	}
 	out := Converted{StepOfLine: map[int]int{}}
 	var lines []string
@@ -102,13 +104,19 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 		lines = append(lines, l)
 		out.StepOfLine[len(lines)] = step
 	}
-	emit(0, "FROM "+spec.FromTemplate)
+	emit(0, "FROM "+from)
 	if sourceUser != "" {
 		emit(0, "USER "+sourceUser)
 	}
 	user := sourceUser
+	if spec.Force {
+		out.NoCacheFromLine = 1
+	}
 	for i, st := range spec.Steps {
 		n := i + 1
+		if st.Force && out.NoCacheFromLine == 0 {
+			out.NoCacheFromLine = len(lines) + 1
+		}
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("%w: step %d (%s): %s", ErrInvalid, n, st.Type, fmt.Sprintf(format, a...))
 		}
@@ -235,4 +243,62 @@ func envQuote(v string) string {
 // validRef is a template name Airlock can resolve in FROM.
 func validRef(s string) bool {
 	return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`).MatchString(s)
+}
+
+// E2BBaseImage is the image the SDK's fromBaseImage() (and a Template() with
+// no from at all) asks for.
+const E2BBaseImage = "e2bdev/base"
+
+// BaseTemplate is the built-in template E2BBaseImage stands for.
+const BaseTemplate = "base"
+
+// Source returns what the build's FROM line names and whether it is a
+// template (rather than an image pulled through ociimage, with the store's
+// registry mirrors).
+//
+// e2bdev/base (any tag) is Airlock's built-in base template, not a pull:
+// both are the same kind of image (Debian with python, node, git, sudo and a
+// "user" with passwordless sudo, which is what E2B's steps and sandboxes
+// expect), the base template is built locally with debootstrap and is there
+// on every Airlock host, and pulling E2B's image would need Docker Hub or a
+// mirror that carries it, which a host without a registry does not have.
+// Whoever wants E2B's own image can name it with a registry host
+// (docker.io/e2bdev/base:latest) and it is pulled like any image.
+func Source(spec Spec) (ref string, isTemplate bool, err error) {
+	if len(spec.FromImageRegistry) > 0 {
+		return "", false, fmt.Errorf("%w: fromImage with registry credentials is not supported by Airlock's template API; pull through a registry mirror the server is configured with (airlock serve --registry-mirror), or use a public image", ErrInvalid)
+	}
+	switch {
+	case spec.FromImage != "" && spec.FromTemplate != "":
+		return "", false, fmt.Errorf("%w: give fromImage or fromTemplate, not both", ErrInvalid)
+	case spec.FromTemplate != "":
+		if !validRef(spec.FromTemplate) {
+			return "", false, fmt.Errorf("%w: fromTemplate %q is not a template name", ErrInvalid, spec.FromTemplate)
+		}
+		return spec.FromTemplate, true, nil
+	case spec.FromImage == "":
+		return "", false, fmt.Errorf("%w: fromTemplate or fromImage is required", ErrInvalid)
+	}
+	img := spec.FromImage
+	if strings.ContainsAny(img, " \t\n\r") {
+		return "", false, fmt.Errorf("%w: fromImage %q is not an image reference", ErrInvalid, img)
+	}
+	if repo, _, _ := strings.Cut(img, ":"); repo == E2BBaseImage {
+		return BaseTemplate, true, nil
+	}
+	// Docker reads a name without tag or digest as :latest; Airlock's builder
+	// reads a bare name as a template's, so the tag is written out.
+	if !ociimage.IsImageRef(img) && !strings.ContainsAny(path.Base(img), ":@") {
+		img += ":latest"
+	}
+	// Airlock builds only debian:bookworm[-slim] itself and refuses other
+	// debian: short names (so that a typo there does not pull); the SDK's
+	// fromDebianImage() means Docker Hub's image, so it is named in full.
+	if strings.HasPrefix(img, "debian:") && img != "debian:bookworm" && img != "debian:bookworm-slim" {
+		img = "docker.io/library/" + img
+	}
+	if !ociimage.IsImageRef(img) && !ociimage.IsDockerHubRef(img) {
+		return "", false, fmt.Errorf("%w: fromImage %q is not an image reference (ubuntu:22.04, docker.io/library/ubuntu:22.04, ghcr.io/owner/image:tag)", ErrInvalid, spec.FromImage)
+	}
+	return img, false, nil
 }

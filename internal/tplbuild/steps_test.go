@@ -78,8 +78,11 @@ func TestConvertRefuses(t *testing.T) {
 		msg  string
 	}{
 		{"unknown type", Spec{FromTemplate: "base", Steps: []Step{{Type: "ADD", Args: []string{"a", "b"}}}}, "unknown step type"},
-		{"from image", Spec{FromImage: "ubuntu:22.04"}, "fromImage is not supported"},
-		{"no source", Spec{}, "fromTemplate is required"},
+		{"registry credentials", Spec{FromImage: "ubuntu:22.04", FromImageRegistry: []byte(`{"type":"registry"}`)}, "registry credentials"},
+		{"both sources", Spec{FromImage: "ubuntu:22.04", FromTemplate: "base"}, "not both"},
+		{"bad image", Spec{FromImage: "Ubuntu:22.04"}, "not an image reference"},
+		{"image with space", Spec{FromImage: "ubuntu:22.04 AS x"}, "not an image reference"},
+		{"no source", Spec{}, "fromTemplate or fromImage is required"},
 		{"bad source", Spec{FromTemplate: "../x"}, "is not a template name"},
 		{"env odd", Spec{FromTemplate: "base", Steps: []Step{{Type: "ENV", Args: []string{"A"}}}}, "key, value pairs"},
 		{"env key", Spec{FromTemplate: "base", Steps: []Step{{Type: "ENV", Args: []string{"A B", "1"}}}}, "invalid variable name"},
@@ -97,5 +100,55 @@ func TestConvertRefuses(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v, want ErrInvalid with %q", tc.name, err, tc.msg)
 		}
+	}
+}
+
+func TestSource(t *testing.T) {
+	for _, tc := range []struct {
+		spec       Spec
+		ref        string
+		isTemplate bool
+	}{
+		{Spec{FromTemplate: "python3"}, "python3", true},
+		{Spec{FromImage: "e2bdev/base"}, "base", true},
+		{Spec{FromImage: "e2bdev/base:latest"}, "base", true},
+		{Spec{FromImage: "ubuntu:22.04"}, "ubuntu:22.04", false},
+		{Spec{FromImage: "ubuntu"}, "ubuntu:latest", false},
+		{Spec{FromImage: "oven/bun"}, "oven/bun:latest", false},
+		{Spec{FromImage: "debian:stable"}, "docker.io/library/debian:stable", false},
+		{Spec{FromImage: "debian:bookworm"}, "debian:bookworm", false},
+		{Spec{FromImage: "ghcr.io/owner/img:1"}, "ghcr.io/owner/img:1", false},
+		{Spec{FromImage: "docker.io/e2bdev/base:latest"}, "docker.io/e2bdev/base:latest", false},
+	} {
+		ref, isTemplate, err := Source(tc.spec)
+		if err != nil || ref != tc.ref || isTemplate != tc.isTemplate {
+			t.Errorf("%+v: %q %v %v, want %q %v", tc.spec, ref, isTemplate, err, tc.ref, tc.isTemplate)
+		}
+	}
+	got, err := Convert(Spec{FromImage: "ubuntu:22.04", Steps: []Step{{Type: "RUN", Args: []string{"true"}}}}, "")
+	if err != nil || got.Dockerfile != "FROM ubuntu:22.04\nRUN [\"/bin/bash\",\"-c\",\"true\"]\n" {
+		t.Errorf("fromImage: %q %v", got.Dockerfile, err)
+	}
+}
+
+func TestConvertForce(t *testing.T) {
+	steps := []Step{
+		{Type: "RUN", Args: []string{"a"}},
+		{Type: "RUN", Args: []string{"b", "root"}, Force: true},
+		{Type: "RUN", Args: []string{"c"}, Force: true},
+	}
+	got, err := Convert(Spec{FromTemplate: "base", Steps: steps}, "user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// FROM, USER user, RUN a, then step 2 from line 4 (USER root, RUN b, USER user).
+	if got.NoCacheFromLine != 4 || got.StepOfLine[4] != 2 {
+		t.Errorf("NoCacheFromLine %d\n%s", got.NoCacheFromLine, got.Dockerfile)
+	}
+	if got, _ := Convert(Spec{FromTemplate: "base", Steps: steps[:1]}, "user"); got.NoCacheFromLine != 0 {
+		t.Errorf("no force: NoCacheFromLine %d", got.NoCacheFromLine)
+	}
+	if got, _ := Convert(Spec{FromTemplate: "base", Force: true, Steps: steps[:1]}, "user"); got.NoCacheFromLine != 1 {
+		t.Errorf("template force: NoCacheFromLine %d", got.NoCacheFromLine)
 	}
 }

@@ -2,7 +2,8 @@
 // Template.build with streamed logs, buildInBackground + getBuildStatus,
 // COPY of a file and a directory, ENV/WORKDIR/USER/RUN effects seen by a
 // sandbox of the new template, start/ready commands, a failing RUN's
-// error, a cached rebuild, Template.exists; and the 400s for bad input.
+// error, a cached rebuild, fromBaseImage(), skipCache(), Template.exists;
+// and the 400s for bad input.
 // Every template built here is deleted at the end.
 
 import assert from 'node:assert/strict'
@@ -107,6 +108,46 @@ describe('Template.build', { concurrency: false }, () => {
     assert.ok(entries > 0, 'log entries were returned')
     for (const s of seen) assert.ok(['waiting', 'building', 'ready'].includes(s), s)
     assert.ok(await Template.exists(bg))
+  })
+
+  test('fromBaseImage() is the built-in base template (no pull)', async () => {
+    const fb = uniq('tplb-fbi')
+    built.add(fb)
+    const logs = []
+    await Template.build(Template().fromBaseImage().runCmd('echo base-image-marker; id -un > /tmp/who'), fb, { onBuildLogs: (e) => logs.push(e) })
+    const text = logs.map((e) => e.message).join('\n')
+    assert.ok(logs.some((e) => e.message === 'base-image-marker'), text.slice(-2000))
+    assert.match(text, /FROM base: template base/, text.slice(-2000))
+    const sbx = await Sandbox.create(fb, { metadata: meta({ file: 'template-build' }) })
+    track(sbx.sandboxId)
+    assert.equal(await run(sbx, 'cat /tmp/who'), 'user', 'steps run as the base template\'s user')
+    await sbx.kill()
+  })
+
+  test('skipCache() rebuilds that step and the ones after it', async () => {
+    const sc = uniq('tplb-skip')
+    built.add(sc)
+    const stampOf = async () => {
+      const sbx = await Sandbox.create(sc, { metadata: meta({ file: 'template-build' }) })
+      track(sbx.sandboxId)
+      const out = await run(sbx, 'cat /one /stamp')
+      await sbx.kill()
+      return out
+    }
+    const def = (skip) => {
+      const t = Template().fromTemplate('base').runCmd('echo one > /tmp/one-src && cp /tmp/one-src /one', { user: 'root' })
+      return (skip ? t.skipCache() : t).runCmd('date +%s%N > /stamp', { user: 'root' })
+    }
+    await Template.build(def(false), sc)
+    const first = await stampOf()
+    const logs = []
+    await Template.build(def(true), sc, { onBuildLogs: (e) => logs.push(e) })
+    const second = await stampOf()
+    const text = logs.map((e) => e.message).join('\n')
+    assert.notEqual(second, first, `the skipped step ran again: ${text.slice(-2000)}`)
+    assert.equal(second.split('\n')[0], 'one')
+    assert.match(text, /step 1\/2 .*one-src.*: cached/, `the step before skipCache() is cached: ${text.slice(-2000)}`)
+    assert.match(text, /step 2\/2 .*stamp.*: done in/, `the skipped step ran: ${text.slice(-2000)}`)
   })
 
   test('a failing RUN → BuildError with exit code and output; no template left', async () => {
