@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -150,21 +151,35 @@ func TestBuildWaitingForLayerLock(t *testing.T) {
 	defer template.SetWaitReport(500 * time.Millisecond)()
 	s, parent, _ := chainStore(t, "echo p > /parent.txt")
 	lock := filepath.Join(testenv.DataDir(), "layers", ".lock")
-	// flock(1) holds the lock exclusively for 3 s, as a collection would.
-	holder := exec.Command("flock", "--exclusive", lock, "sleep", "3")
+	// flock(1) holds the lock exclusively, as a collection would, until the
+	// build has said it waits (below): a fixed hold could end while the build
+	// still waits for the build sandbox, which other packages' tests share.
+	holder := exec.Command("flock", "--exclusive", lock, "sleep", "300")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Wait()
-	for i := 0; ; i++ { // until flock holds it
+	release := sync.OnceFunc(func() {
+		// flock and its sleep share the locked file: end both.
+		_ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL)
+		_ = holder.Wait()
+	})
+	defer release()
+	// Until flock holds it: granted, not merely queued ("->" in /proc/locks)
+	// behind a build of another package's tests, which shares the layer store.
+	held := func() bool {
 		out, _ := os.ReadFile("/proc/locks")
-		if bytes.Contains(out, []byte(fmt.Sprintf(" %d ", holder.Process.Pid))) {
-			break
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, fmt.Sprintf(" %d ", holder.Process.Pid)) && !strings.Contains(l, "->") {
+				return true
+			}
 		}
-		if i > 100 {
+		return false
+	}
+	for deadline := time.Now().Add(2 * time.Minute); !held(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
 			t.Fatal("flock never took the lock")
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	var out syncBuffer
 	done := make(chan error, 1)
@@ -173,18 +188,22 @@ func TestBuildWaitingForLayerLock(t *testing.T) {
 		done <- err
 	}()
 	var status string
-	for i := 0; i < 100 && status == ""; i++ {
+	for deadline := time.Now().Add(2 * time.Minute); status == "" && time.Now().Before(deadline); {
 		var be *template.BuildingError
 		if _, err := s.Get(parent); errors.As(err, &be) && strings.HasPrefix(be.Status, "waiting for the layer lock") {
 			status = be.Status
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Long enough for a periodic report (every 500 ms here), then the
+	// collection ends.
+	time.Sleep(1200 * time.Millisecond)
+	release()
 	if err := <-done; err != nil {
 		t.Fatalf("build: %v\n%s", err, out.String())
 	}
 	text := out.String()
-	want := regexp.MustCompile(`waiting for the layer lock \S+ held by pid ` + fmt.Sprint(holder.Process.Pid) + ` \(flock --exclusive \S+ sleep 3\) \(since \d\d:\d\d:\d\d\)`)
+	want := regexp.MustCompile(`waiting for the layer lock \S+ held by pid ` + fmt.Sprint(holder.Process.Pid) + ` \(flock --exclusive \S+ sleep 300\) \(since \d\d:\d\d:\d\d\)`)
 	if !want.MatchString(text) {
 		t.Errorf("no wait message matching %s:\n%s", want, text)
 	}
