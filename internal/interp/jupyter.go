@@ -183,7 +183,23 @@ func freeLoopbackPorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func startJupyter(ctx context.Context, opts Options, name string, argv, env []string, flavor jupyterFlavor) (_ *jupyterKernel, err error) {
+// jupyterPortTries bounds the starts of a kernel whose reserved ports were
+// taken before it bound them (freeLoopbackPorts releases them to the kernel).
+const jupyterPortTries = 3
+
+// startJupyter starts a kernel, again on fresh ports when another process
+// took one of its reserved ports in between (the kernel then dies at start
+// with EADDRINUSE: likely only where many kernels start at once, as in tests).
+func startJupyter(ctx context.Context, opts Options, name string, argv, env []string, flavor jupyterFlavor) (*jupyterKernel, error) {
+	for try := 1; ; try++ {
+		k, err := startJupyterOnce(ctx, opts, name, argv, env, flavor)
+		if err == nil || try == jupyterPortTries || !strings.Contains(err.Error(), "Address already in use") || ctx.Err() != nil {
+			return k, err
+		}
+	}
+}
+
+func startJupyterOnce(ctx context.Context, opts Options, name string, argv, env []string, flavor jupyterFlavor) (_ *jupyterKernel, err error) {
 	if err := prepareRunDir(opts); err != nil {
 		return nil, err
 	}
