@@ -135,6 +135,13 @@ libc = ctypes.CDLL(None, use_errno=True)
 shm = "/dev/shm/sysinfo-probe-%d" % os.getpid()
 with open(shm, "wb") as f:
     f.write(b"\1" * (8 << 20))
+# The cgroup's shmem figure, which both views read, is flushed lazily by the
+# kernel (every 2 s at most): wait until it counts the file, for up to 5 s.
+import time
+for _ in range(50):
+    if any(l.startswith("Shmem:") and int(l.split()[1]) >= 8 << 10 for l in open("/proc/meminfo")):
+        break
+    time.sleep(0.1)
 if libc.sysinfo(ctypes.byref(si)) != 0:
     r["sysinfo_err"] = os.strerror(ctypes.get_errno())
 mem = {}
