@@ -28,30 +28,27 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _EVENTS = os.fdopen(3, "w", encoding="utf-8", buffering=1)
 _SENTINEL = os.environ.pop("AIRLOCK_DRIVER_SENTINEL", "\x1eairlock-done\x1e").encode() + b"\n"
 
-_charts = None
+_loaded = {}
+
+
+def _load(name, file):
+    """Loads a support module shipped beside the driver, once, on first use."""
+    mod = _loaded.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, file))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+        _loaded[name] = mod
+    return mod
 
 
 def _load_charts():
-    global _charts
-    if _charts is None:
-        spec = importlib.util.spec_from_file_location("_airlock_charts", os.path.join(_HERE, "airlock_charts.py"))
-        _charts = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_charts)
-        sys.modules["_airlock_charts"] = _charts
-    return _charts
-
-
-_results = None
+    return _load("_airlock_charts", "airlock_charts.py")
 
 
 def _load_results():
-    global _results
-    if _results is None:
-        spec = importlib.util.spec_from_file_location("_airlock_results", os.path.join(_HERE, "airlock_results.py"))
-        _results = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_results)
-        sys.modules["_airlock_results"] = _results
-    return _results
+    return _load("_airlock_results", "airlock_results.py")
 
 
 def _send(obj):
