@@ -89,12 +89,7 @@ func writeDurable(path string, data []byte) error {
 		_ = os.Remove(tmp)
 		return err
 	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return syncDir(filepath.Dir(path))
 }
 
 func readBootRecord(dir string) (bootRecord, error) {
