@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
@@ -76,6 +77,10 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringSliceVar(&c.Network.DNSUpstreams, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
 	f.StringSliceVar(&c.Network.AllowPrivate, "allow-private", nil, "private IPv4 ranges (CIDR or IP, comma-separated) every sandbox may reach; 10/8, 172.16/12, 192.168/16 and 100.64/10 are closed by default unless a sandbox's network.allowOut names them (169.254/16 stays closed)")
 	f.StringVar(&c.Network.DNSListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
+	f.IntVar(&c.Builds.Concurrent, "build-concurrency", 1, "template builds asked for through the E2B API that run at once; the others wait (status waiting)")
+	f.IntVar(&c.Builds.PerKey, "builds-per-key", tplbuild.DefaultMaxPerOwner, "template builds one API key may have waiting or building at once (more answer 429)")
+	f.Int64Var(&c.Builds.MaxContextMB, "build-context-max", tplbuild.DefaultMaxContext>>20, "MiB the uploaded files of one template build may unpack to (more answer 413)")
+	f.DurationVar(&c.Builds.Timeout, "build-timeout", tplbuild.DefaultTimeout, "longest a template build may take, waiting included; then it fails saying so")
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }
@@ -88,6 +93,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if c.PausedRetention < 0 {
 		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
+	}
+	if b := c.Builds; b.Concurrent < 1 || b.PerKey < 1 || b.MaxContextMB < 1 || b.Timeout <= 0 {
+		return fmt.Errorf("--build-concurrency, --builds-per-key, --build-context-max and --build-timeout must be positive")
 	}
 	if v := os.Getenv("AIRLOCK_API_KEY"); v != "" {
 		keys, err := daemon.ParseAPIKeys(v)

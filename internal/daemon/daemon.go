@@ -107,6 +107,8 @@ type Config struct {
 	// RegistryMirrors redirect template image pulls from a registry to a
 	// mirror (serve --registry-mirror).
 	RegistryMirrors []ociimage.Mirror
+	// Builds bounds the template builds asked for through the E2B API.
+	Builds BuildLimits
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
@@ -16,12 +17,27 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 )
 
+// BuildLimits bound the E2B API's template builds; zero values are
+// tplbuild's defaults.
+type BuildLimits struct {
+	// Concurrent builds run at once server-wide; the others wait.
+	Concurrent int
+	// PerKey bounds one API key's builds that are waiting or building.
+	PerKey int
+	// MaxContextMB bounds what one build's uploaded files unpack to.
+	MaxContextMB int64
+	// Timeout bounds one build, from its start.
+	Timeout time.Duration
+}
+
 // startTemplateBuilds starts the jobs of E2B API template builds; builds a
 // previous server left unfinished are recorded as failed. Its closer cancels
 // the running builds (the listeners, closed first, take no new ones).
 func (d *Daemon) startTemplateBuilds() error {
+	l := d.cfg.Builds
 	b, err := tplbuild.Open(d.Templates, tplbuild.Options{
 		Dir: d.Layout.TemplateBuilds(), FilesDir: d.Layout.TemplateFiles(), Logger: d.log,
+		MaxConcurrent: l.Concurrent, MaxPerOwner: l.PerKey, MaxContext: l.MaxContextMB << 20, Timeout: l.Timeout,
 	})
 	if err != nil {
 		return err
@@ -53,6 +69,19 @@ func (t e2bTemplates) List(context.Context) ([]e2b.TemplateInfo, error) {
 		}
 	}
 	return out, nil
+}
+
+// SetPublic changes the visibility of owner's template (the store refuses
+// another's, and the operator's, with template.ErrOwned).
+func (t e2bTemplates) SetPublic(_ context.Context, ref, owner string, public bool) error {
+	err := t.s.SetPublic(ref, owner, public)
+	switch {
+	case errors.Is(err, template.ErrOwned):
+		return fmt.Errorf("%w: %w", e2b.ErrTemplateProtected, err)
+	case errors.Is(err, template.ErrNotFound):
+		return fmt.Errorf("%w: %w", e2b.ErrTemplateNotFound, err)
+	}
+	return err
 }
 
 func (t e2bTemplates) Get(_ context.Context, ref string) (e2b.TemplateInfo, error) {
@@ -101,7 +130,8 @@ func e2bTemplateInfo(tpl template.Template) e2b.TemplateInfo {
 	return e2b.TemplateInfo{
 		ID:          tpl.ID,
 		Aliases:     aliases,
-		Public:      true, // no teams: every key of this server may use it
+		Owner:       tpl.Access.Owner,
+		Public:      tpl.Access.Owner == "" || tpl.Access.Public, // the operator's: every key may use it
 		BuildID:     tpl.Key,
 		CPUCount:    tpl.Settings.CPUCount,
 		MemoryMB:    tpl.Settings.MemoryMB,

@@ -94,6 +94,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		return err
 	}
 
+	// Another key's private template is not there for this key. (A miss
+	// here may still be a snapshot, which the manager resolves first.)
+	if h.opts.Templates != nil {
+		if t, err := h.opts.Templates.Get(r.Context(), body.TemplateID); err == nil && !t.visibleTo(req.Owner) {
+			return managerError(fmt.Errorf("create sandbox from %q: template %q: %w", body.TemplateID, body.TemplateID, sandbox.ErrTemplateNotFound), "", body.TemplateID)
+		}
+	}
 	// Template may name a snapshot; the manager resolves it before templates.
 	info, err := h.m.Create(r.Context(), req)
 	if err != nil {

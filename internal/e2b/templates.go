@@ -37,6 +37,9 @@ type TemplateCatalog interface {
 	// ErrTemplateInUse (preferably as *TemplateInUseError, so the answer can
 	// say how many sandboxes hold it) or ErrTemplateProtected.
 	Delete(ctx context.Context, idOrAlias string) error
+	// SetPublic changes the visibility of owner's template; another's, or
+	// the operator's, wraps ErrTemplateProtected.
+	SetPublic(ctx context.Context, idOrAlias, owner string, public bool) error
 }
 
 var (
@@ -82,8 +85,12 @@ type TemplateInfo struct {
 	// Aliases are the other names clients may use; shown as both "aliases"
 	// and "names" (upstream's namespaced form, which Airlock does not have).
 	Aliases []string
-	// Public is upstream's visibility flag. Airlock has no teams, so a store
-	// normally reports true: every API key of the server can use it.
+	// Owner is the digest (OwnerOf) of the API key that built the template
+	// through this API; empty for the operator's templates and built-ins,
+	// which every key may use.
+	Owner string
+	// Public is upstream's visibility flag: every key may use the template,
+	// only its owner change it. Templates without an owner report true.
 	Public bool
 	// BuildID identifies the build sandboxes get now. Upstream clients treat
 	// it as opaque, but the schema declares a UUID for TemplateBuild.buildID,
@@ -215,10 +222,59 @@ func (h *Handler) routeTemplates() {
 		}
 		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}
 	})
-	// PATCH sets the "public" flag, which has no meaning without teams.
-	visibility := notImplemented("Changing template visibility is not supported by Airlock: every API key of the server can use every template")
-	h.handle("PATCH /templates/{templateID}", visibility)
-	h.handle("PATCH /v2/templates/{templateID}", visibility)
+	h.handle("PATCH /templates/{templateID}", h.patchTemplate)
+	h.handle("PATCH /v2/templates/{templateID}", h.patchTemplate)
+}
+
+// visibleTo reports whether the API key owner may see and use t.
+func (t TemplateInfo) visibleTo(owner string) bool {
+	return t.Owner == "" || t.Public || t.Owner == owner
+}
+
+// visibleTemplate is Templates.Get for the request's API key: another key's
+// private template answers as if it did not exist.
+func (h *Handler) visibleTemplate(ctx context.Context, ref string) (TemplateInfo, error) {
+	t, err := h.opts.Templates.Get(ctx, ref)
+	if err == nil && !t.visibleTo(ownerFrom(ctx)) {
+		err = fmt.Errorf("template %q: %w", ref, ErrTemplateNotFound)
+	}
+	return t, err
+}
+
+// templateUpdate is upstream's TemplateUpdateRequest.
+type templateUpdate struct {
+	Public *bool `json:"public"`
+}
+
+// patchTemplate is PATCH /templates/{id} and /v2/templates/{id}: the owner
+// makes its template public (every key may use it) or private again.
+func (h *Handler) patchTemplate(w http.ResponseWriter, r *http.Request) error {
+	ref, err := templateRef(r, "templateID")
+	if err != nil {
+		return err
+	}
+	var body templateUpdate
+	present, err := h.decodeBody(w, r, &body)
+	if err != nil {
+		return err
+	}
+	if !present || body.Public == nil {
+		return badRequest("request body is required: {\"public\": true|false}")
+	}
+	if h.opts.Templates == nil {
+		return errNoTemplates
+	}
+	t, err := h.visibleTemplate(r.Context(), ref)
+	if err != nil {
+		return templateError("update template "+ref, err, ref)
+	}
+	if err := h.opts.Templates.SetPublic(r.Context(), t.ID, ownerFrom(r.Context()), *body.Public); err != nil {
+		return templateError("update template "+ref, err, ref)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Names []string `json:"names"`
+	}{nonNil(t.Aliases)})
+	return nil
 }
 
 func notImplemented(message string) apiHandler {
@@ -375,8 +431,11 @@ func (h *Handler) listedTemplates(ctx context.Context) ([]templateJSON, error) {
 		return nil, err
 	}
 	out := make([]templateJSON, 0, len(ts))
+	owner := ownerFrom(ctx)
 	for _, t := range ts {
-		out = append(out, h.templateJSON(t, used[t.ID]))
+		if t.visibleTo(owner) {
+			out = append(out, h.templateJSON(t, used[t.ID]))
+		}
 	}
 	slices.SortFunc(out, func(a, b templateJSON) int { return strings.Compare(a.TemplateID, b.TemplateID) })
 	return out, nil
@@ -465,7 +524,7 @@ func (h *Handler) getTemplate(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.Templates == nil {
 		return errNoTemplates
 	}
-	t, err := h.opts.Templates.Get(r.Context(), ref)
+	t, err := h.visibleTemplate(r.Context(), ref)
 	if err != nil {
 		return templateError("get template "+ref, err, ref)
 	}
@@ -543,7 +602,7 @@ func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.Templates == nil {
 		return errNoTemplates
 	}
-	t, err := h.opts.Templates.Get(r.Context(), ref)
+	t, err := h.visibleTemplate(r.Context(), ref)
 	if err != nil {
 		return templateError("resolve template alias "+ref, err, ref)
 	}
@@ -559,7 +618,25 @@ func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request, ref str
 	if h.opts.Templates == nil {
 		return errNoTemplates
 	}
-	if err := h.opts.Templates.Delete(r.Context(), ref); err != nil {
+	owner := ownerFrom(r.Context())
+	// The key's builds of the template stop first: a template deleted while
+	// a build runs must not reappear when the build ends.
+	cancelled := 0
+	if h.opts.Builds != nil && validTemplateRef(ref) {
+		cancelled = h.opts.Builds.CancelTemplate(owner, ref)
+	}
+	t, err := h.visibleTemplate(r.Context(), ref)
+	if err != nil && cancelled > 0 && errors.Is(err, ErrTemplateNotFound) {
+		w.WriteHeader(http.StatusNoContent) // only its first build existed
+		return nil
+	}
+	if err != nil {
+		return templateError("delete template "+ref, err, ref)
+	}
+	if t.Owner != "" && t.Owner != owner {
+		return templateError("delete template "+ref, fmt.Errorf("template %q belongs to another API key: %w", ref, ErrTemplateProtected), ref)
+	}
+	if err := h.opts.Templates.Delete(r.Context(), t.ID); err != nil {
 		return templateError("delete template "+ref, err, ref)
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -79,6 +79,9 @@ func (f *fakeTemplates) find(ref string) (int, error) {
 func (f *fakeTemplates) Get(_ context.Context, ref string) (TemplateInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if ref == "busyplain" { // unlisted, found, and refuses Delete
+		return TemplateInfo{ID: ref, Aliases: []string{ref}}, nil
+	}
 	i, err := f.find(ref)
 	if err != nil {
 		return TemplateInfo{}, err
@@ -104,6 +107,20 @@ func (f *fakeTemplates) Delete(_ context.Context, ref string) error {
 	}
 	f.deleted = append(f.deleted, f.ts[i].ID)
 	f.ts = slices.Delete(f.ts, i, i+1)
+	return nil
+}
+
+func (f *fakeTemplates) SetPublic(_ context.Context, ref, owner string, public bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, err := f.find(ref)
+	if err != nil {
+		return err
+	}
+	if f.ts[i].Owner == "" || f.ts[i].Owner != owner {
+		return fmt.Errorf("template %q is not yours: %w", ref, ErrTemplateProtected)
+	}
+	f.ts[i].Public = public
 	return nil
 }
 
@@ -410,8 +427,6 @@ func TestTemplateUnsupported(t *testing.T) {
 		{"POST", "/templates/tags", tags},
 		{"DELETE", "/templates/tags", tags},
 		{"GET", "/templates/base/tags", tags},
-		{"PATCH", "/templates/base", "Changing template visibility..."},
-		{"PATCH", "/v2/templates/base", "Changing template visibility..."},
 	} {
 		checkError(t, request(t, h, tc.method, tc.path, `{"name":"x"}`), http.StatusNotImplemented, tc.msg)
 	}

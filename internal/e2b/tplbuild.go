@@ -9,6 +9,10 @@ package e2b
 //	POST /v2/templates/{templateID}/builds/{buildID}    the steps; the build is queued
 //	GET  /templates/{templateID}/builds/{buildID}/status  status + log entries from logsOffset
 //	GET  /templates/{templateID}/builds/{buildID}/logs    log entries from cursor
+//	DELETE /templates/{templateID}/builds/{buildID}     cancel (Airlock's; E2B's API has none)
+//
+// Every call acts for the API key's owner: a build, its status and its
+// template are another key's business, and answer 404 to everyone else.
 
 import (
 	"crypto/hmac"
@@ -28,10 +32,14 @@ import (
 // TemplateBuilds runs the builds (tplbuild.Service).
 type TemplateBuilds interface {
 	Request(req tplbuild.Request) (templateID, buildID string, err error)
-	FilePresent(templateID, hash string) (bool, error)
+	FilePresent(owner, templateID, hash string) (bool, error)
 	PutFile(hash string, r io.Reader) error
-	Start(templateID, buildID string, spec tplbuild.Spec) error
-	Status(templateID, buildID string, offset, limit int) (tplbuild.Status, error)
+	Start(owner, templateID, buildID string, spec tplbuild.Spec) error
+	Status(owner, templateID, buildID string, offset, limit int) (tplbuild.Status, error)
+	Cancel(owner, templateID, buildID string) error
+	// CancelTemplate cancels owner's unfinished builds of a template and
+	// says how many there were.
+	CancelTemplate(owner, templateID string) int
 	MaxUpload() int64
 }
 
@@ -96,6 +104,7 @@ func (h *Handler) routeTemplateBuilds() {
 	h.handle("POST /v2/templates/{templateID}/builds/{buildID}", h.startBuild)
 	h.handle("GET /templates/{templateID}/builds/{buildID}/status", h.buildStatus)
 	h.handle("GET /templates/{templateID}/builds/{buildID}/logs", h.buildLogs)
+	h.handle("DELETE /templates/{templateID}/builds/{buildID}", h.cancelBuild)
 }
 
 var errNoBuilds = &apiError{status: http.StatusNotImplemented, message: "Building templates through the E2B API is not enabled on this server; build them with `airlock template build`"}
@@ -109,6 +118,12 @@ func buildError(err error) error {
 		return &apiError{status: http.StatusNotFound, message: err.Error(), err: err}
 	case errors.Is(err, tplbuild.ErrTooLarge):
 		return &apiError{status: http.StatusRequestEntityTooLarge, message: err.Error(), err: err}
+	case errors.Is(err, tplbuild.ErrForbidden):
+		return &apiError{status: http.StatusForbidden, message: err.Error(), err: err}
+	case errors.Is(err, tplbuild.ErrLimit):
+		return &apiError{status: http.StatusTooManyRequests, message: err.Error(), err: err}
+	case errors.Is(err, tplbuild.ErrFinished):
+		return &apiError{status: http.StatusConflict, message: err.Error(), err: err}
 	}
 	return &apiError{status: http.StatusInternalServerError, message: err.Error(), err: err}
 }
@@ -134,12 +149,12 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 			return badRequest("Invalid tag %q: tags are not supported by Airlock", t)
 		}
 	}
-	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB})
+	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Owner: ownerFrom(r.Context())})
 	if err != nil {
 		return buildError(err)
 	}
 	writeJSON(w, http.StatusAccepted, templateRequestResponseV3{
-		TemplateID: id, BuildID: build, Public: true,
+		TemplateID: id, BuildID: build, Public: false, // a new build is its key's until PATCHed public
 		Aliases: []string{id}, Names: []string{id}, Tags: []string{},
 	})
 	return nil
@@ -159,7 +174,7 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) error {
 		return errNoBuilds
 	}
 	hash := r.PathValue("hash")
-	present, err := h.opts.Builds.FilePresent(r.PathValue("templateID"), hash)
+	present, err := h.opts.Builds.FilePresent(ownerFrom(r.Context()), r.PathValue("templateID"), hash)
 	if err != nil {
 		return buildError(err)
 	}
@@ -205,7 +220,7 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request) error {
 	if _, err := h.decodeBody(w, r, &spec); err != nil {
 		return err
 	}
-	if err := h.opts.Builds.Start(r.PathValue("templateID"), r.PathValue("buildID"), spec); err != nil {
+	if err := h.opts.Builds.Start(ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"), spec); err != nil {
 		return buildError(err)
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -250,7 +265,7 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	st, err := h.opts.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
+	st, err := h.opts.Builds.Status(ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
 	if err != nil {
 		return buildError(err)
 	}
@@ -282,10 +297,24 @@ func (h *Handler) buildLogs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	st, err := h.opts.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), cursor, limit)
+	st, err := h.opts.Builds.Status(ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"), cursor, limit)
 	if err != nil {
 		return buildError(err)
 	}
 	writeJSON(w, http.StatusOK, templateBuildLogs{Logs: wireEntries(st.Entries)})
+	return nil
+}
+
+// cancelBuild is DELETE /templates/{templateID}/builds/{buildID}: 204 once
+// the build is told to stop (its status turns to error with the reason),
+// 409 when it is over already.
+func (h *Handler) cancelBuild(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Builds == nil {
+		return errNoBuilds
+	}
+	if err := h.opts.Builds.Cancel(ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID")); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

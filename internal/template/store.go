@@ -79,6 +79,8 @@ type Template struct {
 	SizeBytes int64
 	// BuildLog is the path of the output of the build that made it.
 	BuildLog string
+	// Access says who owns the template and who may use it (access.go).
+	Access Access
 }
 
 // ImageConfig is what a Dockerfile's ENV, USER and WORKDIR leave behind.
@@ -169,6 +171,9 @@ type Store struct {
 	// meanwhile; current is the one holding buildSlot.
 	states  map[string]*buildState
 	current string
+
+	// accessMu serialises claims and visibility changes (access.go).
+	accessMu sync.Mutex
 }
 
 // Open reads the built-in definitions. It writes nothing: a process that only looks
@@ -292,6 +297,13 @@ func (s *Store) toTemplate(r *record) Template {
 		Layers: r.Layers, Source: r.Source, CreatedAt: r.CreatedAt, BuiltAt: r.BuiltAt,
 		BuildSeconds: r.BuildSeconds, SizeBytes: r.SizeBytes,
 		BuildLog: filepath.Join(s.dir, r.Name, "build.log"),
+	}
+	if a, _, err := s.readAccess(r.Name); err != nil {
+		// Unreadable: nobody's, so no key sees it rather than every key.
+		s.log.Warn("template store: unreadable access file", "name", r.Name, "err", err)
+		t.Access = Access{Owner: "(unreadable)"}
+	} else {
+		t.Access = a
 	}
 	return t
 }

@@ -24,9 +24,9 @@ import (
 // DefaultMaxUpload bounds one uploaded archive (the SDK gzips it).
 const DefaultMaxUpload = 1 << 30
 
-// maxExtracted bounds what one archive may unpack to, so a small gzip bomb
-// cannot fill the data dir.
-const maxExtracted = 4 << 30
+// DefaultMaxContext bounds what one build's uploads may unpack to together,
+// so a small gzip bomb cannot fill the data dir.
+const DefaultMaxContext = 4 << 30
 
 // ErrTooLarge is an upload beyond the limit (413 on the wire).
 var ErrTooLarge = errors.New("upload too large")
@@ -109,32 +109,39 @@ const (
 // the others the usual sizes are tried (4096: ext4, xfs and most others;
 // btrfs's sum of name lengths), and when none matches verified is false: the
 // files are used, and the build log says they were not verified.
-func (f files) extract(ctx context.Context, c Copy, dst string) (verified bool, err error) {
+//
+// budget is what the archive may unpack to (the build's context bound less
+// what its other uploads took); size is what it did.
+func (f files) extract(ctx context.Context, c Copy, dst string, budget int64) (verified bool, size int64, err error) {
 	src, err := os.Open(f.path(c.Hash))
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("%w: step %d: files %s (COPY %s) were never uploaded", ErrInvalid, c.Step, c.Hash, c.Src)
+		return false, 0, fmt.Errorf("%w: step %d: files %s (COPY %s) were never uploaded", ErrInvalid, c.Step, c.Hash, c.Src)
 	}
 	if err != nil {
-		return false, fmt.Errorf("open upload: %w", err)
+		return false, 0, fmt.Errorf("open upload: %w", err)
 	}
 	defer src.Close()
-	entries, err := untar(ctx, src, dst)
+	entries, size, err := untar(ctx, src, dst, budget)
+	if errors.Is(err, ErrTooLarge) {
+		_ = os.RemoveAll(dst)
+		return false, 0, fmt.Errorf("step %d: COPY %s: %w", c.Step, c.Src, err)
+	}
 	if err != nil {
 		_ = os.RemoveAll(dst)
 		f.drop(c.Hash)
-		return false, fmt.Errorf("%w: step %d: files %s: %w", ErrInvalid, c.Step, c.Hash, err)
+		return false, 0, fmt.Errorf("%w: step %d: files %s: %w", ErrInvalid, c.Step, c.Hash, err)
 	}
 	ok, exact, err := matchHash(c, entries, dst)
 	if err != nil {
 		_ = os.RemoveAll(dst)
-		return false, err
+		return false, 0, err
 	}
 	if !ok && exact {
 		_ = os.RemoveAll(dst)
 		f.drop(c.Hash)
-		return false, fmt.Errorf("%w: step %d: the files uploaded for COPY %s %s do not match their hash %s", ErrInvalid, c.Step, c.Src, c.Dest, c.Hash)
+		return false, 0, fmt.Errorf("%w: step %d: the files uploaded for COPY %s %s do not match their hash %s", ErrInvalid, c.Step, c.Src, c.Dest, c.Hash)
 	}
-	return ok, nil
+	return ok, size, nil
 }
 
 func (f files) drop(hash string) { _ = os.Remove(f.path(hash)) }
@@ -218,23 +225,23 @@ func btrfsDirSize(dir entry, all []entry) int64 {
 // untar unpacks a tar or gzipped tar into dst. Only regular files,
 // directories and symlinks are taken; names must stay inside dst, and
 // writes go through an os.Root so no symlink of the archive can lead out.
-func untar(ctx context.Context, r io.Reader, dst string) ([]entry, error) {
+func untar(ctx context.Context, r io.Reader, dst string, budget int64) ([]entry, int64, error) {
 	br := bufio.NewReader(r)
 	var rd io.Reader = br
 	if head, _ := br.Peek(2); bytes.Equal(head, []byte{0x1f, 0x8b}) {
 		gz, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
+			return nil, 0, fmt.Errorf("gzip: %w", err)
 		}
 		defer gz.Close()
 		rd = gz
 	}
 	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return nil, fmt.Errorf("extract: %w", err)
+		return nil, 0, fmt.Errorf("extract: %w", err)
 	}
 	root, err := os.OpenRoot(dst)
 	if err != nil {
-		return nil, fmt.Errorf("extract: %w", err)
+		return nil, 0, fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
 	tr := tar.NewReader(rd)
@@ -243,70 +250,70 @@ func untar(ctx context.Context, r io.Reader, dst string) ([]entry, error) {
 	seen := map[string]bool{}
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("not a tar archive: %w", err)
+			return nil, 0, fmt.Errorf("not a tar archive: %w", err)
 		}
 		name := strings.TrimSuffix(strings.TrimPrefix(hdr.Name, "./"), "/")
 		clean := path.Clean(name)
 		if name == "" || clean != name || path.IsAbs(name) || clean == ".." || strings.HasPrefix(clean, "../") {
-			return nil, fmt.Errorf("archive entry %q is outside the context", hdr.Name)
+			return nil, 0, fmt.Errorf("archive entry %q is outside the context", hdr.Name)
 		}
 		if seen[name] {
-			return nil, fmt.Errorf("archive entry %q appears twice", hdr.Name)
+			return nil, 0, fmt.Errorf("archive entry %q appears twice", hdr.Name)
 		}
 		seen[name] = true
 		perm := hdr.Mode & 0o7777
 		e := entry{rel: name}
 		if err := mkParents(root, name); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			e.isDir, e.mode = true, sIFDIR|perm
 			if err := root.Mkdir(name, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 			if err := root.Chmod(name, fs.FileMode(perm)&fs.ModePerm|0o700); err != nil {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 		case tar.TypeReg:
 			total += hdr.Size
-			if total > maxExtracted {
-				return nil, fmt.Errorf("the archive unpacks to more than %d bytes", int64(maxExtracted))
+			if total > budget {
+				return nil, 0, fmt.Errorf("%w: the build context unpacks to more than %d bytes, the server's bound for one build (serve --build-context-max)", ErrTooLarge, budget)
 			}
 			e.isFile, e.mode, e.size = true, sIFREG|perm, hdr.Size
 			w, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fs.FileMode(perm)&fs.ModePerm|0o600)
 			if err != nil {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 			_, err = io.Copy(w, tr)
 			w.Close()
 			if err != nil {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 			if err := root.Chmod(name, fs.FileMode(perm)&fs.ModePerm); err != nil {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 		case tar.TypeSymlink:
 			e.mode, e.link, e.size = sIFLNK|0o777, hdr.Linkname, int64(len(hdr.Linkname))
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return nil, fmt.Errorf("extract %s: %w", name, err)
+				return nil, 0, fmt.Errorf("extract %s: %w", name, err)
 			}
 		default:
-			return nil, fmt.Errorf("archive entry %q: type %q is not a file, directory or symlink", hdr.Name, hdr.Typeflag)
+			return nil, 0, fmt.Errorf("archive entry %q: type %q is not a file, directory or symlink", hdr.Name, hdr.Typeflag)
 		}
 		out = append(out, e)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("the archive is empty")
+		return nil, 0, errors.New("the archive is empty")
 	}
-	return out, nil
+	return out, total, nil
 }
 
 // mkParents makes name's parent directories inside root (an archive need not

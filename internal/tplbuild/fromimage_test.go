@@ -53,7 +53,7 @@ func startBuild(t *testing.T, s *tplbuild.Service, st *template.Store, prefix st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(tpl, id, spec); err != nil {
+	if err := s.Start("", tpl, id, spec); err != nil {
 		t.Fatal(err)
 	}
 	return tpl, id
@@ -64,7 +64,7 @@ func finished(t *testing.T, s *tplbuild.Service, tpl, id string, limit time.Dura
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		st, err := s.Status(tpl, id, 0, 10000)
+		st, err := s.Status("", tpl, id, 0, 10000)
 		if err != nil {
 			t.Fatal(err)
 		}

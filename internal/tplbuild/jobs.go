@@ -31,7 +31,27 @@ type Builder interface {
 	Build(ctx context.Context, req template.BuildRequest, progress io.Writer) (template.Template, error)
 	Get(idOrAlias string) (template.Template, error)
 	IsBuiltin(name string) bool
+	// Claim makes an API key the owner of a name before its first build
+	// (template.ErrOwned when another owns it); Unclaim frees a name whose
+	// first build failed.
+	Claim(name, owner string) error
+	Unclaim(name, owner string) error
 }
+
+var (
+	// ErrForbidden: the template belongs to another API key (403).
+	ErrForbidden = errors.New("template belongs to another API key")
+	// ErrLimit: a per-key bound on builds was reached (429).
+	ErrLimit = errors.New("template build limit reached")
+	// ErrFinished: the build is over and cannot be cancelled (409).
+	ErrFinished = errors.New("template build already finished")
+)
+
+// Why a build's context ended, to say so in its status.
+var (
+	errCancelled = errors.New("the build was cancelled")
+	errTimeLimit = errors.New("the build ran past its time limit")
+)
 
 // Options configures a Service.
 type Options struct {
@@ -41,10 +61,25 @@ type Options struct {
 	// MaxConcurrent builds run at once; the others wait (status "waiting").
 	// Default 1: a build already uses every core it can get.
 	MaxConcurrent int
+	// MaxPerOwner bounds one API key's started builds that are not over
+	// (waiting or building); default DefaultMaxPerOwner.
+	MaxPerOwner int
 	// MaxUpload bounds one upload; default DefaultMaxUpload.
 	MaxUpload int64
+	// MaxContext bounds what one build's uploads unpack to together;
+	// default DefaultMaxContext.
+	MaxContext int64
+	// Timeout bounds one build from its start (waiting included); default
+	// DefaultTimeout.
+	Timeout time.Duration
 	Logger    *slog.Logger
 }
+
+// Defaults of Options' per-key bounds.
+const (
+	DefaultMaxPerOwner = 2
+	DefaultTimeout     = time.Hour
+)
 
 // LogEntry is one line of a build's log (upstream BuildLogEntry).
 type LogEntry struct {
@@ -74,12 +109,16 @@ type Request struct {
 	Name     string
 	CPUCount int
 	MemoryMB int
+	// Owner is the API key's digest (e2b.OwnerOf); the template's owner.
+	// Empty (in-process callers) builds as the server's operator.
+	Owner string
 }
 
 // record is a build as kept on disk, so a restart can answer for it.
 type record struct {
 	TemplateID string    `json:"templateID"`
 	BuildID    string    `json:"buildID"`
+	Owner      string    `json:"owner,omitempty"`
 	Status     string    `json:"status"`
 	Reason     *Reason   `json:"reason,omitempty"`
 	CPUCount   int       `json:"cpuCount,omitempty"`
@@ -92,7 +131,12 @@ type record struct {
 type job struct {
 	rec     record
 	entries []LogEntry
+	// cancel ends the build's context (with errCancelled); set by Start.
+	cancel context.CancelCauseFunc
 }
+
+// over reports whether a build has an outcome.
+func (r record) over() bool { return r.Status == StatusReady || r.Status == StatusError }
 
 // maxEntries bounds a build's log kept in memory; past it lines are counted,
 // not kept (the full output is in the template's build.log).
@@ -126,6 +170,15 @@ func Open(b Builder, opts Options) (*Service, error) {
 	}
 	if opts.MaxUpload <= 0 {
 		opts.MaxUpload = DefaultMaxUpload
+	}
+	if opts.MaxPerOwner <= 0 {
+		opts.MaxPerOwner = DefaultMaxPerOwner
+	}
+	if opts.MaxContext <= 0 {
+		opts.MaxContext = DefaultMaxContext
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -178,6 +231,7 @@ func (s *Service) recover() error {
 			if err := s.writeRecord(r); err != nil {
 				return err
 			}
+			s.unclaim(r)
 		case time.Since(r.FinishedAt) > recordTTL:
 			_ = os.Remove(p)
 		}
@@ -262,8 +316,16 @@ func (s *Service) Request(req Request) (templateID, buildID string, err error) {
 	if req.CPUCount < 0 || req.MemoryMB < 0 {
 		return "", "", fmt.Errorf("%w: cpuCount and memoryMB must not be negative", ErrInvalid)
 	}
+	if req.Owner != "" {
+		if err := s.b.Claim(name, req.Owner); err != nil {
+			if errors.Is(err, template.ErrOwned) {
+				return "", "", fmt.Errorf("%w: %w", ErrForbidden, err)
+			}
+			return "", "", fmt.Errorf("claim template %s: %w", name, err)
+		}
+	}
 	r := record{
-		TemplateID: name, BuildID: rand.Text(), Status: StatusWaiting,
+		TemplateID: name, BuildID: rand.Text(), Status: StatusWaiting, Owner: req.Owner,
 		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, CreatedAt: time.Now().UTC(),
 	}
 	r.BuildID = strings.ToLower(r.BuildID)
@@ -276,26 +338,27 @@ func (s *Service) Request(req Request) (templateID, buildID string, err error) {
 	return r.TemplateID, r.BuildID, nil
 }
 
-// knownTemplate reports whether templateID has a build here or is a template.
-func (s *Service) knownTemplate(templateID string) bool {
+// knownTemplate reports whether templateID has a build of owner's here or
+// is a template owner may use.
+func (s *Service) knownTemplate(owner, templateID string) bool {
 	s.mu.Lock()
 	for _, j := range s.jobs {
-		if j.rec.TemplateID == templateID {
+		if j.rec.TemplateID == templateID && j.rec.Owner == owner {
 			s.mu.Unlock()
 			return true
 		}
 	}
 	s.mu.Unlock()
-	_, err := s.b.Get(templateID)
-	return err == nil
+	t, err := s.b.Get(templateID)
+	return err == nil && t.Access.VisibleTo(owner)
 }
 
-// FilePresent answers GET /templates/{id}/files/{hash}.
-func (s *Service) FilePresent(templateID, hash string) (bool, error) {
+// FilePresent answers GET /templates/{id}/files/{hash} for owner.
+func (s *Service) FilePresent(owner, templateID, hash string) (bool, error) {
 	if !ValidHash(hash) {
 		return false, fmt.Errorf("%w: files hash %q is not a hex sha256", ErrInvalid, hash)
 	}
-	if !s.knownTemplate(templateID) {
+	if !s.knownTemplate(owner, templateID) {
 		return false, fmt.Errorf("%w: template %q", ErrNotFound, templateID)
 	}
 	return s.files.present(hash), nil
@@ -305,18 +368,23 @@ func (s *Service) FilePresent(templateID, hash string) (bool, error) {
 func (s *Service) PutFile(hash string, r io.Reader) error { return s.files.put(hash, r) }
 
 // Start checks the steps, assembles the build context from the uploads and
-// queues the build. Errors are the client's (ErrInvalid, ErrNotFound) until
-// the job is queued; after that they are the build's status.
-func (s *Service) Start(templateID, buildID string, spec Spec) error {
+// queues owner's build. Errors are the client's (ErrInvalid, ErrNotFound,
+// ErrLimit, ErrTooLarge) until the job is queued; after that they are the
+// build's status.
+func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	s.mu.Lock()
 	j := s.jobs[buildID]
-	if j == nil || j.rec.TemplateID != templateID {
+	if j == nil || j.rec.TemplateID != templateID || j.rec.Owner != owner {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
 	}
 	if j.rec.Started {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: build %s was started already", ErrInvalid, buildID)
+	}
+	if n := s.activeLocked(owner); n >= s.opts.MaxPerOwner {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n, s.opts.MaxPerOwner)
 	}
 	j.rec.Started = true // claimed: a second POST must not start it twice
 	s.mu.Unlock()
@@ -337,6 +405,9 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 	}
 	if isTemplate {
 		src, err := s.b.Get(from)
+		if err == nil && !src.Access.VisibleTo(owner) {
+			err = fmt.Errorf("template %q: %w", from, template.ErrNotFound)
+		}
 		if err != nil {
 			unclaim()
 			return fmt.Errorf("%w: source template %s: %w", ErrInvalid, from, err)
@@ -353,23 +424,34 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 	}
 	ctxDir := filepath.Join(s.opts.Dir, buildID)
 	var unverified []string
+	budget := s.opts.MaxContext
 	for _, c := range conv.Copies {
 		dst := filepath.Join(ctxDir, c.Hash)
 		if _, err := os.Stat(dst); err == nil {
 			continue // the same files copied twice
 		}
-		ok, err := s.files.extract(s.ctx, c, dst)
+		ok, size, err := s.files.extract(s.ctx, c, dst, budget)
 		if err != nil {
 			_ = os.RemoveAll(ctxDir)
 			unclaim()
 			return err
 		}
+		budget -= size
 		if !ok {
 			unverified = append(unverified, c.Src)
 		}
 	}
+	// The time bound runs from here: a build that waits long for a slot is
+	// still bounded, and its client learns so from its status.
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	ctx, stop := context.WithTimeoutCause(ctx, s.opts.Timeout, fmt.Errorf("%w (%s, serve --build-timeout)", errTimeLimit, s.opts.Timeout))
+	s.mu.Lock()
+	j.cancel = cancel
+	s.mu.Unlock()
 	j.rec.Status = StatusWaiting
 	if err := s.writeRecord(s.snapshot(j)); err != nil {
+		stop()
+		cancel(nil)
 		_ = os.RemoveAll(ctxDir)
 		unclaim()
 		return err
@@ -384,9 +466,82 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.run(j, conv, ctxDir, settings)
+		defer stop()
+		defer cancel(nil)
+		s.run(ctx, j, conv, ctxDir, settings)
 	}()
 	return nil
+}
+
+// activeLocked counts owner's started builds that are not over.
+func (s *Service) activeLocked(owner string) int {
+	n := 0
+	for _, j := range s.jobs {
+		if j.rec.Owner == owner && j.rec.Started && !j.rec.over() {
+			n++
+		}
+	}
+	return n
+}
+
+// Cancel ends owner's build: a waiting one never starts, a running one
+// stops at once (the build sandbox is killed and nothing of the build is
+// kept); its status becomes error with the reason. ErrFinished when it is
+// over already.
+func (s *Service) Cancel(owner, templateID, buildID string) error {
+	s.mu.Lock()
+	j := s.jobs[buildID]
+	if j == nil || j.rec.TemplateID != templateID || j.rec.Owner != owner {
+		s.mu.Unlock()
+		if r, err := s.readRecord(buildID); err == nil && r.TemplateID == templateID && r.Owner == owner {
+			return fmt.Errorf("%w: build %s is %s", ErrFinished, buildID, r.Status)
+		}
+		return fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
+	}
+	rec, cancel := j.rec, j.cancel
+	s.mu.Unlock()
+	if rec.over() {
+		return fmt.Errorf("%w: build %s is %s", ErrFinished, buildID, rec.Status)
+	}
+	if cancel == nil {
+		// Requested, never started: nothing runs; record the outcome here.
+		s.finish(j, StatusError, &Reason{Message: errCancelled.Error() + " before it started"})
+		s.unclaim(s.snapshot(j))
+		return nil
+	}
+	cancel(errCancelled)
+	return nil
+}
+
+// CancelTemplate cancels owner's builds of templateID that are not over and
+// reports how many there were.
+func (s *Service) CancelTemplate(owner, templateID string) int {
+	s.mu.Lock()
+	var ids []string
+	for id, j := range s.jobs {
+		if j.rec.TemplateID == templateID && j.rec.Owner == owner && !j.rec.over() {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if s.Cancel(owner, templateID, id) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// unclaim frees the name of a failed first build (the store keeps the
+// owner of a name that has a template).
+func (s *Service) unclaim(r record) {
+	if r.Owner == "" || r.Status != StatusError {
+		return
+	}
+	if err := s.b.Unclaim(r.TemplateID, r.Owner); err != nil {
+		s.log.Warn("template builds: freeing the name of a failed first build", "template", r.TemplateID, "err", err)
+	}
 }
 
 func (s *Service) snapshot(j *job) record {
@@ -396,12 +551,13 @@ func (s *Service) snapshot(j *job) record {
 }
 
 // run waits for a slot, builds, and records the outcome.
-func (s *Service) run(j *job, conv Converted, ctxDir string, settings template.Settings) {
+func (s *Service) run(ctx context.Context, j *job, conv Converted, ctxDir string, settings template.Settings) {
 	defer os.RemoveAll(ctxDir)
+	defer func() { s.unclaim(s.snapshot(j)) }()
 	select {
 	case s.slots <- struct{}{}:
-	case <-s.ctx.Done():
-		s.finish(j, StatusError, &Reason{Message: "the server shut down before the build started; build again"})
+	case <-ctx.Done():
+		s.finish(j, StatusError, s.stopped(ctx, "before it started"))
 		return
 	}
 	defer func() { <-s.slots }()
@@ -410,25 +566,35 @@ func (s *Service) run(j *job, conv Converted, ctxDir string, settings template.S
 	// Two writers: the builder's status lines and the steps' raw output
 	// arrive from different goroutines and must not mix within a line.
 	status, output := &logWriter{s: s, j: j}, &logWriter{s: s, j: j}
-	_, err := s.b.Build(s.ctx, template.BuildRequest{
+	_, err := s.b.Build(ctx, template.BuildRequest{
 		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
 		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
 	}, status)
 	status.flush()
 	output.flush()
+	if err != nil && ctx.Err() != nil {
+		s.finish(j, StatusError, s.stopped(ctx, "during the build"))
+		return
+	}
 	if err != nil {
-		s.finish(j, StatusError, failure(err, conv, s.ctx.Err() != nil))
+		s.finish(j, StatusError, failure(err, conv))
 		return
 	}
 	s.finish(j, StatusReady, nil)
 }
 
+// stopped is the reason of a build whose context ended: the server shut
+// down, the client cancelled it, or it ran out of time.
+func (s *Service) stopped(ctx context.Context, when string) *Reason {
+	if s.ctx.Err() != nil {
+		return &Reason{Message: "the server shut down " + when + "; build again"}
+	}
+	return &Reason{Message: context.Cause(ctx).Error() + " " + when}
+}
+
 // failure turns a build error into the reason the SDK throws: the failing
 // SDK step, its exit code and the last lines of its output.
-func failure(err error, conv Converted, shutdown bool) *Reason {
-	if shutdown {
-		return &Reason{Message: "the server shut down during the build; build again"}
-	}
+func failure(err error, conv Converted) *Reason {
 	r := &Reason{Message: err.Error()}
 	var be *template.BuildError
 	var se *template.StepError
@@ -500,9 +666,9 @@ func (s *Service) appendLog(j *job, level, step, msg string) {
 	j.entries = append(j.entries, LogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step})
 }
 
-// Status returns a build's state and up to limit log entries from offset.
-// A build of an earlier server run has its record but no log.
-func (s *Service) Status(templateID, buildID string, offset, limit int) (Status, error) {
+// Status returns owner's build's state and up to limit log entries from
+// offset. A build of an earlier server run has its record but no log.
+func (s *Service) Status(owner, templateID, buildID string, offset, limit int) (Status, error) {
 	s.mu.Lock()
 	j := s.jobs[buildID]
 	var rec record
@@ -525,7 +691,7 @@ func (s *Service) Status(templateID, buildID string, offset, limit int) (Status,
 		}
 		rec = r
 	}
-	if rec.TemplateID != templateID {
+	if rec.TemplateID != templateID || rec.Owner != owner {
 		return Status{}, fmt.Errorf("%w: build %s of template %s", ErrNotFound, buildID, templateID)
 	}
 	return Status{TemplateID: rec.TemplateID, BuildID: rec.BuildID, Status: rec.Status, Entries: entries, Reason: rec.Reason}, nil

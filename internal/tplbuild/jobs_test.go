@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,9 @@ import (
 type fakeBuilder struct {
 	release chan struct{}
 	got     chan template.BuildRequest
+
+	mu     sync.Mutex
+	owners map[string]string // claimed names
 }
 
 func (f *fakeBuilder) Build(ctx context.Context, req template.BuildRequest, progress io.Writer) (template.Template, error) {
@@ -50,10 +54,34 @@ func (f *fakeBuilder) Get(name string) (template.Template, error) {
 
 func (f *fakeBuilder) IsBuiltin(name string) bool { return name == "base" }
 
+func (f *fakeBuilder) Claim(name, owner string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.owners[name]; ok && o != owner {
+		return fmt.Errorf("%w: %s", template.ErrOwned, name)
+	}
+	f.owners[name] = owner
+	return nil
+}
+
+func (f *fakeBuilder) Unclaim(name, owner string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.owners[name] == owner {
+		delete(f.owners, name)
+	}
+	return nil
+}
+
 func newService(t *testing.T, dir string) (*Service, *fakeBuilder) {
 	t.Helper()
-	fb := &fakeBuilder{release: make(chan struct{}), got: make(chan template.BuildRequest, 4)}
-	s, err := Open(fb, Options{Dir: filepath.Join(dir, "builds"), FilesDir: filepath.Join(dir, "files"), MaxUpload: 1 << 20})
+	return newServiceWith(t, Options{Dir: filepath.Join(dir, "builds"), FilesDir: filepath.Join(dir, "files"), MaxUpload: 1 << 20})
+}
+
+func newServiceWith(t *testing.T, opts Options) (*Service, *fakeBuilder) {
+	t.Helper()
+	fb := &fakeBuilder{release: make(chan struct{}), got: make(chan template.BuildRequest, 4), owners: map[string]string{}}
+	s, err := Open(fb, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,9 +90,14 @@ func newService(t *testing.T, dir string) (*Service, *fakeBuilder) {
 
 func waitStatus(t *testing.T, s *Service, tpl, id, want string) Status {
 	t.Helper()
+	return waitOwnerStatus(t, s, "", tpl, id, want)
+}
+
+func waitOwnerStatus(t *testing.T, s *Service, owner, tpl, id, want string) Status {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st, err := s.Status(tpl, id, 0, 1000)
+		st, err := s.Status(owner, tpl, id, 0, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,22 +140,22 @@ func TestJobLifecycle(t *testing.T) {
 		t.Fatal(tpl, err)
 	}
 	hash := sdkHash("f.txt", "/f.txt", "f.txt", 0o100644, "hello")
-	if ok, err := s.FilePresent(tpl, hash); ok || err != nil {
+	if ok, err := s.FilePresent("", tpl, hash); ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f.txt", "hello"))); err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := s.FilePresent(tpl, hash); !ok {
+	if ok, _ := s.FilePresent("", tpl, hash); !ok {
 		t.Fatal("upload not present")
 	}
 	spec := Spec{FromTemplate: "base", StartCmd: "serve", Steps: []Step{
 		{Type: "COPY", Args: []string{"f.txt", "/f.txt"}, FilesHash: hash},
 	}}
-	if err := s.Start(tpl, id, spec); err != nil {
+	if err := s.Start("", tpl, id, spec); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Start(tpl, id, spec); !errors.Is(err, ErrInvalid) {
+	if err := s.Start("", tpl, id, spec); !errors.Is(err, ErrInvalid) {
 		t.Errorf("second start: %v", err)
 	}
 	req := <-fb.got
@@ -136,7 +169,7 @@ func TestJobLifecycle(t *testing.T) {
 	waitStatus(t, s, tpl, id, StatusBuilding)
 
 	tpl2, id2, _ := s.Request(Request{Name: "failing"})
-	if err := s.Start(tpl2, id2, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"exit 3"}}}}); err != nil {
+	if err := s.Start("", tpl2, id2, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"exit 3"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond)
@@ -147,7 +180,7 @@ func TestJobLifecycle(t *testing.T) {
 	if len(st.Entries) == 0 || !strings.Contains(fmt.Sprint(st.Entries), "step output line") {
 		t.Errorf("entries: %+v", st.Entries)
 	}
-	if page, _ := s.Status(tpl, id, len(st.Entries), 100); len(page.Entries) != 0 {
+	if page, _ := s.Status("", tpl, id, len(st.Entries), 100); len(page.Entries) != 0 {
 		t.Errorf("offset past the end: %+v", page.Entries)
 	}
 	if _, err := os.Stat(req.ContextDir); !os.IsNotExist(err) {
@@ -161,7 +194,7 @@ func TestJobLifecycle(t *testing.T) {
 	if st.Reason == nil || st.Reason.Step != "1" || !strings.Contains(st.Reason.Message, "exited with code 3") || !strings.Contains(st.Reason.Message, "about to fail") {
 		t.Errorf("reason: %+v", st.Reason)
 	}
-	if _, err := s.Status("other", id2, 0, 10); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Status("", "other", id2, 0, 10); !errors.Is(err, ErrNotFound) {
 		t.Errorf("wrong template: %v", err)
 	}
 }
@@ -171,7 +204,7 @@ func TestBadUploads(t *testing.T) {
 	defer s.Close()
 	tpl, id, _ := s.Request(Request{Name: "x"})
 	never := sdkHash("a", "/a", "a", 0o100644, "a")
-	err := s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	err := s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "never uploaded") {
 		t.Errorf("never uploaded: %v", err)
 	}
@@ -179,17 +212,17 @@ func TestBadUploads(t *testing.T) {
 	if err := s.PutFile(never, bytes.NewReader(tgz(t, "a", "b"))); err != nil {
 		t.Fatal(err)
 	}
-	err = s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	err = s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "do not match") {
 		t.Errorf("mismatch: %v", err)
 	}
-	if ok, _ := s.FilePresent(tpl, never); ok {
+	if ok, _ := s.FilePresent("", tpl, never); ok {
 		t.Error("a mismatched upload is kept")
 	}
 	// Not a tar; names leaving the context; too large.
 	for _, body := range [][]byte{[]byte("plain text"), tgz(t, "../evil", "x")} {
 		s.PutFile(never, bytes.NewReader(body))
-		err = s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+		err = s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("bad archive: %v", err)
 		}
@@ -212,7 +245,7 @@ func TestRestartFailsUnfinished(t *testing.T) {
 	dir := t.TempDir()
 	s, fb := newService(t, dir)
 	tpl, id, _ := s.Request(Request{Name: "slow"})
-	if err := s.Start(tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}); err != nil {
+	if err := s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	<-fb.got
@@ -223,7 +256,7 @@ func TestRestartFailsUnfinished(t *testing.T) {
 		t.Fatal(rec, err)
 	}
 	s2, _ := newService(t, dir)
-	st, err := s2.Status(tpl, id, 0, 10)
+	st, err := s2.Status("", tpl, id, 0, 10)
 	if err != nil || st.Status != StatusError || st.Reason == nil || !strings.Contains(st.Reason.Message, "restarted") {
 		t.Errorf("after restart: %+v %v", st, err)
 	}
