@@ -382,6 +382,10 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: build %s was started already", ErrInvalid, buildID)
 	}
+	if j.rec.over() {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: build %s is %s", ErrFinished, buildID, j.rec.Status)
+	}
 	if n := s.activeLocked(owner); n >= s.opts.MaxPerOwner {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n, s.opts.MaxPerOwner)

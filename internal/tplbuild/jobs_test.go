@@ -263,3 +263,138 @@ func TestRestartFailsUnfinished(t *testing.T) {
 	s.Close()
 	s2.Close()
 }
+
+// A build belongs to the key that asked for it: another key neither sees it
+// nor builds the name, and a failed first build frees the name again.
+func TestOwnership(t *testing.T) {
+	s, fb := newService(t, t.TempDir())
+	defer s.Close()
+	tpl, id, err := s.Request(Request{Name: "agent", Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Request(Request{Name: "agent", Owner: "bob"}); !errors.Is(err, ErrForbidden) {
+		t.Errorf("bob builds alice's name: %v", err)
+	}
+	if _, _, err := s.Request(Request{Name: "agent", Owner: "alice"}); err != nil {
+		t.Errorf("alice builds her name again: %v", err)
+	}
+	spec := Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"exit 3"}}}}
+	if err := s.Start("bob", tpl, id, spec); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob starts alice's build: %v", err)
+	}
+	if _, err := s.Status("bob", tpl, id, 0, 10); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob reads alice's build: %v", err)
+	}
+	if _, err := s.FilePresent("bob", tpl, strings.Repeat("a", 64)); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob asks about uploads of alice's template: %v", err)
+	}
+	if err := s.Start("alice", tpl, id, spec); err != nil {
+		t.Fatal(err)
+	}
+	<-fb.got
+	fb.release <- struct{}{}
+	waitOwnerStatus(t, s, "alice", tpl, id, StatusError)
+	fb.mu.Lock()
+	_, claimed := fb.owners["agent"]
+	fb.mu.Unlock()
+	if claimed {
+		t.Error("a failed first build keeps the name claimed")
+	}
+}
+
+// Per-key bounds: builds at once, context size, build time.
+func TestPerKeyBounds(t *testing.T) {
+	dir := t.TempDir()
+	s, fb := newServiceWith(t, Options{
+		Dir: filepath.Join(dir, "builds"), FilesDir: filepath.Join(dir, "files"),
+		MaxConcurrent: 2, MaxPerOwner: 1, MaxContext: 10, Timeout: 300 * time.Millisecond,
+	})
+	defer s.Close()
+	run := Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}
+	tpl, id, _ := s.Request(Request{Name: "one", Owner: "alice"})
+	if err := s.Start("alice", tpl, id, run); err != nil {
+		t.Fatal(err)
+	}
+	<-fb.got
+	tpl2, id2, _ := s.Request(Request{Name: "two", Owner: "alice"})
+	err := s.Start("alice", tpl2, id2, run)
+	if !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "--builds-per-key") {
+		t.Errorf("second build of one key: %v", err)
+	}
+	// Another key has its own bound.
+	tpl3, id3, _ := s.Request(Request{Name: "three", Owner: "bob"})
+	if err := s.Start("bob", tpl3, id3, run); err != nil {
+		t.Errorf("another key's build: %v", err)
+	}
+	<-fb.got
+	// The fake builder blocks until released: only the time bound ends it.
+	st := waitOwnerStatus(t, s, "alice", tpl, id, StatusError)
+	if st.Reason == nil || !strings.Contains(st.Reason.Message, "time limit") || !strings.Contains(st.Reason.Message, "--build-timeout") {
+		t.Errorf("timed-out build: %+v", st.Reason)
+	}
+	// Its slot is free again; the refused build can start now, but its
+	// context is over the 10-byte bound.
+	content := "more than ten bytes"
+	hash := sdkHash("f", "/f", "f", 0o100644, content)
+	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f", content))); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Start("alice", tpl2, id2, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"f", "/f"}, FilesHash: hash}}})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "--build-context-max") {
+		t.Errorf("context over the bound: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "builds", id2)); !os.IsNotExist(err) {
+		t.Errorf("a refused build left its context: %v", err)
+	}
+}
+
+// Cancel stops a running build and a waiting one; a finished build cannot
+// be cancelled; another key's build is not there to cancel.
+func TestCancel(t *testing.T) {
+	s, fb := newService(t, t.TempDir()) // one build at a time
+	defer s.Close()
+	run := Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}
+	tpl, id, _ := s.Request(Request{Name: "running", Owner: "alice"})
+	if err := s.Start("alice", tpl, id, run); err != nil {
+		t.Fatal(err)
+	}
+	req := <-fb.got
+	tpl2, id2, _ := s.Request(Request{Name: "queued", Owner: "alice"})
+	if err := s.Start("alice", tpl2, id2, run); err != nil {
+		t.Fatal(err)
+	}
+	waitOwnerStatus(t, s, "alice", tpl2, id2, StatusWaiting)
+	if err := s.Cancel("bob", tpl, id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("bob cancels alice's build: %v", err)
+	}
+	if err := s.Cancel("alice", tpl, id); err != nil {
+		t.Fatal(err)
+	}
+	st := waitOwnerStatus(t, s, "alice", tpl, id, StatusError)
+	if st.Reason == nil || !strings.Contains(st.Reason.Message, "cancelled") {
+		t.Errorf("cancelled build: %+v", st.Reason)
+	}
+	if _, err := os.Stat(req.ContextDir); !os.IsNotExist(err) {
+		t.Errorf("a cancelled build left its context: %v", err)
+	}
+	// The waiting one gets the slot; cancelling its template stops it.
+	<-fb.got
+	waitOwnerStatus(t, s, "alice", tpl2, id2, StatusBuilding)
+	if n := s.CancelTemplate("alice", tpl2); n != 1 {
+		t.Errorf("CancelTemplate: %d builds, want 1", n)
+	}
+	waitOwnerStatus(t, s, "alice", tpl2, id2, StatusError)
+	if err := s.Cancel("alice", tpl, id); !errors.Is(err, ErrFinished) {
+		t.Errorf("cancel a finished build: %v", err)
+	}
+	// Requested, never started: cancelled without running.
+	tpl3, id3, _ := s.Request(Request{Name: "never", Owner: "alice"})
+	if err := s.Cancel("alice", tpl3, id3); err != nil {
+		t.Fatal(err)
+	}
+	waitOwnerStatus(t, s, "alice", tpl3, id3, StatusError)
+	if err := s.Start("alice", tpl3, id3, run); err == nil {
+		t.Error("a cancelled build started")
+	}
+}
