@@ -154,9 +154,9 @@ func Open(ctx context.Context, opts Options) (_ *Box, retErr error) {
 		IfPrefix:     inst.IfPrefix,
 		DNSUpstreams: opts.DNSUpstreams,
 		NoEgress:     !opts.Egress,
-		// Build steps are the operator's own (templates cannot be built
-		// through the API), and a company's package mirror or proxy is
-		// usually on a private address; sandboxes keep them closed.
+		// The operator's build steps reach a company's package mirror or
+		// proxy, usually on a private address; a step of an API key's build
+		// gets them closed by its own policy (Step.Network).
 		AllowPrivate: netpolicy.PrivateRanges,
 		Logger:       log,
 	})
@@ -239,6 +239,10 @@ type Step struct {
 	Cwd       string
 	User      string
 	Resources runtime.Resources // zero → defaults: all host CPUs, 4096 MB, 4096 pids
+	// Network narrows what the step reaches beyond the box's own egress
+	// (internet and every private range): a step of a build an API key
+	// asked for gets the private ranges denied (template.BuildRequest.Untrusted).
+	Network netpolicy.Policy
 }
 
 // Run runs one step to completion and returns its exit code (a non-zero exit is not an error; err is
@@ -294,7 +298,7 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 	if err := unix.Chmod(st.Upper, lst.Mode&0o7777); err != nil {
 		return -1, fmt.Errorf("buildbox: %w", err)
 	}
-	ns, err := b.nw.Setup(ctx, id, netpolicy.Policy{})
+	ns, err := b.nw.Setup(ctx, id, st.Network)
 	if err != nil {
 		return -1, fmt.Errorf("buildbox: step network: %w", err)
 	}

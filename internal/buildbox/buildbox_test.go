@@ -20,6 +20,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/buildbox"
 	"github.com/airlock-sandbox/airlock/internal/layer"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
@@ -364,6 +365,33 @@ true`, netpolicytest.Web1, netpolicytest.Private10, port)
 	}
 	if got := read("host"); strings.Contains(got, "host secret") || strings.HasSuffix(got, "exit 0") {
 		t.Errorf("the step reached the host: %q", got)
+	}
+
+	// A step of an API key's build (Step.Network as the template builder
+	// sets it): the private ranges are closed but the one allowed.
+	up2 := e.upper(t)
+	script2 := fmt.Sprintf(`
+curl -sS -m 10 http://%s/ > /tmp/web 2>&1
+curl -sS -m 3 http://%s/ > /tmp/private 2>&1; echo "exit $?" >> /tmp/private
+curl -sS -m 10 http://%s/ > /tmp/opened 2>&1
+true`, netpolicytest.Web1, netpolicytest.Private10, netpolicytest.Private172)
+	out.Reset()
+	step := buildbox.Step{Lower: e.lower, Upper: up2, Args: sh(script2), Network: netpolicy.Policy{
+		DenyOut:  []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"},
+		AllowOut: []string{netpolicytest.Private172.String() + "/32"},
+	}}
+	if code, err := b.Run(context.Background(), step, &out); err != nil || code != 0 {
+		t.Fatalf("exit %d, %v: %s", code, err, out.String())
+	}
+	up = up2
+	if got := read("web"); got != "hello from "+netpolicytest.Web1.String() {
+		t.Errorf("untrusted step, egress by address: %q", got)
+	}
+	if got := read("private"); strings.Contains(got, "hello from") || strings.HasSuffix(got, "exit 0") {
+		t.Errorf("an untrusted step reached a private address: %q", got)
+	}
+	if got := read("opened"); got != "hello from "+netpolicytest.Private172.String() {
+		t.Errorf("untrusted step, the opened private range: %q", got)
 	}
 }
 

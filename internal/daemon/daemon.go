@@ -326,9 +326,15 @@ func (d *Daemon) lockDataDir() error {
 // the first (so a create meanwhile learns they are coming rather than "not
 // built") and builds the first.
 func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err error) {
+	// API keys' build steps reach the private ranges sandboxes reach.
+	allowPrivate, err := netpolicy.ParseAllowPrivate(d.cfg.Network.AllowPrivate)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--allow-private: %w", err)
+	}
 	d.Templates, err = template.Open(template.Options{
 		DataDir: d.cfg.TemplateDataDir, EnvdPath: d.cfg.EnvdPath, NoEgress: !d.cfg.Network.Egress,
-		DNSUpstreams: d.cfg.Network.DNSUpstreams, RegistryMirrors: d.cfg.RegistryMirrors, Logger: d.log,
+		DNSUpstreams: d.cfg.Network.DNSUpstreams, RegistryMirrors: d.cfg.RegistryMirrors,
+		AllowPrivate: allowPrivate, Logger: d.log,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/buildcontext"
 	"github.com/airlock-sandbox/airlock/internal/dockerfile"
 	"github.com/airlock-sandbox/airlock/internal/layer"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 )
 
 // BuildRequest asks for a template built from a Dockerfile.
@@ -45,6 +46,11 @@ type BuildRequest struct {
 	// are new ones (an older template keeps its own); the steps after them
 	// miss too, as their parent changed.
 	NoCacheFromLine int
+	// Untrusted marks a build an API key asked for (the E2B build API), not
+	// the operator: its RUN steps reach the internet as a sandbox does, but
+	// no private address (a company's internal services) beyond the ones
+	// the operator opened for sandboxes (Options.AllowPrivate).
+	Untrusted bool
 }
 
 // buildOrigin says who asks: a built-in build may use its reserved name.
@@ -421,6 +427,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 				exit, err = b.Run(ctx, buildbox.Step{
 					Lower: lower, Upper: upper, Args: st.Args, Env: st.Config.Env,
 					Cwd: or(st.Config.Workdir, "/"), User: or(st.Config.User, "root"),
+					Network: s.stepNetwork(req),
 				}, p)
 				if err != nil {
 					exit = -1
@@ -604,4 +611,23 @@ func shorten(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
+}
+
+// stepNetwork is what a RUN step of req may reach beyond the internet: every
+// private range for the operator's builds, only the ones the operator opened
+// for sandboxes for an API key's.
+func (s *Store) stepNetwork(req BuildRequest) netpolicy.Policy {
+	if !req.Untrusted {
+		return netpolicy.Policy{}
+	}
+	var p netpolicy.Policy
+	for _, r := range netpolicy.PrivateRanges {
+		if r.Addr().Is4() { // there is no IPv6 egress to close
+			p.DenyOut = append(p.DenyOut, r.String())
+		}
+	}
+	for _, r := range s.opts.AllowPrivate {
+		p.AllowOut = append(p.AllowOut, r.String())
+	}
+	return p
 }

@@ -26,6 +26,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -140,6 +141,10 @@ type Options struct {
 	NoEgress bool
 	// DNSUpstreams for build steps; default the host's resolv.conf.
 	DNSUpstreams []string
+	// AllowPrivate are the private ranges an API key's build steps may reach
+	// (serve --allow-private, as for sandboxes); the operator's own builds
+	// reach every private range (BuildRequest.Untrusted).
+	AllowPrivate []netip.Prefix
 	// RegistryMirrors redirect image pulls (FROM an image) from a registry to a
 	// mirror; see ociimage.Mirror.
 	RegistryMirrors []ociimage.Mirror

@@ -573,6 +573,7 @@ func (s *Service) run(ctx context.Context, j *job, conv Converted, ctxDir string
 	_, err := s.b.Build(ctx, template.BuildRequest{
 		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
 		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
+		Untrusted: true, // an API key's steps, not the operator's
 	}, status)
 	status.flush()
 	output.flush()

@@ -159,6 +159,9 @@ func TestJobLifecycle(t *testing.T) {
 		t.Errorf("second start: %v", err)
 	}
 	req := <-fb.got
+	if !req.Untrusted {
+		t.Error("an API build is not marked untrusted: its steps would reach private networks")
+	}
 	if req.Settings.StartCmd != "serve" || req.Settings.CPUCount != 1 || !strings.Contains(string(req.Dockerfile), "COPY --chown=user") {
 		t.Errorf("request: %+v\n%s", req.Settings, req.Dockerfile)
 	}
