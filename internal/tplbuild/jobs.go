@@ -556,13 +556,20 @@ func (s *Service) snapshot(j *job) record {
 
 // run waits for a slot, builds, and records the outcome.
 func (s *Service) run(ctx context.Context, j *job, conv Converted, ctxDir string, settings template.Settings) {
-	defer os.RemoveAll(ctxDir)
-	defer func() { s.unclaim(s.snapshot(j)) }()
+	status, reason := s.build(ctx, j, conv, ctxDir, settings)
+	// Cleaned up before the outcome is recorded: a client that sees it
+	// finds nothing of the build left.
+	_ = os.RemoveAll(ctxDir)
+	s.finish(j, status, reason)
+	s.unclaim(s.snapshot(j))
+}
+
+// build waits for a slot and builds; it returns the outcome.
+func (s *Service) build(ctx context.Context, j *job, conv Converted, ctxDir string, settings template.Settings) (string, *Reason) {
 	select {
 	case s.slots <- struct{}{}:
 	case <-ctx.Done():
-		s.finish(j, StatusError, s.stopped(ctx, "before it started"))
-		return
+		return StatusError, s.stopped(ctx, "before it started")
 	}
 	defer func() { <-s.slots }()
 	s.setStatus(j, StatusBuilding)
@@ -577,15 +584,13 @@ func (s *Service) run(ctx context.Context, j *job, conv Converted, ctxDir string
 	}, status)
 	status.flush()
 	output.flush()
-	if err != nil && ctx.Err() != nil {
-		s.finish(j, StatusError, s.stopped(ctx, "during the build"))
-		return
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return StatusError, s.stopped(ctx, "during the build")
+	case err != nil:
+		return StatusError, failure(err, conv)
 	}
-	if err != nil {
-		s.finish(j, StatusError, failure(err, conv))
-		return
-	}
-	s.finish(j, StatusReady, nil)
+	return StatusReady, nil
 }
 
 // stopped is the reason of a build whose context ended: the server shut
