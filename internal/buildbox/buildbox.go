@@ -58,7 +58,14 @@ type Options struct {
 	// (with the lock file's path), and what it returns when the wait is over:
 	// the builder tells its user what it waits for instead of going silent.
 	Waiting func(lock string) (done func())
+	// NoWait makes Open fail with ErrBusy rather than wait while another
+	// box holds the lock (a sweep after a crash need not wait for it: the
+	// box that holds the lock swept already).
+	NoWait bool
 }
+
+// ErrBusy: another box holds the data dir's build lock (Options.NoWait).
+var ErrBusy = errors.New("buildbox: another build holds the build sandbox")
 
 // Default resources of a step (Step.Resources zero).
 const (
@@ -189,6 +196,10 @@ func (b *Box) takeLock(ctx context.Context) error {
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			f.Close()
 			return fmt.Errorf("buildbox: lock: %w", err)
+		}
+		if b.opts.NoWait {
+			f.Close()
+			return ErrBusy
 		}
 		if !said {
 			b.log.Info("buildbox: another build holds this data dir's build sandbox; waiting", "lock", f.Name())

@@ -631,3 +631,25 @@ func (s *Store) stepNetwork(req BuildRequest) netpolicy.Policy {
 	}
 	return p
 }
+
+// SweepBuildBox removes what a build of a process that died left running in
+// the build sandbox (its step's processes, mounts, network), unless another
+// build holds the box now (which swept when it opened it). A server calls it
+// when it finds builds a previous run left unfinished: without it, their
+// steps would run on until the next build.
+func (s *Store) SweepBuildBox(ctx context.Context) error {
+	if s.opts.EnvdPath == "" {
+		return nil // no RUN step could have run
+	}
+	b, err := buildbox.Open(ctx, buildbox.Options{
+		DataDir: s.opts.DataDir, EnvdPath: s.opts.EnvdPath, Egress: false,
+		DNSUpstreams: s.opts.DNSUpstreams, Logger: s.log, NoWait: true,
+	})
+	if errors.Is(err, buildbox.ErrBusy) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sweep the build sandbox: %w", err)
+	}
+	return b.Close()
+}

@@ -36,6 +36,8 @@ type Builder interface {
 	// first build failed.
 	Claim(name, owner string) error
 	Unclaim(name, owner string) error
+	// SweepBuildBox stops what builds of a dead server left running.
+	SweepBuildBox(ctx context.Context) error
 }
 
 var (
@@ -207,6 +209,7 @@ func (s *Service) recover() error {
 	if err != nil {
 		return fmt.Errorf("template builds: %w", err)
 	}
+	swept := false
 	for _, e := range ents {
 		p := filepath.Join(s.opts.Dir, e.Name())
 		if e.IsDir() {
@@ -224,7 +227,10 @@ func (s *Service) recover() error {
 			continue
 		}
 		switch {
-		case r.Status == StatusWaiting || r.Status == StatusBuilding:
+		case r.Status == StatusBuilding:
+			swept = swept || s.sweep()
+			fallthrough
+		case r.Status == StatusWaiting:
 			r.Status = StatusError
 			r.Reason = &Reason{Message: "the server restarted during the build; build again"}
 			r.FinishedAt = time.Now().UTC()
@@ -237,6 +243,17 @@ func (s *Service) recover() error {
 		}
 	}
 	return nil
+}
+
+// sweep stops the steps of builds a dead server ran; it reports whether
+// it ran (once is enough).
+func (s *Service) sweep() bool {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+	defer cancel()
+	if err := s.b.SweepBuildBox(ctx); err != nil {
+		s.log.Warn("template builds: sweeping the build sandbox of unfinished builds", "err", err)
+	}
+	return true
 }
 
 // Close cancels the running builds and waits for them; each is recorded as
@@ -509,8 +526,8 @@ func (s *Service) Cancel(owner, templateID, buildID string) error {
 	}
 	if cancel == nil {
 		// Requested, never started: nothing runs; record the outcome here.
+		s.unclaim(rec)
 		s.finish(j, StatusError, &Reason{Message: errCancelled.Error() + " before it started"})
-		s.unclaim(s.snapshot(j))
 		return nil
 	}
 	cancel(errCancelled)
@@ -537,10 +554,10 @@ func (s *Service) CancelTemplate(owner, templateID string) int {
 	return n
 }
 
-// unclaim frees the name of a failed first build (the store keeps the
+// unclaim frees the name of a first build that failed (the store keeps the
 // owner of a name that has a template).
 func (s *Service) unclaim(r record) {
-	if r.Owner == "" || r.Status != StatusError {
+	if r.Owner == "" {
 		return
 	}
 	if err := s.b.Unclaim(r.TemplateID, r.Owner); err != nil {
@@ -560,8 +577,10 @@ func (s *Service) run(ctx context.Context, j *job, conv Converted, ctxDir string
 	// Cleaned up before the outcome is recorded: a client that sees it
 	// finds nothing of the build left.
 	_ = os.RemoveAll(ctxDir)
+	if status == StatusError {
+		s.unclaim(s.snapshot(j))
+	}
 	s.finish(j, status, reason)
-	s.unclaim(s.snapshot(j))
 }
 
 // build waits for a slot and builds; it returns the outcome.

@@ -28,6 +28,7 @@ type fakeBuilder struct {
 
 	mu     sync.Mutex
 	owners map[string]string // claimed names
+	sweeps int
 }
 
 func (f *fakeBuilder) Build(ctx context.Context, req template.BuildRequest, progress io.Writer) (template.Template, error) {
@@ -61,6 +62,13 @@ func (f *fakeBuilder) Claim(name, owner string) error {
 		return fmt.Errorf("%w: %s", template.ErrOwned, name)
 	}
 	f.owners[name] = owner
+	return nil
+}
+
+func (f *fakeBuilder) SweepBuildBox(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sweeps++
 	return nil
 }
 
@@ -258,7 +266,10 @@ func TestRestartFailsUnfinished(t *testing.T) {
 	if err != nil || rec.Status != StatusBuilding {
 		t.Fatal(rec, err)
 	}
-	s2, _ := newService(t, dir)
+	s2, fb2 := newService(t, dir)
+	if fb2.sweeps != 1 {
+		t.Errorf("the build box was swept %d times after a crash during a build, want once", fb2.sweeps)
+	}
 	st, err := s2.Status("", tpl, id, 0, 10)
 	if err != nil || st.Status != StatusError || st.Reason == nil || !strings.Contains(st.Reason.Message, "restarted") {
 		t.Errorf("after restart: %+v %v", st, err)
