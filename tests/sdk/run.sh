@@ -57,6 +57,8 @@ if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ]; then
 fi
 
 api_key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+# A second key, for what one key must not see or change of another's.
+other_key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 run_id="sdk-$(date +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$data_dir"
 server_log="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-serve.XXXXXX.log")"
@@ -120,7 +122,7 @@ if "$bin" serve --help 2>&1 | grep -q -- '--kill-on-exit'; then
 fi
 
 log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir ${extra_args[*]}"
-AIRLOCK_API_KEY="$api_key" "$bin" serve \
+AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve \
   --api-addr "127.0.0.1:$api_port" \
   --sandbox-addr "127.0.0.1:$sandbox_port" \
   --data-dir "$data_dir" "${extra_args[@]}" >"$server_log" 2>&1 &
@@ -155,6 +157,7 @@ log "airlock serve is healthy; running the SDK suite (run id $run_id)"
 export E2B_API_URL="http://127.0.0.1:$api_port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$sandbox_port"
 export E2B_API_KEY="$api_key"
+export AIRLOCK_SDK_OTHER_KEY="$other_key"
 export AIRLOCK_SDK_RUN_ID="$run_id"
 export AIRLOCK_DATA_DIR="$data_dir"   # persist tests look at what a pause wrote
 export AIRLOCK_BIN="$bin"   # the MCP test spawns `airlock mcp` (stdio)
