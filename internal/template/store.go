@@ -49,6 +49,8 @@ var (
 	ErrNameTaken = errors.New("template name taken")
 	// ErrInUse: sandboxes still run on the template.
 	ErrInUse = errors.New("template in use")
+	// ErrBuiltinTags: built-in templates have only the tag "default".
+	ErrBuiltinTags = errors.New("built-in templates cannot be tagged")
 )
 
 // Template is a template as sandboxes and people see it.
@@ -79,6 +81,12 @@ type Template struct {
 	SizeBytes int64
 	// BuildLog is the path of the output of the build that made it.
 	BuildLog string
+	// BuildID names this build of the template; Tags are the tags naming it
+	// (sorted), Tag the one it was looked up by ("default" for a name alone;
+	// empty from List and Builds).
+	BuildID string
+	Tags    []string
+	Tag     string
 }
 
 // ImageConfig is what a Dockerfile's ENV, USER and WORKDIR leave behind.
@@ -110,19 +118,41 @@ type Source struct {
 	Digest string `json:"digest,omitempty"`
 }
 
-// record is template.json.
+// record is template.json: the template's builds and tags. The default
+// build's fields are also written at the top level, where the first layout
+// (one build per name) kept them, so readers of that layout (an older
+// airlock after a downgrade, scripts reading "key") still find the build a
+// name alone starts.
 type record struct {
-	Name         string      `json:"name"`
-	Builtin      bool        `json:"builtin,omitempty"`
+	Name      string    `json:"name"`
+	Builtin   bool      `json:"builtin,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	buildRecord
+	// Tags map each tag to the build it names; "default" is always there.
+	Tags map[string]tagRecord `json:"tags,omitempty"`
+	// Builds are the builds some tag names, in the order they were made.
+	Builds []buildRecord `json:"builds,omitempty"`
+}
+
+// buildRecord is one build of a template.
+type buildRecord struct {
+	BuildID      string      `json:"buildID,omitempty"`
 	Key          string      `json:"key"`
 	Config       ImageConfig `json:"config"`
 	Settings     Settings    `json:"settings"`
 	Layers       []Layer     `json:"layers"`
 	Source       Source      `json:"source"`
-	CreatedAt    time.Time   `json:"createdAt"`
 	BuiltAt      time.Time   `json:"builtAt"`
 	BuildSeconds float64     `json:"buildSeconds"`
 	SizeBytes    int64       `json:"sizeBytes"`
+	// Log is the file in the template's directory with the build's output.
+	Log string `json:"log,omitempty"`
+}
+
+// tagRecord is where a tag points.
+type tagRecord struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
 }
 
 // Options configure a Store.
@@ -248,6 +278,9 @@ func (s *Store) readRecord(name string) (*record, error) {
 	if r.Name != name {
 		return nil, fmt.Errorf("template %s: %s names %q", name, s.recordPath(name), r.Name)
 	}
+	if err := r.normalize(); err != nil {
+		return nil, fmt.Errorf("template %s: read %s: %w", name, s.recordPath(name), err)
+	}
 	return &r, nil
 }
 
@@ -284,14 +317,21 @@ func (s *Store) writeRecord(r *record) error {
 	return syncDir(dir)
 }
 
-func (s *Store) toTemplate(r *record) Template {
+// toTemplate describes build b of r. Aliases and the description are the
+// template's (its default build's settings), the rest is b's own.
+func (s *Store) toTemplate(r *record, b buildRecord) Template {
+	settings := b.Settings
+	settings.Aliases, settings.Description = r.Settings.Aliases, r.Settings.Description
 	t := Template{
 		ID: r.Name, Name: r.Name, Alias: r.Name, Aliases: r.Settings.Aliases,
 		Description: r.Settings.Description, Builtin: r.Builtin, Ready: true,
-		Key: r.Key, RootFS: s.layers.rootfs(r.Key), Config: r.Config, Settings: r.Settings,
-		Layers: r.Layers, Source: r.Source, CreatedAt: r.CreatedAt, BuiltAt: r.BuiltAt,
-		BuildSeconds: r.BuildSeconds, SizeBytes: r.SizeBytes,
-		BuildLog: filepath.Join(s.dir, r.Name, "build.log"),
+		Key: b.Key, RootFS: s.layers.rootfs(b.Key), Config: b.Config, Settings: settings,
+		Layers: b.Layers, Source: b.Source, CreatedAt: r.CreatedAt, BuiltAt: b.BuiltAt,
+		BuildSeconds: b.BuildSeconds, SizeBytes: b.SizeBytes,
+		BuildID: b.BuildID, Tags: r.tagsOf(b.BuildID),
+	}
+	if b.Log != "" {
+		t.BuildLog = filepath.Join(s.dir, r.Name, b.Log)
 	}
 	return t
 }
@@ -347,9 +387,14 @@ func (s *Store) resolveName(idOrAlias string) (string, error) {
 	return "", fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
 }
 
-// Get returns a ready template by name, id or alias. It never builds: creating a
-// sandbox must not wait minutes behind a build.
-func (s *Store) Get(idOrAlias string) (Template, error) {
+// Get returns a ready template by name, id or alias, with an optional
+// ":tag" (the build that tag names; without one, the "default" tag's). It
+// never builds: creating a sandbox must not wait minutes behind a build.
+func (s *Store) Get(ref string) (Template, error) {
+	idOrAlias, tag, err := SplitRef(ref)
+	if err != nil {
+		return Template{}, err
+	}
 	name, err := s.resolveName(idOrAlias)
 	if err != nil {
 		return Template{}, err
@@ -370,7 +415,13 @@ func (s *Store) Get(idOrAlias string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	return s.toTemplate(r), nil
+	b, err := r.byTag(tag)
+	if err != nil {
+		return Template{}, err
+	}
+	t := s.toTemplate(r, b)
+	t.Tag = tag
+	return t, nil
 }
 
 // List returns every template, built or not (built-ins appear before their first
@@ -389,7 +440,7 @@ func (s *Store) List() ([]Template, error) {
 			continue
 		}
 		seen[n] = true
-		out = append(out, s.toTemplate(r))
+		out = append(out, s.toTemplate(r, r.buildRecord))
 	}
 	for name, b := range s.builtins {
 		if !seen[name] {
@@ -407,14 +458,25 @@ func (s *Store) List() ([]Template, error) {
 // DiskUsage is what all layers take on disk together (shared files counted once).
 func (s *Store) DiskUsage() (int64, error) { return s.layers.usage() }
 
-// Remove deletes a template, refusing while inUse reports sandboxes on it (or any
-// mount still uses its layers), then collects layers no other template needs.
-// inUse may be nil when the caller knows of no sandboxes.
+// Remove deletes a template with all its builds and tags, refusing while
+// inUse reports sandboxes on it (or any mount still uses the top layer of one
+// of its builds), then collects layers no other template needs. inUse may be
+// nil when the caller knows of no sandboxes.
 func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Template) (int, error)) error {
+	if strings.Contains(idOrAlias, ":") {
+		return fmt.Errorf("%w: template %q: a template is removed with all its tags; name it without one (tags are removed with RemoveTags)", ErrInvalid, idOrAlias)
+	}
 	name, err := s.resolveName(idOrAlias)
 	if err != nil {
 		return err
 	}
+	// The tag lock keeps a build of this name from being recorded (or a tag
+	// moved) between the checks and the rename.
+	unlock, err := s.lockTags(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	r, err := s.readRecord(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template %q is not built: %w", name, ErrNotFound)
@@ -422,9 +484,8 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 	if err != nil {
 		return err
 	}
-	t := s.toTemplate(r)
 	if inUse != nil {
-		n, err := inUse(t)
+		n, err := inUse(s.toTemplate(r, r.buildRecord))
 		if err != nil {
 			return fmt.Errorf("template %s: count its sandboxes: %w", name, err)
 		}
@@ -432,17 +493,19 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 			return fmt.Errorf("%w: template %s is used by %d sandbox(es); kill them first", ErrInUse, name, n)
 		}
 	}
-	// A mount of the top layer means a sandbox runs on this template, unless
-	// another template has the same top layer (FROM base with only ENV lines):
-	// then the mount may be theirs, and inUse is the judge.
-	shared, err := s.layerShared(name, r.Key)
-	if err != nil {
-		return err
-	}
-	if used, err := mountedFrom(filepath.Join(s.layers.dir, r.Key)); err != nil {
-		return err
-	} else if used && !shared {
-		return fmt.Errorf("%w: template %s is mounted by a running sandbox (a warm pool, or a server on this data dir); kill its sandboxes or stop the server first", ErrInUse, name)
+	for _, b := range r.Builds {
+		// A mount of a build's top layer means a sandbox runs on it, unless
+		// another template has the same top layer (FROM base with only ENV
+		// lines): then the mount may be theirs, and inUse is the judge.
+		shared, err := s.layerShared(name, b.Key)
+		if err != nil {
+			return err
+		}
+		if used, err := mountedFrom(filepath.Join(s.layers.dir, b.Key)); err != nil {
+			return err
+		} else if used && !shared {
+			return fmt.Errorf("%w: template %s (build %s) is mounted by a running sandbox (a warm pool, or a server on this data dir); kill its sandboxes or stop the server first", ErrInUse, name, b.BuildID)
+		}
 	}
 	old := filepath.Join(s.dir, "."+name+".removed")
 	_ = os.RemoveAll(old)
@@ -458,7 +521,8 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 	return nil
 }
 
-// layerShared reports whether a template other than name lists layer key.
+// layerShared reports whether a build of a template other than name lists
+// layer key.
 func (s *Store) layerShared(name, key string) (bool, error) {
 	names, err := s.names()
 	if err != nil {
@@ -472,16 +536,19 @@ func (s *Store) layerShared(name, key string) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		for _, l := range r.Layers {
-			if l.Key == key {
-				return true, nil
+		for _, b := range r.Builds {
+			for _, l := range b.Layers {
+				if l.Key == key {
+					return true, nil
+				}
 			}
 		}
 	}
 	return false, nil
 }
 
-// collect deletes layers that no template's chain includes.
+// collect deletes layers that no kept build's chain includes: every build a
+// tag names keeps all its layers.
 func (s *Store) collect() (int, error) {
 	names, err := s.names()
 	if err != nil {
@@ -494,9 +561,11 @@ func (s *Store) collect() (int, error) {
 			// An unreadable record must not cost its layers.
 			return 0, err
 		}
-		keep[r.Key] = true
-		for _, l := range r.Layers {
-			keep[l.Key] = true
+		for _, b := range r.Builds {
+			keep[b.Key] = true
+			for _, l := range b.Layers {
+				keep[l.Key] = true
+			}
 		}
 		s.removeLegacyBuilds(n)
 	}
@@ -552,7 +621,7 @@ func (s *Store) Ensure(ctx context.Context, name string, progress io.Writer) (Te
 		return s.Get(n)
 	}
 	if r, err := s.readRecord(n); err == nil && r.Builtin && r.Source.Digest == b.digest {
-		return s.toTemplate(r), nil
+		return s.toTemplate(r, r.buildRecord), nil
 	}
 	s.mu.Lock()
 	c := s.ensures[n]
