@@ -129,18 +129,18 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if name == "" {
 		return badRequest("name is required")
 	}
-	for _, t := range req.Tags {
-		if t != "default" {
-			return badRequest("Invalid tag %q: tags are not supported by Airlock", t)
-		}
+	// "name:tag" is one more entry of tags, as upstream reads it.
+	_, tags, err := tplbuild.BuildTags(name, req.Tags)
+	if err != nil {
+		return buildError(err)
 	}
-	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB})
+	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, Tags: req.Tags, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB})
 	if err != nil {
 		return buildError(err)
 	}
 	writeJSON(w, http.StatusAccepted, templateRequestResponseV3{
 		TemplateID: id, BuildID: build, Public: true,
-		Aliases: []string{id}, Names: []string{id}, Tags: []string{},
+		Aliases: []string{id}, Names: []string{id}, Tags: tags,
 	})
 	return nil
 }

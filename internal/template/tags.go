@@ -56,8 +56,8 @@ func SplitRef(ref string) (name, tag string, err error) {
 	if tag == "" {
 		return "", "", fmt.Errorf("%w: template %q: the tag after ':' is empty", ErrInvalid, ref)
 	}
-	if err := ValidTag(tag); err != nil {
-		return "", "", fmt.Errorf("template %q: %w", ref, err)
+	if !validTag.MatchString(tag) {
+		return "", "", fmt.Errorf("%w: template %q: the tag after ':' must be 1-128 lower-case letters, digits, '.', '_' or '-'", ErrInvalid, ref)
 	}
 	return name, tag, nil
 }
