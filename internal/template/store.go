@@ -1,20 +1,39 @@
 // Package template owns sandbox templates: building them from a Dockerfile subset
-// into layers (build.go), the built-ins shipped in templates/ (builtin.go), and the
-// store the sandbox manager resolves names against.
+// into layers (build.go), the built-ins shipped in templates/ (builtin.go), the
+// tags naming a template's builds (tags.go), and the store the sandbox manager
+// resolves names against.
 //
 // On disk, under the data dir:
 //
-//	templates/<name>/template.json   the template: its top layer, image config
-//	                                 (env, user, workdir), settings, source
-//	templates/<name>/build.log       output of the build that made it
-//	templates/.failed/<name>.log     output of the last failed build of <name>
-//	layers/<key>/rootfs              a layer's complete root filesystem (layers.go)
-//	build/                           the build sandbox's state (internal/buildbox)
+//	templates/<name>/template.json          the template: its builds (top layer, image
+//	                                        config, settings, source each) and its tags
+//	templates/<name>/build-<buildID>.log    output of the kept build <buildID>
+//	templates/.lock                         flock held to change any template.json
+//	templates/.failed/<name>.log            output of the last failed build of <name>
+//	layers/<key>/rootfs                     a layer's complete root filesystem (layers.go)
+//	build/                                  the build sandbox's state (internal/buildbox)
 //
-// A template is immutable once written: a rebuild writes a new template.json that
-// points at new layers, and sandboxes still running on the old layers keep them
-// (garbage collection skips layers any mount uses). Sandboxes mount a template's
-// rootfs read-only as their overlay's lower layer; nothing is copied per sandbox.
+// Tags: a template reference is "name[:tag]", and a name alone means the tag
+// "default". A tag names one build; a name keeps every build some tag names and
+// drops a build no tag names any more, in the same write that moved its last
+// tag. Building "name:v2" gives the new build v2 (and any other requested tags),
+// not "default" — except the first build of a name, which also gets "default"
+// so that the name alone starts something after any first build (E2B would
+// answer "no default tag" until a build without one). "default" can be moved
+// (AssignTags) but not removed. Built-ins have only "default".
+//
+// Every change of a template.json (a build's commit, tag changes, removal) is
+// read-change-write under templates/.lock, written to a temp file, synced and
+// renamed, so concurrent changes (in this process or another) are serialized
+// and a crash leaves the old record or the new one. The default build's fields
+// are also written at the top level, where the one-build layout kept them, and
+// a record of that layout reads as one build named by "default".
+//
+// A build is immutable once written: a rebuild records a new build that points
+// at new layers, and sandboxes still running on a build whose tag moved keep its
+// layers (garbage collection keeps every layer of every kept build, and skips
+// layers any mount uses). Sandboxes mount a build's rootfs read-only as their
+// overlay's lower layer; nothing is copied per sandbox.
 package template
 
 import (
