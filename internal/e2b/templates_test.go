@@ -419,7 +419,7 @@ func TestTemplateErrors(t *testing.T) {
 		{"GET", "/templates/aliases/base:v1", 404, `template not found: template base has no tag "v1"`},
 		{"GET", "/templates/aliases/base:V1", 400, `Invalid template "base:V1": the tag after ':' must be 1 to 128 lower-case letters, digits, '.', '_' or '-'`},
 		{"GET", "/templates/aliases/base:a:b", 400, `Invalid template "base:a:b": the tag after ':' must be 1 to 128 letters, digits, '.', '_' or '-'`},
-		{"DELETE", "/templates/base:default", 404, `snapshot "base:default" not found`}, // a tag names a snapshot only
+		{"DELETE", "/templates/base:default", 404, `snapshot "base:default" not found`}, // a tagged ref deletes a snapshot only
 		{"DELETE", "/templates/base:", 400, `Invalid template "base:": the tag after ':' must be 1 to 128 letters, digits, '.', '_' or '-'`},
 		{"DELETE", "/templates/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
 		{"GET", "/templates/aliases/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
