@@ -63,6 +63,23 @@ describe('template tags', { concurrency: false }, () => {
     assert.equal(await Template.exists(`${name}:v3`), false)
   })
 
+  test('fromTemplate(name:tag) builds on that build', async () => {
+    const child = `${name}-child`
+    try {
+      await Template.build(Template().fromTemplate(`${name}:v2`).runCmd('cat /which.txt > /home/user/parent.txt'), child)
+      const sbx = await Sandbox.create(child, { metadata: meta({ file: 'template-tags' }) })
+      track(sbx.sandboxId)
+      try {
+        assert.equal((await sbx.commands.run('cat /home/user/parent.txt')).stdout.trim(), `two of ${name}`)
+      } finally {
+        await sbx.kill()
+      }
+    } finally {
+      const res = await api('DELETE', `/templates/${child}`)
+      assert.ok([204, 404].includes(res.status), `delete ${child}: ${res.status} ${res.text}`)
+    }
+  })
+
   test('getTags: each tag with its build id and when it was assigned', async () => {
     const tags = await Template.getTags(name)
     const byTag = Object.fromEntries(tags.map((t) => [t.tag, t]))
