@@ -92,7 +92,12 @@ func TestTemplateBuildRegistryMirror(t *testing.T) {
 		t.Fatalf("airlock template build through the mirror: %v\n%s", err, out)
 	}
 	t.Logf("airlock template build FROM ubuntu:22.04 through the mirror: %v", time.Since(start).Round(time.Millisecond))
-	log, err := os.ReadFile(filepath.Join(data, "templates", name, "build.log"))
+	// A kept build's log is templates/<name>/build-<buildID>.log.
+	logs, _ := filepath.Glob(filepath.Join(data, "templates", name, "build-*.log"))
+	if len(logs) != 1 {
+		t.Fatalf("build logs of %s: %v, want one", name, logs)
+	}
+	log, err := os.ReadFile(logs[0])
 	if err != nil || !strings.Contains(string(log), marker) {
 		t.Errorf("build log lacks %q (%v):\n%s", marker, err, log)
 	}

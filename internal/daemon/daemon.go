@@ -428,7 +428,7 @@ func (d *Daemon) startListeners() error {
 		MaxTimeout:   d.cfg.MaxTimeout,
 		Domain:       d.cfg.Domain,
 		Limits:       d.cfg.Limits,
-		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager},
+		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
 		Logger:       d.log,
 	})

@@ -55,6 +55,9 @@ func (d *Daemon) startTemplateBuilds() error {
 type e2bTemplates struct {
 	s   *template.Store
 	mgr *sandbox.Manager
+	// builds has the records of E2B API builds, for a template's build list;
+	// nil lists the kept builds only.
+	builds *tplbuild.Service
 }
 
 func (t e2bTemplates) List(context.Context) ([]e2b.TemplateInfo, error) {
@@ -86,13 +89,105 @@ func (t e2bTemplates) SetPublic(_ context.Context, ref, owner string, public boo
 
 func (t e2bTemplates) Get(_ context.Context, ref string) (e2b.TemplateInfo, error) {
 	tpl, err := t.s.Get(ref)
-	if errors.Is(err, template.ErrNotFound) || errors.Is(err, template.ErrNotBuilt) {
-		return e2b.TemplateInfo{}, fmt.Errorf("%w: %w", e2b.ErrTemplateNotFound, err)
-	}
 	if err != nil {
-		return e2b.TemplateInfo{}, fmt.Errorf("template %q: %w", ref, err)
+		return e2b.TemplateInfo{}, storeError(ref, err)
 	}
-	return e2bTemplateInfo(tpl), nil
+	info := e2bTemplateInfo(tpl)
+	if info.Builds, err = t.buildList(tpl); err != nil {
+		return e2b.TemplateInfo{}, err
+	}
+	info.BuildCount = len(info.Builds)
+	return info, nil
+}
+
+// storeError maps the template store's errors to the e2b package's.
+func storeError(ref string, err error) error {
+	switch {
+	case errors.Is(err, template.ErrNotFound) || errors.Is(err, template.ErrNotBuilt):
+		return fmt.Errorf("%w: %w", e2b.ErrTemplateNotFound, err)
+	case errors.Is(err, template.ErrBuiltinTags):
+		return fmt.Errorf("%w: %w", e2b.ErrTemplateProtected, err)
+	case errors.Is(err, template.ErrInvalid):
+		return fmt.Errorf("%w: %w", sandbox.ErrInvalid, err)
+	}
+	return fmt.Errorf("template %q: %w", ref, err)
+}
+
+// buildList is a template's builds, newest first: the builds the store keeps
+// (some tag names them; ready), then the E2B API builds that are waiting,
+// building or failed. An API build that finished but was dropped since (its
+// tags moved on) is not listed: nothing of it is left to start.
+func (t e2bTemplates) buildList(tpl template.Template) ([]e2b.TemplateBuildInfo, error) {
+	kept, err := t.s.Builds(tpl.ID)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: list builds: %w", tpl.ID, err)
+	}
+	var records []tplbuild.BuildInfo
+	if t.builds != nil {
+		if records, err = t.builds.Builds(tpl.ID); err != nil {
+			return nil, fmt.Errorf("template %s: list build records: %w", tpl.ID, err)
+		}
+	}
+	requested := map[string]time.Time{}
+	for _, r := range records {
+		requested[r.BuildID] = r.CreatedAt
+	}
+	var out []e2b.TemplateBuildInfo
+	for _, k := range kept {
+		created := k.BuiltAt
+		if at, ok := requested[k.BuildID]; ok {
+			created = at
+		}
+		out = append(out, e2b.TemplateBuildInfo{
+			ID: k.BuildID, Status: e2b.BuildStatusReady,
+			CreatedAt: created, UpdatedAt: k.BuiltAt, FinishedAt: k.BuiltAt,
+			CPUCount: k.Settings.CPUCount, MemoryMB: k.Settings.MemoryMB, DiskSizeMB: k.Settings.DiskSizeMB,
+			EnvdVersion: envdapi.Version,
+		})
+	}
+	for _, r := range records {
+		if r.Status == tplbuild.StatusReady {
+			continue // kept above, or dropped
+		}
+		b := e2b.TemplateBuildInfo{
+			ID: r.BuildID, Status: r.Status, CreatedAt: r.CreatedAt, UpdatedAt: r.CreatedAt,
+			FinishedAt: r.FinishedAt, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB,
+			EnvdVersion: envdapi.Version,
+		}
+		if !r.FinishedAt.IsZero() {
+			b.UpdatedAt = r.FinishedAt
+		}
+		out = append(out, b)
+	}
+	slices.SortStableFunc(out, func(a, b e2b.TemplateBuildInfo) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return out, nil
+}
+
+func (t e2bTemplates) Tags(_ context.Context, ref string) ([]e2b.TemplateTagInfo, error) {
+	tags, err := t.s.Tags(ref)
+	if err != nil {
+		return nil, storeError(ref, err)
+	}
+	out := make([]e2b.TemplateTagInfo, 0, len(tags))
+	for _, tg := range tags {
+		out = append(out, e2b.TemplateTagInfo{Tag: tg.Tag, BuildID: tg.BuildID, CreatedAt: tg.CreatedAt})
+	}
+	return out, nil
+}
+
+func (t e2bTemplates) AssignTags(ctx context.Context, target string, tags []string) (string, error) {
+	tpl, err := t.s.AssignTags(ctx, target, tags)
+	if err != nil {
+		return "", storeError(target, err)
+	}
+	return tpl.BuildID, nil
+}
+
+func (t e2bTemplates) RemoveTags(ctx context.Context, name string, tags []string) error {
+	if err := t.s.RemoveTags(ctx, name, tags); err != nil {
+		return storeError(name, err)
+	}
+	return nil
 }
 
 func (t e2bTemplates) Delete(ctx context.Context, ref string) error {
@@ -132,7 +227,7 @@ func e2bTemplateInfo(tpl template.Template) e2b.TemplateInfo {
 		Aliases:     aliases,
 		Owner:       tpl.Access.Owner,
 		Public:      tpl.Access.Owner == "" || tpl.Access.Public, // the operator's: every key may use it
-		BuildID:     tpl.Key,
+		BuildID:     tpl.BuildID,
 		CPUCount:    tpl.Settings.CPUCount,
 		MemoryMB:    tpl.Settings.MemoryMB,
 		DiskSizeMB:  tpl.Settings.DiskSizeMB,

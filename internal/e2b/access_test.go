@@ -7,7 +7,6 @@ import (
 	"testing"
 )
 
-
 // newAccessHandler serves two API keys and, besides the fake's templates,
 // one private template of each key and one the other key made public.
 func newAccessHandler(t *testing.T) (*Handler, *fakeTemplates) {
@@ -56,12 +55,20 @@ func TestTemplateVisibility(t *testing.T) {
 	}
 	for _, rt := range [][2]string{
 		{"GET", "/templates/theirs"}, {"GET", "/templates/aliases/theirs"}, {"DELETE", "/templates/theirs"},
-		{"PATCH", "/templates/theirs"},
+		{"PATCH", "/templates/theirs"}, {"GET", "/templates/theirs/tags"},
 	} {
 		rec := request(t, h, rt[0], rt[1], `{"public":true}`)
 		if rec.Code != http.StatusNotFound {
 			t.Errorf("%s %s: %d %s", rt[0], rt[1], rec.Code, rec.Body)
 		}
+	}
+	for _, body := range []string{`{"target":"theirs","tags":["x"]}`, `{"target":"theirs:default","tags":["x"]}`} {
+		if rec := request(t, h, "POST", "/templates/tags", body); rec.Code != http.StatusNotFound {
+			t.Errorf("tag another key's template %s: %d %s", body, rec.Code, rec.Body)
+		}
+	}
+	if rec := request(t, h, "DELETE", "/templates/tags", `{"name":"theirs","tags":["x"]}`); rec.Code != http.StatusNotFound {
+		t.Errorf("untag another key's template: %d %s", rec.Code, rec.Body)
 	}
 	rec := request(t, h, "POST", "/sandboxes", `{"templateID":"theirs"}`)
 	if rec.Code != http.StatusNotFound {
@@ -85,6 +92,7 @@ func TestTemplateOwnerOnlyChanges(t *testing.T) {
 	if rec := request(t, h, "PATCH", "/v2/templates/base", `{"public":false}`); rec.Code != http.StatusForbidden {
 		t.Errorf("PATCH the operator's template: %d %s", rec.Code, rec.Body)
 	}
+	checkError(t, request(t, h, "POST", "/templates/tags", `{"target":"shared","tags":["x"]}`), http.StatusForbidden, `template "shared" belongs to another API key: template is protected`)
 	checkError(t, request(t, h, "PATCH", "/templates/mine", `{}`), http.StatusBadRequest, `request body is required: {"public": true|false}`)
 
 	rec := request(t, h, "PATCH", "/v2/templates/mine", `{"public":true}`)

@@ -191,8 +191,9 @@ func validSnapshotID(id string) bool {
 // because create resolves a name to a snapshot before a template, so the
 // name deletes what it would start; the manager's own lookup decides rather
 // than a ListSnapshots first, which could only race with it. A miss falls
-// through to the template; a tagged ref can only name a snapshot (templates
-// have no tags), so its miss is a 404, which deleteSnapshot reads as false.
+// through to the template; a tagged ref is not deleted as a template (a
+// template goes with all its tags; one tag is removed with DELETE
+// /templates/tags), so its miss is a 404, which deleteSnapshot reads as false.
 func (h *Handler) deleteSnapshotOrTemplate(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("templateID")
 	tagged, err := snapshotRef(ref, "template")

@@ -8,10 +8,14 @@ package e2b
 //	GET    /templates/{templateID}      one template with its builds
 //	GET    /templates/aliases/{alias}   Template.exists / aliasExists
 //	DELETE /templates/{templateID}      Sandbox.deleteSnapshot, `template delete`
+//	POST   /templates/tags              Template.assignTags
+//	DELETE /templates/tags              Template.removeTags
+//	GET    /templates/{templateID}/tags Template.getTags
 //
-// Template builds (Template.build in the SDKs) are in tplbuild.go. The older
-// build requests, tags and visibility answer 501 with a JSON body, so a
-// client fails with a message instead of a bare 404.
+// A template reference is "name[:tag]"; a name alone means the tag
+// "default". Template builds (Template.build in the SDKs) are in
+// tplbuild.go. The older build requests and visibility answer 501 with a
+// JSON body, so a client fails with a message instead of a bare 404.
 
 import (
 	"context"
@@ -24,6 +28,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // TemplateCatalog is what the template endpoints need from the template store.
@@ -33,13 +38,30 @@ type TemplateCatalog interface {
 	List(ctx context.Context) ([]TemplateInfo, error)
 	// Get returns one template; unknown names wrap ErrTemplateNotFound.
 	Get(ctx context.Context, idOrAlias string) (TemplateInfo, error)
-	// Delete removes a template. Errors wrap ErrTemplateNotFound,
-	// ErrTemplateInUse (preferably as *TemplateInUseError, so the answer can
-	// say how many sandboxes hold it) or ErrTemplateProtected.
+	// Delete removes a template with all its tags and builds. Errors wrap
+	// ErrTemplateNotFound, ErrTemplateInUse (preferably as
+	// *TemplateInUseError, so the answer can say how many sandboxes hold it)
+	// or ErrTemplateProtected.
 	Delete(ctx context.Context, idOrAlias string) error
 	// SetPublic changes the visibility of owner's template; another's, or
 	// the operator's, wraps ErrTemplateProtected.
 	SetPublic(ctx context.Context, idOrAlias, owner string, public bool) error
+	// Tags lists a template's tags (idOrAlias has no tag).
+	Tags(ctx context.Context, idOrAlias string) ([]TemplateTagInfo, error)
+	// AssignTags points tags at the build target ("name[:tag]") names and
+	// returns that build's id. Errors wrap ErrTemplateNotFound (an unknown
+	// template or tag), ErrTemplateProtected (a built-in) or
+	// sandbox.ErrInvalid.
+	AssignTags(ctx context.Context, target string, tags []string) (buildID string, err error)
+	// RemoveTags removes tags from a template; errors as AssignTags'.
+	RemoveTags(ctx context.Context, name string, tags []string) error
+}
+
+// TemplateTagInfo is one tag of a template (upstream TemplateTag).
+type TemplateTagInfo struct {
+	Tag       string
+	BuildID   string
+	CreatedAt time.Time
 }
 
 var (
@@ -210,15 +232,14 @@ func (h *Handler) routeTemplates() {
 	} {
 		h.handle(p, build)
 	}
-	tags := notImplemented("Template tags are not supported by Airlock; refer to a template by its id or name")
-	h.handle("POST /templates/tags", tags)
-	h.handle("DELETE /templates/tags", tags)
+	h.handle("POST /templates/tags", h.assignTemplateTags)
+	h.handle("DELETE /templates/tags", h.removeTemplateTags)
 	// "GET /templates/{templateID}/tags" would clash with the alias route
 	// (both match /templates/aliases/tags and neither is more specific), so
 	// the one-segment suffix is matched here and only "tags" answered.
 	h.handle("GET /templates/{templateID}/{sub}", func(w http.ResponseWriter, r *http.Request) error {
 		if r.PathValue("sub") == "tags" {
-			return tags(w, r)
+			return h.templateTags(w, r)
 		}
 		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)}
 	})
@@ -287,18 +308,21 @@ func notImplemented(message string) apiHandler {
 // nil. 404 keeps Template.exists and deleteSnapshot answering false.
 var errNoTemplates = &apiError{status: http.StatusNotFound, message: "template endpoints are not available: this server has no template store"}
 
-// templateRef validates a {templateID} or {alias} path value. Upstream
-// accepts "[namespace/]name[:tag]"; Airlock has neither namespaces nor tags,
-// so those are refused with a 400 that says so rather than a 404 that would
-// read as "no such template".
+// templateRef validates a {templateID} or {alias} path value,
+// "name[:tag]" (upstream's namespace/ Airlock has not, so it is a 400 that
+// says so rather than a 404 that would read as "no such template").
 func templateRef(r *http.Request, param string) (string, error) {
-	ref := r.PathValue(param)
-	tagged, err := snapshotRef(ref, "template")
-	if err != nil {
+	return checkTemplateRef(r.PathValue(param), "template")
+}
+
+// checkTemplateRef is templateRef for a value from anywhere; what names it
+// in messages.
+func checkTemplateRef(ref, what string) (string, error) {
+	if _, err := snapshotRef(ref, what); err != nil {
 		return "", err
 	}
-	if tagged {
-		return "", badRequest("Invalid template %q: tags are not supported", ref)
+	if _, tag, tagged := strings.Cut(ref, ":"); tagged && template.ValidTag(tag) != nil {
+		return "", badRequest("Invalid %s %q: the tag after ':' must be 1 to 128 lower-case letters, digits, '.', '_' or '-'", what, ref)
 	}
 	return ref, nil
 }
@@ -330,6 +354,10 @@ func templateError(op string, err error, ref string) *apiError {
 		return &apiError{status: http.StatusConflict, message: err.Error(), err: cause}
 	case errors.Is(err, ErrTemplateProtected):
 		return &apiError{status: http.StatusForbidden, message: err.Error(), err: cause}
+	}
+	if strings.Contains(ref, ":") {
+		// The store's message says which tag is missing and which there are.
+		ref = ""
 	}
 	ae := *managerError(err, "", ref) // a copy: the original may be the store's own *apiError
 	ae.err = cause

@@ -32,12 +32,15 @@ type fakeTemplates struct {
 	ts      []TemplateInfo
 	listErr error
 	deleted []string
+	// tags maps a template id to its tags and the builds they name; a
+	// template without an entry has "default" only, naming its BuildID.
+	tags map[string]map[string]string
 }
 
 func newFakeTemplates() *fakeTemplates {
 	return &fakeTemplates{ts: []TemplateInfo{
 		{
-			ID: userID, Aliases: []string{"my-app"}, Public: true,
+			ID: userID, Aliases: []string{"my-app"}, Public: true, Owner: OwnerOf(testKey),
 			BuildID: "0b6e4a2c-5a4f-4c1e-9d7a-111111111111", BuildStatus: "",
 			CPUCount: 4, MemoryMB: 2048, DiskSizeMB: 4096, EnvdVersion: "0.9.0",
 			CreatedAt: tplEpoch, UpdatedAt: tplEpoch.Add(2 * time.Hour), BuildCount: 3,
@@ -65,6 +68,17 @@ func (f *fakeTemplates) List(context.Context) ([]TemplateInfo, error) {
 }
 
 func (f *fakeTemplates) find(ref string) (int, error) {
+	ref, tag, tagged := strings.Cut(ref, ":")
+	if tagged {
+		i, err := f.find(ref)
+		if err != nil {
+			return i, err
+		}
+		if _, ok := f.tagsOf(i)[tag]; !ok {
+			return -1, fmt.Errorf("%w: template %s has no tag %q", ErrTemplateNotFound, ref, tag)
+		}
+		return i, nil
+	}
 	if ref == "boom" {
 		return -1, errors.New("template index unreadable")
 	}
@@ -74,6 +88,73 @@ func (f *fakeTemplates) find(ref string) (int, error) {
 		}
 	}
 	return -1, fmt.Errorf("template %q: %w", ref, ErrTemplateNotFound)
+}
+
+func (f *fakeTemplates) tagsOf(i int) map[string]string {
+	if f.tags == nil {
+		f.tags = map[string]map[string]string{}
+	}
+	id := f.ts[i].ID
+	if f.tags[id] == nil {
+		f.tags[id] = map[string]string{"default": f.ts[i].BuildID}
+	}
+	return f.tags[id]
+}
+
+func (f *fakeTemplates) Tags(_ context.Context, ref string) ([]TemplateTagInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, err := f.find(ref)
+	if err != nil {
+		return nil, err
+	}
+	var out []TemplateTagInfo
+	for tag, build := range f.tagsOf(i) {
+		out = append(out, TemplateTagInfo{Tag: tag, BuildID: build, CreatedAt: tplEpoch})
+	}
+	slices.SortFunc(out, func(a, b TemplateTagInfo) int { return strings.Compare(a.Tag, b.Tag) })
+	return out, nil
+}
+
+func (f *fakeTemplates) AssignTags(_ context.Context, target string, tags []string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, err := f.find(target)
+	if err != nil {
+		return "", err
+	}
+	if f.ts[i].ID == baseID {
+		return "", fmt.Errorf("base is a built-in template: %w", ErrTemplateProtected)
+	}
+	_, tag, tagged := strings.Cut(target, ":")
+	if !tagged {
+		tag = "default"
+	}
+	m := f.tagsOf(i)
+	build := m[tag]
+	for _, t := range tags {
+		m[t] = build
+	}
+	return build, nil
+}
+
+func (f *fakeTemplates) RemoveTags(_ context.Context, name string, tags []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, err := f.find(name)
+	if err != nil {
+		return err
+	}
+	m := f.tagsOf(i)
+	for _, t := range tags {
+		if _, ok := m[t]; !ok {
+			return fmt.Errorf("%w: template %s has no tag %q", ErrTemplateNotFound, name, t)
+		}
+	}
+	for _, t := range tags {
+		delete(m, t)
+	}
+	return nil
 }
 
 func (f *fakeTemplates) Get(_ context.Context, ref string) (TemplateInfo, error) {
@@ -352,8 +433,10 @@ func TestTemplateErrors(t *testing.T) {
 		{"DELETE", "/templates/nope", 404, `snapshot or template "nope" not found`},
 		{"GET", "/templates/aliases/boom", 500, "template index unreadable"},
 		{"DELETE", "/templates/boom", 500, "template index unreadable"},
-		{"GET", "/templates/aliases/base:v1", 400, `Invalid template "base:v1": tags are not supported`},
-		{"DELETE", "/templates/base:default", 404, `snapshot "base:default" not found`}, // a tag names a snapshot only
+		{"GET", "/templates/aliases/base:v1", 404, `template not found: template base has no tag "v1"`},
+		{"GET", "/templates/aliases/base:V1", 400, `Invalid template "base:V1": the tag after ':' must be 1 to 128 lower-case letters, digits, '.', '_' or '-'`},
+		{"GET", "/templates/aliases/base:a:b", 400, `Invalid template "base:a:b": the tag after ':' must be 1 to 128 letters, digits, '.', '_' or '-'`},
+		{"DELETE", "/templates/base:default", 404, `snapshot "base:default" not found`}, // a tagged ref deletes a snapshot only
 		{"DELETE", "/templates/base:", 400, `Invalid template "base:": the tag after ':' must be 1 to 128 letters, digits, '.', '_' or '-'`},
 		{"DELETE", "/templates/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
 		{"GET", "/templates/aliases/team%2Fbase", 400, `Invalid template "team/base": namespaces are not supported`},
@@ -411,7 +494,6 @@ func TestTemplatesNil(t *testing.T) {
 func TestTemplateUnsupported(t *testing.T) {
 	h, _, _ := newTemplateHandler(t)
 	const build = "This template build API is not supported by Airlock; use an e2b SDK with Template.build (POST /v3/templates), or `airlock template build` on the server"
-	const tags = "Template tags are not supported by Airlock; refer to a template by its id or name"
 	// Without Options.Builds the SDK's build flow answers 501 too.
 	const noBuilds = "Building templates through the E2B API is not enabled on this server; build them with `airlock template build`"
 	for _, tc := range []struct{ method, path, msg string }{
@@ -424,9 +506,6 @@ func TestTemplateUnsupported(t *testing.T) {
 		{"POST", "/v2/templates/base/builds/b1", noBuilds},
 		{"GET", "/templates/base/builds/b1/status", noBuilds},
 		{"GET", "/templates/base/builds/b1/logs", noBuilds},
-		{"POST", "/templates/tags", tags},
-		{"DELETE", "/templates/tags", tags},
-		{"GET", "/templates/base/tags", tags},
 	} {
 		checkError(t, request(t, h, tc.method, tc.path, `{"name":"x"}`), http.StatusNotImplemented, tc.msg)
 	}
@@ -449,7 +528,7 @@ func TestTemplateAuth(t *testing.T) {
 }
 
 // FuzzTemplatePath: whatever id or alias arrives, the answer is never a 5xx
-// (the fake's "boom" and the deliberate 501 of DELETE /templates/tags aside)
+// (the fake's "boom" aside)
 // and errors keep the one JSON shape.
 func FuzzTemplatePath(f *testing.F) {
 	for _, seed := range []string{"base", "my-app", "base:v1", "a/b", "", "..", "%00", strings.Repeat("x", 200), "busy", "tags"} {
@@ -471,9 +550,86 @@ func FuzzTemplatePath(f *testing.F) {
 			path = "/v2/templates?limit=1&nextToken=" + url.QueryEscape(ref)
 		}
 		rec := request(t, h, method, path, "")
-		if rec.Code == http.StatusNotImplemented && method == "DELETE" && path == "/templates/tags" {
-			return
-		}
 		checkResponse(t, rec, ref)
 	})
+}
+
+// TestTemplateTagErrors: every malformed or impossible tag request is a 4xx
+// whose message says what was wrong, and changes nothing.
+func TestTemplateTagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+		msg                string
+	}{
+		{"POST", "/templates/tags", `{"target":`, 400, "malformed JSON body..."},
+		{"POST", "/templates/tags", `{"tags":["v1"]}`, 400, "target is required..."},
+		{"POST", "/templates/tags", `{"target":"my-app","tags":[]}`, 400, "At least one tag is required..."},
+		{"POST", "/templates/tags", `{"target":"my-app"}`, 400, "At least one tag is required..."},
+		{"POST", "/templates/tags", `{"target":"my-app:a:b","tags":["v1"]}`, 400, `Invalid target template "my-app:a:b"...`},
+		{"POST", "/templates/tags", `{"target":"my-app:","tags":["v1"]}`, 400, `Invalid target template "my-app:"...`},
+		{"POST", "/templates/tags", `{"target":"team/my-app","tags":["v1"]}`, 400, `Invalid target template "team/my-app": namespaces are not supported`},
+		{"POST", "/templates/tags", `{"target":"my-app","tags":["Bad Tag"]}`, 400, `Invalid tag "Bad Tag"...`},
+		{"POST", "/templates/tags", `{"target":"my-app","tags":[""]}`, 400, `Invalid tag ""...`},
+		{"POST", "/templates/tags", `{"target":"nope","tags":["v1"]}`, 404, `template "nope": template not found`},
+		{"POST", "/templates/tags", `{"target":"my-app:v9","tags":["v1"]}`, 404, `template not found: template my-app has no tag "v9"`},
+		{"POST", "/templates/tags", `{"target":"base","tags":["v1"]}`, 403, `template "base" is the server operator's...`},
+		{"DELETE", "/templates/tags", `{"tags":["v1"]}`, 400, "name is required..."},
+		{"DELETE", "/templates/tags", `{"name":"my-app:v1","tags":["v1"]}`, 400, `Invalid template name "my-app:v1": name the template without a tag...`},
+		{"DELETE", "/templates/tags", `{"name":"my-app","tags":["default"]}`, 400, `The tag "default" cannot be removed...`},
+		{"DELETE", "/templates/tags", `{"name":"my-app","tags":[]}`, 400, "At least one tag is required..."},
+		{"DELETE", "/templates/tags", `{"name":"my-app","tags":["x/y"]}`, 400, `Invalid tag "x/y"...`},
+		{"DELETE", "/templates/tags", `{"name":"my-app","tags":["v9"]}`, 404, `template not found: template my-app has no tag "v9"`},
+		{"DELETE", "/templates/tags", `{"name":"nope","tags":["v1"]}`, 404, `template "nope": template not found`},
+		{"GET", "/templates/nope/tags", "", 404, `template "nope": template not found`},
+		{"GET", "/templates/my-app:a:b/tags", "", 400, `Invalid template "my-app:a:b"...`},
+	} {
+		t.Run(tc.method+" "+tc.body, func(t *testing.T) {
+			h, _, tpls := newTemplateHandler(t)
+			checkError(t, request(t, h, tc.method, tc.path, tc.body), tc.status, tc.msg)
+			tags, err := tpls.Tags(context.Background(), "my-app")
+			if err != nil || len(tags) != 1 || tags[0].Tag != "default" {
+				t.Errorf("my-app's tags after a refused request: %+v, %v; want default only", tags, err)
+			}
+		})
+	}
+}
+
+// TestTemplateTags: assign, list, resolve and remove tags through the
+// routes, in the upstream shapes.
+func TestTemplateTags(t *testing.T) {
+	h, _, _ := newTemplateHandler(t)
+	rec := request(t, h, "POST", "/templates/tags", `{"target":"my-app","tags":["v1","stable","v1"]}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("assign: %d %s", rec.Code, rec.Body)
+	}
+	var assigned struct {
+		Tags    []string `json:"tags"`
+		BuildID string   `json:"buildID"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &assigned); err != nil || !slices.Equal(assigned.Tags, []string{"v1", "stable"}) || assigned.BuildID != "0b6e4a2c-5a4f-4c1e-9d7a-111111111111" {
+		t.Fatalf("assign answered %s (%v); want tags [v1 stable] of the default build", rec.Body, err)
+	}
+	rec = request(t, h, "GET", "/templates/my-app/tags", "")
+	got := decodeArray(t, rec.Body.Bytes())
+	if rec.Code != http.StatusOK || len(got) != 3 {
+		t.Fatalf("list: %d %s", rec.Code, rec.Body)
+	}
+	for _, tag := range got {
+		for _, k := range []string{"tag", "buildID", "createdAt"} {
+			if _, ok := tag[k]; !ok {
+				t.Errorf("tag %v lacks %q", tag, k)
+			}
+		}
+	}
+	if rec := request(t, h, "GET", "/templates/aliases/my-app:stable", ""); rec.Code != http.StatusOK {
+		t.Errorf("alias my-app:stable: %d %s", rec.Code, rec.Body)
+	}
+	if rec := request(t, h, "DELETE", "/templates/tags", `{"name":"my-app","tags":["stable"]}`); rec.Code != http.StatusNoContent || rec.Body.Len() != 0 {
+		t.Fatalf("remove: %d %s", rec.Code, rec.Body)
+	}
+	checkError(t, request(t, h, "GET", "/templates/aliases/my-app:stable", ""), 404, `template not found: template my-app has no tag "stable"`)
+	if got := decodeArray(t, request(t, h, "GET", "/templates/my-app:v1/tags", "").Body.Bytes()); len(got) != 2 {
+		t.Errorf("tags after removing one: %v", got)
+	}
 }

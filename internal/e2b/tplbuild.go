@@ -144,18 +144,18 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if name == "" {
 		return badRequest("name is required")
 	}
-	for _, t := range req.Tags {
-		if t != "default" {
-			return badRequest("Invalid tag %q: tags are not supported by Airlock", t)
-		}
+	// "name:tag" is one more entry of tags, as upstream reads it.
+	_, tags, err := tplbuild.BuildTags(name, req.Tags)
+	if err != nil {
+		return buildError(err)
 	}
-	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Owner: ownerFrom(r.Context())})
+	id, build, err := h.opts.Builds.Request(tplbuild.Request{Name: name, Tags: req.Tags, CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Owner: ownerFrom(r.Context())})
 	if err != nil {
 		return buildError(err)
 	}
 	writeJSON(w, http.StatusAccepted, templateRequestResponseV3{
 		TemplateID: id, BuildID: build, Public: false, // a new build is its key's until PATCHed public
-		Aliases: []string{id}, Names: []string{id}, Tags: []string{},
+		Aliases: []string{id}, Names: []string{id}, Tags: tags,
 	})
 	return nil
 }

@@ -48,7 +48,7 @@ func TestAccessClaims(t *testing.T) {
 	if err := s.Claim("agent", "bob"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.writeRecord(&record{Name: "agent", Key: "k"}); err != nil {
+	if err := s.writeRecord(&record{Name: "agent", buildRecord: buildRecord{Key: "k"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Unclaim("agent", "bob"); err != nil {
@@ -73,7 +73,7 @@ func TestAccessClaims(t *testing.T) {
 
 	// A template the operator built has no owner: every key uses it, none
 	// claims it or changes it.
-	if err := s.writeRecord(&record{Name: "ops", Key: "k"}); err != nil {
+	if err := s.writeRecord(&record{Name: "ops", buildRecord: buildRecord{Key: "k"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Claim("ops", "alice"); !errors.Is(err, ErrOwned) {

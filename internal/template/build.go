@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,6 +47,12 @@ type BuildRequest struct {
 	// are new ones (an older template keeps its own); the steps after them
 	// miss too, as their parent changed.
 	NoCacheFromLine int
+	// BuildID names the build (the E2B API's build id); empty means a new
+	// one is made up.
+	BuildID string
+	// Tags the build gets (see the package doc); empty means "default". The
+	// first build of a name also gets "default", whatever its tags.
+	Tags []string
 	// Untrusted marks a build an API key asked for (the E2B build API), not
 	// the operator: its RUN steps reach the internet as a sandbox does, but
 	// no private address (a company's internal services) beyond the ones
@@ -125,6 +132,22 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 	if err := s.checkName(req, origin); err != nil {
 		return Template{}, err
 	}
+	tags, err := NormalizeTags(req.Tags)
+	if err != nil {
+		return Template{}, err
+	}
+	if len(tags) == 0 {
+		tags = []string{DefaultTag}
+	}
+	if origin.builtin != nil && !slices.Equal(tags, []string{DefaultTag}) {
+		return Template{}, fmt.Errorf("%w: %s is a built-in template: it has only the tag %q", ErrBuiltinTags, req.Name, DefaultTag)
+	}
+	req.Tags = tags
+	if req.BuildID == "" {
+		req.BuildID = newBuildID()
+	} else if !validBuildID.MatchString(req.BuildID) {
+		return Template{}, fmt.Errorf("%w: build id %q: use lower-case letters, digits and '-'", ErrInvalid, req.BuildID)
+	}
 	st, end := s.beginBuild(req.Name)
 	defer end()
 	p := newProgress(out, req.Name)
@@ -163,7 +186,7 @@ func (s *Store) build(ctx context.Context, req BuildRequest, origin buildOrigin,
 		p.close()
 		return Template{}, failed
 	}
-	if err := os.Rename(logf.Name(), t.BuildLog); err != nil {
+	if err := os.Rename(logf.Name(), filepath.Join(s.dir, req.Name, buildLogName(req.BuildID))); err != nil {
 		s.log.Warn("template store: keeping the build log", "err", err)
 	}
 	_ = os.Remove(filepath.Join(s.dir, ".failed", req.Name+".log"))
@@ -483,39 +506,62 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 	if set.DefaultWorkdir == "" {
 		set.DefaultWorkdir = final.Workdir
 	}
-	r := &record{
-		Name: req.Name, Builtin: origin.builtin != nil, Key: parent,
+	b := buildRecord{
+		BuildID: req.BuildID, Key: parent,
 		Config:   ImageConfig{Env: final.Env, User: final.User, Workdir: final.Workdir},
 		Settings: set, Layers: chain,
 		Source:  Source{Dockerfile: req.DockerfilePath, Context: req.ContextDir, From: ref},
 		BuiltAt: time.Now().UTC(),
+		Log:     buildLogName(req.BuildID),
 	}
 	if origin.builtin != nil {
-		r.Source = Source{Dockerfile: "builtin:" + origin.builtin.name, From: ref, Digest: origin.builtin.digest}
+		b.Source = Source{Dockerfile: "builtin:" + origin.builtin.name, From: ref, Digest: origin.builtin.digest}
 	}
-	r.CreatedAt = r.BuiltAt
 	if old, err := s.readRecord(req.Name); err == nil {
-		r.CreatedAt = old.CreatedAt
-		if old.Key == r.Key {
-			r.SizeBytes = old.SizeBytes
+		for _, ob := range old.Builds {
+			if ob.Key == b.Key && ob.SizeBytes > 0 {
+				b.SizeBytes = ob.SizeBytes
+			}
 		}
 	}
-	if r.SizeBytes == 0 {
-		if r.SizeBytes, err = diskUsage(rootfs); err != nil {
+	if b.SizeBytes == 0 {
+		if b.SizeBytes, err = diskUsage(rootfs); err != nil {
 			return Template{}, err
 		}
 	}
 	for _, l := range chain {
-		r.BuildSeconds += l.BuildSeconds
+		b.BuildSeconds += l.BuildSeconds
 	}
 	if err := ctx.Err(); err != nil {
 		return Template{}, err
 	}
-	if err := s.writeRecord(r); err != nil {
-		return Template{}, fmt.Errorf("record template %s: %w", req.Name, err)
+	r, err := s.update(ctx, req.Name, func(r *record) (*record, error) {
+		if r == nil {
+			r = &record{Name: req.Name, CreatedAt: b.BuiltAt, Tags: map[string]tagRecord{}}
+		}
+		r.Builtin = origin.builtin != nil
+		r.Builds = slices.DeleteFunc(r.Builds, func(o buildRecord) bool { return o.BuildID == b.BuildID })
+		r.Builds = append(r.Builds, b)
+		for _, t := range req.Tags {
+			r.Tags[t] = tagRecord{BuildID: b.BuildID, CreatedAt: b.BuiltAt}
+		}
+		// A name's first build is its default too, so that the name alone
+		// starts something after any first build (E2B would answer "no
+		// default tag" until a build without a tag).
+		if _, ok := r.Tags[DefaultTag]; !ok {
+			r.Tags[DefaultTag] = tagRecord{BuildID: b.BuildID, CreatedAt: b.BuiltAt}
+		}
+		return r, nil
+	})
+	if err != nil {
+		return Template{}, err
 	}
-	return s.toTemplate(r), nil
+	return s.toTemplate(r, b), nil
 }
+
+// buildLogName is the file in the template's directory that keeps a build's
+// output.
+func buildLogName(buildID string) string { return "build-" + buildID + ".log" }
 
 // defaultUser is who runs a sandbox's commands when the settings name nobody: the
 // Dockerfile's last USER, else E2B's "user" when the image has one, else root.

@@ -85,7 +85,7 @@ func TestBuildBase(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) != "0" {
 		t.Errorf("sudo as user under another hostname: %q, %v", out, err)
 	}
-	if _, err := os.Stat(filepath.Join(filepath.Dir(tmpl.RootFS), "build.log")); err != nil {
+	if _, err := os.Stat(tmpl.BuildLog); err != nil {
 		t.Errorf("build.log: %v", err)
 	}
 

@@ -62,6 +62,14 @@ func (s *Store) resolveFrom(ctx context.Context, ref string, line int, p *progre
 	if strings.HasPrefix(ref, "debian:") {
 		return nil, bad("Airlock builds only debian:bookworm and debian:bookworm-slim itself (with debootstrap); for another Debian image name a registry (docker.io/library/%s), an oci:<dir> layout or a docker-archive:<file>", ref)
 	}
+	// name:tag is a build of a user template when the template has that tag;
+	// otherwise it is an image (node:20 must stay Docker Hub's node, not the
+	// built-in template, which has only "default").
+	if name, _, ok := strings.Cut(ref, ":"); ok && ValidName(name) == nil && !s.IsBuiltin(name) {
+		if t, err := s.Get(ref); err == nil {
+			return &source{ref: ref, kind: "template", key: t.Key, config: t.Config, parent: &t}, nil
+		}
+	}
 	if ValidName(ref) == nil {
 		var t Template
 		var err error

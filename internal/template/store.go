@@ -1,20 +1,39 @@
 // Package template owns sandbox templates: building them from a Dockerfile subset
-// into layers (build.go), the built-ins shipped in templates/ (builtin.go), and the
-// store the sandbox manager resolves names against.
+// into layers (build.go), the built-ins shipped in templates/ (builtin.go), the
+// tags naming a template's builds (tags.go), and the store the sandbox manager
+// resolves names against.
 //
 // On disk, under the data dir:
 //
-//	templates/<name>/template.json   the template: its top layer, image config
-//	                                 (env, user, workdir), settings, source
-//	templates/<name>/build.log       output of the build that made it
-//	templates/.failed/<name>.log     output of the last failed build of <name>
-//	layers/<key>/rootfs              a layer's complete root filesystem (layers.go)
-//	build/                           the build sandbox's state (internal/buildbox)
+//	templates/<name>/template.json          the template: its builds (top layer, image
+//	                                        config, settings, source each) and its tags
+//	templates/<name>/build-<buildID>.log    output of the kept build <buildID>
+//	templates/.lock                         flock held to change any template.json
+//	templates/.failed/<name>.log            output of the last failed build of <name>
+//	layers/<key>/rootfs                     a layer's complete root filesystem (layers.go)
+//	build/                                  the build sandbox's state (internal/buildbox)
 //
-// A template is immutable once written: a rebuild writes a new template.json that
-// points at new layers, and sandboxes still running on the old layers keep them
-// (garbage collection skips layers any mount uses). Sandboxes mount a template's
-// rootfs read-only as their overlay's lower layer; nothing is copied per sandbox.
+// Tags: a template reference is "name[:tag]", and a name alone means the tag
+// "default". A tag names one build; a name keeps every build some tag names and
+// drops a build no tag names any more, in the same write that moved its last
+// tag. Building "name:v2" gives the new build v2 (and any other requested tags),
+// not "default" — except the first build of a name, which also gets "default"
+// so that the name alone starts something after any first build (E2B would
+// answer "no default tag" until a build without one). "default" can be moved
+// (AssignTags) but not removed. Built-ins have only "default".
+//
+// Every change of a template.json (a build's commit, tag changes, removal) is
+// read-change-write under templates/.lock, written to a temp file, synced and
+// renamed, so concurrent changes (in this process or another) are serialized
+// and a crash leaves the old record or the new one. The default build's fields
+// are also written at the top level, where the one-build layout kept them, and
+// a record of that layout reads as one build named by "default".
+//
+// A build is immutable once written: a rebuild records a new build that points
+// at new layers, and sandboxes still running on a build whose tag moved keep its
+// layers (garbage collection keeps every layer of every kept build, and skips
+// layers any mount uses). Sandboxes mount a build's rootfs read-only as their
+// overlay's lower layer; nothing is copied per sandbox.
 package template
 
 import (
@@ -50,6 +69,8 @@ var (
 	ErrNameTaken = errors.New("template name taken")
 	// ErrInUse: sandboxes still run on the template.
 	ErrInUse = errors.New("template in use")
+	// ErrBuiltinTags: built-in templates have only the tag "default".
+	ErrBuiltinTags = errors.New("built-in templates cannot be tagged")
 )
 
 // Template is a template as sandboxes and people see it.
@@ -80,6 +101,12 @@ type Template struct {
 	SizeBytes int64
 	// BuildLog is the path of the output of the build that made it.
 	BuildLog string
+	// BuildID names this build of the template; Tags are the tags naming it
+	// (sorted), Tag the one it was looked up by ("default" for a name alone;
+	// empty from List and Builds).
+	BuildID string
+	Tags    []string
+	Tag     string
 	// Access says who owns the template and who may use it (access.go).
 	Access Access
 }
@@ -113,19 +140,41 @@ type Source struct {
 	Digest string `json:"digest,omitempty"`
 }
 
-// record is template.json.
+// record is template.json: the template's builds and tags. The default
+// build's fields are also written at the top level, where the first layout
+// (one build per name) kept them, so readers of that layout (an older
+// airlock after a downgrade, scripts reading "key") still find the build a
+// name alone starts.
 type record struct {
-	Name         string      `json:"name"`
-	Builtin      bool        `json:"builtin,omitempty"`
+	Name      string    `json:"name"`
+	Builtin   bool      `json:"builtin,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	buildRecord
+	// Tags map each tag to the build it names; "default" is always there.
+	Tags map[string]tagRecord `json:"tags,omitempty"`
+	// Builds are the builds some tag names, in the order they were made.
+	Builds []buildRecord `json:"builds,omitempty"`
+}
+
+// buildRecord is one build of a template.
+type buildRecord struct {
+	BuildID      string      `json:"buildID,omitempty"`
 	Key          string      `json:"key"`
 	Config       ImageConfig `json:"config"`
 	Settings     Settings    `json:"settings"`
 	Layers       []Layer     `json:"layers"`
 	Source       Source      `json:"source"`
-	CreatedAt    time.Time   `json:"createdAt"`
 	BuiltAt      time.Time   `json:"builtAt"`
 	BuildSeconds float64     `json:"buildSeconds"`
 	SizeBytes    int64       `json:"sizeBytes"`
+	// Log is the file in the template's directory with the build's output.
+	Log string `json:"log,omitempty"`
+}
+
+// tagRecord is where a tag points.
+type tagRecord struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
 }
 
 // Options configure a Store.
@@ -258,6 +307,9 @@ func (s *Store) readRecord(name string) (*record, error) {
 	if r.Name != name {
 		return nil, fmt.Errorf("template %s: %s names %q", name, s.recordPath(name), r.Name)
 	}
+	if err := r.normalize(); err != nil {
+		return nil, fmt.Errorf("template %s: read %s: %w", name, s.recordPath(name), err)
+	}
 	return &r, nil
 }
 
@@ -294,14 +346,21 @@ func (s *Store) writeRecord(r *record) error {
 	return syncDir(dir)
 }
 
-func (s *Store) toTemplate(r *record) Template {
+// toTemplate describes build b of r. Aliases and the description are the
+// template's (its default build's settings), the rest is b's own.
+func (s *Store) toTemplate(r *record, b buildRecord) Template {
+	settings := b.Settings
+	settings.Aliases, settings.Description = r.Settings.Aliases, r.Settings.Description
 	t := Template{
 		ID: r.Name, Name: r.Name, Alias: r.Name, Aliases: r.Settings.Aliases,
 		Description: r.Settings.Description, Builtin: r.Builtin, Ready: true,
-		Key: r.Key, RootFS: s.layers.rootfs(r.Key), Config: r.Config, Settings: r.Settings,
-		Layers: r.Layers, Source: r.Source, CreatedAt: r.CreatedAt, BuiltAt: r.BuiltAt,
-		BuildSeconds: r.BuildSeconds, SizeBytes: r.SizeBytes,
-		BuildLog: filepath.Join(s.dir, r.Name, "build.log"),
+		Key: b.Key, RootFS: s.layers.rootfs(b.Key), Config: b.Config, Settings: settings,
+		Layers: b.Layers, Source: b.Source, CreatedAt: r.CreatedAt, BuiltAt: b.BuiltAt,
+		BuildSeconds: b.BuildSeconds, SizeBytes: b.SizeBytes,
+		BuildID: b.BuildID, Tags: r.tagsOf(b.BuildID),
+	}
+	if b.Log != "" {
+		t.BuildLog = filepath.Join(s.dir, r.Name, b.Log)
 	}
 	if a, _, err := s.readAccess(r.Name); err != nil {
 		// Unreadable: nobody's, so no key sees it rather than every key.
@@ -364,9 +423,14 @@ func (s *Store) resolveName(idOrAlias string) (string, error) {
 	return "", fmt.Errorf("template %q: %w", idOrAlias, ErrNotFound)
 }
 
-// Get returns a ready template by name, id or alias. It never builds: creating a
-// sandbox must not wait minutes behind a build.
-func (s *Store) Get(idOrAlias string) (Template, error) {
+// Get returns a ready template by name, id or alias, with an optional
+// ":tag" (the build that tag names; without one, the "default" tag's). It
+// never builds: creating a sandbox must not wait minutes behind a build.
+func (s *Store) Get(ref string) (Template, error) {
+	idOrAlias, tag, err := SplitRef(ref)
+	if err != nil {
+		return Template{}, err
+	}
 	name, err := s.resolveName(idOrAlias)
 	if err != nil {
 		return Template{}, err
@@ -387,7 +451,13 @@ func (s *Store) Get(idOrAlias string) (Template, error) {
 	if err != nil {
 		return Template{}, err
 	}
-	return s.toTemplate(r), nil
+	b, err := r.byTag(tag)
+	if err != nil {
+		return Template{}, err
+	}
+	t := s.toTemplate(r, b)
+	t.Tag = tag
+	return t, nil
 }
 
 // List returns every template, built or not (built-ins appear before their first
@@ -406,7 +476,7 @@ func (s *Store) List() ([]Template, error) {
 			continue
 		}
 		seen[n] = true
-		out = append(out, s.toTemplate(r))
+		out = append(out, s.toTemplate(r, r.buildRecord))
 	}
 	for name, b := range s.builtins {
 		if !seen[name] {
@@ -424,14 +494,25 @@ func (s *Store) List() ([]Template, error) {
 // DiskUsage is what all layers take on disk together (shared files counted once).
 func (s *Store) DiskUsage() (int64, error) { return s.layers.usage() }
 
-// Remove deletes a template, refusing while inUse reports sandboxes on it (or any
-// mount still uses its layers), then collects layers no other template needs.
-// inUse may be nil when the caller knows of no sandboxes.
+// Remove deletes a template with all its builds and tags, refusing while
+// inUse reports sandboxes on it (or any mount still uses the top layer of one
+// of its builds), then collects layers no other template needs. inUse may be
+// nil when the caller knows of no sandboxes.
 func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Template) (int, error)) error {
+	if strings.Contains(idOrAlias, ":") {
+		return fmt.Errorf("%w: template %q: a template is removed with all its tags; name it without one (tags are removed with RemoveTags)", ErrInvalid, idOrAlias)
+	}
 	name, err := s.resolveName(idOrAlias)
 	if err != nil {
 		return err
 	}
+	// The tag lock keeps a build of this name from being recorded (or a tag
+	// moved) between the checks and the rename.
+	unlock, err := s.lockTags(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	r, err := s.readRecord(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template %q is not built: %w", name, ErrNotFound)
@@ -439,9 +520,8 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 	if err != nil {
 		return err
 	}
-	t := s.toTemplate(r)
 	if inUse != nil {
-		n, err := inUse(t)
+		n, err := inUse(s.toTemplate(r, r.buildRecord))
 		if err != nil {
 			return fmt.Errorf("template %s: count its sandboxes: %w", name, err)
 		}
@@ -449,17 +529,19 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 			return fmt.Errorf("%w: template %s is used by %d sandbox(es); kill them first", ErrInUse, name, n)
 		}
 	}
-	// A mount of the top layer means a sandbox runs on this template, unless
-	// another template has the same top layer (FROM base with only ENV lines):
-	// then the mount may be theirs, and inUse is the judge.
-	shared, err := s.layerShared(name, r.Key)
-	if err != nil {
-		return err
-	}
-	if used, err := mountedFrom(filepath.Join(s.layers.dir, r.Key)); err != nil {
-		return err
-	} else if used && !shared {
-		return fmt.Errorf("%w: template %s is mounted by a running sandbox (a warm pool, or a server on this data dir); kill its sandboxes or stop the server first", ErrInUse, name)
+	for _, b := range r.Builds {
+		// A mount of a build's top layer means a sandbox runs on it, unless
+		// another template has the same top layer (FROM base with only ENV
+		// lines): then the mount may be theirs, and inUse is the judge.
+		shared, err := s.layerShared(name, b.Key)
+		if err != nil {
+			return err
+		}
+		if used, err := mountedFrom(filepath.Join(s.layers.dir, b.Key)); err != nil {
+			return err
+		} else if used && !shared {
+			return fmt.Errorf("%w: template %s (build %s) is mounted by a running sandbox (a warm pool, or a server on this data dir); kill its sandboxes or stop the server first", ErrInUse, name, b.BuildID)
+		}
 	}
 	old := filepath.Join(s.dir, "."+name+".removed")
 	_ = os.RemoveAll(old)
@@ -475,7 +557,8 @@ func (s *Store) Remove(ctx context.Context, idOrAlias string, inUse func(Templat
 	return nil
 }
 
-// layerShared reports whether a template other than name lists layer key.
+// layerShared reports whether a build of a template other than name lists
+// layer key.
 func (s *Store) layerShared(name, key string) (bool, error) {
 	names, err := s.names()
 	if err != nil {
@@ -489,16 +572,19 @@ func (s *Store) layerShared(name, key string) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		for _, l := range r.Layers {
-			if l.Key == key {
-				return true, nil
+		for _, b := range r.Builds {
+			for _, l := range b.Layers {
+				if l.Key == key {
+					return true, nil
+				}
 			}
 		}
 	}
 	return false, nil
 }
 
-// collect deletes layers that no template's chain includes.
+// collect deletes layers that no kept build's chain includes: every build a
+// tag names keeps all its layers.
 func (s *Store) collect() (int, error) {
 	names, err := s.names()
 	if err != nil {
@@ -511,9 +597,11 @@ func (s *Store) collect() (int, error) {
 			// An unreadable record must not cost its layers.
 			return 0, err
 		}
-		keep[r.Key] = true
-		for _, l := range r.Layers {
-			keep[l.Key] = true
+		for _, b := range r.Builds {
+			keep[b.Key] = true
+			for _, l := range b.Layers {
+				keep[l.Key] = true
+			}
 		}
 		s.removeLegacyBuilds(n)
 	}
@@ -569,7 +657,7 @@ func (s *Store) Ensure(ctx context.Context, name string, progress io.Writer) (Te
 		return s.Get(n)
 	}
 	if r, err := s.readRecord(n); err == nil && r.Builtin && r.Source.Digest == b.digest {
-		return s.toTemplate(r), nil
+		return s.toTemplate(r, r.buildRecord), nil
 	}
 	s.mu.Lock()
 	c := s.ensures[n]

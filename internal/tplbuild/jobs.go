@@ -74,7 +74,7 @@ type Options struct {
 	// Timeout bounds one build from its start (waiting included); default
 	// DefaultTimeout.
 	Timeout time.Duration
-	Logger    *slog.Logger
+	Logger  *slog.Logger
 }
 
 // Defaults of Options' per-key bounds.
@@ -108,7 +108,8 @@ type Status struct {
 
 // Request is a build asked for by POST /v3/templates.
 type Request struct {
-	Name     string
+	Name     string // name[:tag]
+	Tags     []string
 	CPUCount int
 	MemoryMB int
 	// Owner is the API key's digest (e2b.OwnerOf); the template's owner.
@@ -126,6 +127,7 @@ type record struct {
 	CPUCount   int       `json:"cpuCount,omitempty"`
 	MemoryMB   int       `json:"memoryMB,omitempty"`
 	Started    bool      `json:"started,omitempty"` // the steps were posted
+	Tags       []string  `json:"tags,omitempty"`    // the tags the build gets when ready
 	CreatedAt  time.Time `json:"createdAt"`
 	FinishedAt time.Time `json:"finishedAt,omitzero"`
 }
@@ -307,23 +309,34 @@ func (s *Service) writeRecord(r record) error {
 	return nil
 }
 
-// ParseName splits the SDK's "name[:tag]". Airlock has no tags; "default"
-// (upstream's implicit tag) is accepted, any other is refused.
-func ParseName(s string) (string, error) {
-	name, tag, tagged := strings.Cut(s, ":")
-	if tagged && tag != "default" {
-		return "", fmt.Errorf("%w: template %q: tags are not supported by Airlock (only %q)", ErrInvalid, s, "default")
+// ParseName splits the SDK's "name[:tag]"; the tag is "default" when there
+// is none. A malformed name or tag (a:b:c, "a:", bad characters) is ErrInvalid.
+func ParseName(s string) (name, tag string, err error) {
+	name, tag, err = template.ParseRef(s)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if err := template.ValidName(name); err != nil {
-		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+	return name, tag, nil
+}
+
+// BuildTags returns the template name and the tags a build of name[:tag]
+// gets: the name's tag (upstream reads it as one more entry of tags), then
+// tags, without duplicates.
+func BuildTags(nameTag string, tags []string) (name string, all []string, err error) {
+	name, tag, err := ParseName(nameTag)
+	if err != nil {
+		return "", nil, err
 	}
-	return name, nil
+	if all, err = template.NormalizeTags(append([]string{tag}, tags...)); err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return name, all, nil
 }
 
 // Request registers a build of name (see ParseName) and returns its
 // template and build ids. Nothing is built until Start.
 func (s *Service) Request(req Request) (templateID, buildID string, err error) {
-	name, err := ParseName(req.Name)
+	name, tags, err := BuildTags(req.Name, req.Tags)
 	if err != nil {
 		return "", "", err
 	}
@@ -344,6 +357,7 @@ func (s *Service) Request(req Request) (templateID, buildID string, err error) {
 	r := record{
 		TemplateID: name, BuildID: rand.Text(), Status: StatusWaiting, Owner: req.Owner,
 		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, CreatedAt: time.Now().UTC(),
+		Tags: tags,
 	}
 	r.BuildID = strings.ToLower(r.BuildID)
 	if err := s.writeRecord(r); err != nil {
@@ -600,6 +614,7 @@ func (s *Service) build(ctx context.Context, j *job, conv Converted, ctxDir stri
 		Name: j.rec.TemplateID, Dockerfile: []byte(conv.Dockerfile), ContextDir: ctxDir,
 		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
 		Untrusted: true, // an API key's steps, not the operator's
+		BuildID:   j.rec.BuildID, Tags: j.rec.Tags,
 	}, status)
 	status.flush()
 	output.flush()

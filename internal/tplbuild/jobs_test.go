@@ -241,13 +241,18 @@ func TestBadUploads(t *testing.T) {
 	if err := s.PutFile(never, bytes.NewReader(make([]byte, 2<<20))); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("too large: %v", err)
 	}
-	for _, n := range []string{"Upper", "a:b", "base", "x:default:y"} {
+	for _, n := range []string{"Upper", "a:", "a:B", "a:b c", "base", "base:v1", "x:default:y"} {
 		if _, _, err := s.Request(Request{Name: n}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("name %q: %v", n, err)
 		}
 	}
-	if _, _, err := s.Request(Request{Name: "ok:default"}); err != nil {
-		t.Errorf("name ok:default: %v", err)
+	if _, _, err := s.Request(Request{Name: "ok", Tags: []string{"v1", "Bad"}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("tag Bad: %v", err)
+	}
+	for _, n := range []string{"ok:default", "ok:v1.2", "ok"} {
+		if _, _, err := s.Request(Request{Name: n, Tags: []string{"stable"}}); err != nil {
+			t.Errorf("name %s: %v", n, err)
+		}
 	}
 }
 

@@ -240,9 +240,11 @@ func envQuote(v string) string {
 	return `"` + r.Replace(v) + `"`
 }
 
-// validRef is a template name Airlock can resolve in FROM.
+// validRef is a template reference Airlock can resolve in FROM: a name, with
+// an optional ":tag" (the builder takes name:tag as that build of a user
+// template).
 func validRef(s string) bool {
-	return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`).MatchString(s)
+	return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}(:[a-z0-9_.-]{1,128})?$`).MatchString(s)
 }
 
 // E2BBaseImage is the image the SDK's fromBaseImage() (and a Template() with

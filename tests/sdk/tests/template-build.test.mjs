@@ -171,7 +171,7 @@ describe('bad input → 400', () => {
   const start = (r, body) => api('POST', `/v2/templates/${r.templateID}/builds/${r.buildID}`, { body })
 
   test('malformed names and tags', async () => {
-    for (const body of [{ name: 'Upper' }, { name: 'a:b:c' }, { name: 'x:v2' }, { name: '' }, { name: 'base' }]) {
+    for (const body of [{ name: 'Upper' }, { name: 'a:b:c' }, { name: 'x:' }, { name: 'x:V2' }, { name: 'x', tags: ['ok', 'not ok'] }, { name: '' }, { name: 'base' }, { name: 'base:v1' }]) {
       const res = await api('POST', '/v3/templates', { body })
       assert.equal(res.status, 400, `${JSON.stringify(body)}: ${res.text}`)
       assertErrorBody(res, JSON.stringify(body))

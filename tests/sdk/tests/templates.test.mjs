@@ -52,16 +52,21 @@ describe('templates', { concurrency: true }, () => {
     assertErrorBody(res, 'alias of an unknown template')
   })
 
-  test('Template.exists with a tag → TemplateError naming the reason', async () => {
-    const err = await rejectsWith(Template.exists(`${TEMPLATE}:v1`), TemplateError, 'exists(base:v1)')
-    assert.match(err.message, /^400: .*tags are not supported/)
+  test('Template.exists with a tag: default true, an unknown tag false, a malformed one a 400', async () => {
+    assert.equal(await Template.exists(`${TEMPLATE}:default`), true)
+    assert.equal(await Template.exists(`${TEMPLATE}:v1`), false)
+    const res = await api('GET', `/templates/aliases/${TEMPLATE}:v1`)
+    assert.equal(res.status, 404)
+    assert.match(res.json.message, /no tag "v1"/)
+    const err = await rejectsWith(Template.exists(`${TEMPLATE}:Bad`), TemplateError, 'exists(base:Bad)')
+    assert.match(err.message, /^400: .*the tag after ':'/)
   })
 
   test('Sandbox.deleteSnapshot of an unknown id → false', async () => {
     assert.equal(await Sandbox.deleteSnapshot(UNKNOWN), false)
   })
 
-  test('Template.build from an image that cannot be fetched and Template.getTags → clear errors, not a bare 404', async () => {
+  test('Template.build from an image that cannot be fetched, and tagging a built-in → clear errors, not a bare 404', async () => {
     // Builds work (template-build.test.mjs); an image nobody serves (a closed
     // loopback port: no traffic leaves the host) fails, naming it, and leaves
     // no template.
@@ -69,8 +74,10 @@ describe('templates', { concurrency: true }, () => {
     const err = await rejectsWith(Template.build(Template().fromImage(image), UNKNOWN), BuildError, 'Template.build')
     assert.ok(err.message.includes(image), err.message)
     assert.equal(await Template.exists(UNKNOWN), false)
-    const tagErr = await rejectsWith(Template.getTags(TEMPLATE), TemplateError, 'Template.getTags')
-    assert.match(tagErr.message, /^501: Template tags are not supported/)
+    const tags = await Template.getTags(TEMPLATE)
+    assert.deepEqual(tags.map((t) => t.tag), ['default'], 'a built-in has the default tag only')
+    const tagErr = await rejectsWith(Template.assignTags(TEMPLATE, 'mine'), TemplateError, 'Template.assignTags(base)')
+    assert.match(tagErr.message, /^403: .*built-in/)
     const res = await api('POST', '/v3/templates', { body: { name: 'Bad:Name:x' } })
     assert.equal(res.status, 400)
     assertErrorBody(res, 'POST /v3/templates')
