@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -145,6 +146,9 @@ func (r record) over() bool { return r.Status == StatusReady || r.Status == Stat
 // maxEntries bounds a build's log kept in memory; past it lines are counted,
 // not kept (the full output is in the template's build.log).
 const maxEntries = 20000
+
+// requestTTL is how long a requested build may wait for its start.
+const requestTTL = time.Hour
 
 // recordTTL is how long finished builds are answered for after a restart.
 const recordTTL = 7 * 24 * time.Hour
@@ -336,6 +340,7 @@ func BuildTags(nameTag string, tags []string) (name string, all []string, err er
 // Request registers a build of name (see ParseName) and returns its
 // template and build ids. Nothing is built until Start.
 func (s *Service) Request(req Request) (templateID, buildID string, err error) {
+	s.expireRequests()
 	name, tags, err := BuildTags(req.Name, req.Tags)
 	if err != nil {
 		return "", "", err
@@ -401,7 +406,9 @@ func (s *Service) PutFile(hash string, r io.Reader) error { return s.files.put(h
 // Start checks the steps, assembles the build context from the uploads and
 // queues owner's build. Errors are the client's (ErrInvalid, ErrNotFound,
 // ErrLimit, ErrTooLarge) until the job is queued; after that they are the
-// build's status.
+// build's status. A build refused here is dropped (its record, and the
+// name's claim when it was the name's first build): the SDK gives up on it,
+// and nothing of it may be left.
 func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	s.mu.Lock()
 	j := s.jobs[buildID]
@@ -417,16 +424,13 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: build %s is %s", ErrFinished, buildID, j.rec.Status)
 	}
-	if n := s.activeLocked(owner); n >= s.opts.MaxPerOwner {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n, s.opts.MaxPerOwner)
-	}
 	j.rec.Started = true // claimed: a second POST must not start it twice
+	n := s.activeLocked(owner)
 	s.mu.Unlock()
-	unclaim := func() {
-		s.mu.Lock()
-		j.rec.Started = false
-		s.mu.Unlock()
+	unclaim := func() { s.drop(j) }
+	if n > s.opts.MaxPerOwner {
+		unclaim()
+		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n-1, s.opts.MaxPerOwner)
 	}
 
 	// Steps start as the source's default user, as upstream's do (its base
@@ -508,6 +512,36 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	return nil
 }
 
+// drop forgets a build that never ran: its record, its job, and the name's
+// claim when it has no template.
+func (s *Service) drop(j *job) {
+	s.mu.Lock()
+	delete(s.jobs, j.rec.BuildID)
+	rec := j.rec
+	s.mu.Unlock()
+	if err := os.Remove(s.recordPath(rec.BuildID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("template builds: removing a refused build's record", "build", rec.BuildID, "err", err)
+	}
+	s.unclaim(rec)
+}
+
+// expireRequests drops builds requested longer than requestTTL ago and
+// never started (a client that went away between its two calls), so their
+// names are not claimed forever.
+func (s *Service) expireRequests() {
+	s.mu.Lock()
+	var stale []*job
+	for _, j := range s.jobs {
+		if !j.rec.Started && !j.rec.over() && time.Since(j.rec.CreatedAt) > requestTTL {
+			stale = append(stale, j)
+		}
+	}
+	s.mu.Unlock()
+	for _, j := range stale {
+		s.drop(j)
+	}
+}
+
 // activeLocked counts owner's started builds that are not over.
 func (s *Service) activeLocked(owner string) int {
 	n := 0
@@ -574,6 +608,15 @@ func (s *Service) unclaim(r record) {
 	if r.Owner == "" {
 		return
 	}
+	// Another build of the name by its owner still needs the claim.
+	s.mu.Lock()
+	for _, j := range s.jobs {
+		if j.rec.BuildID != r.BuildID && j.rec.TemplateID == r.TemplateID && j.rec.Owner == r.Owner && !j.rec.over() {
+			s.mu.Unlock()
+			return
+		}
+	}
+	s.mu.Unlock()
 	if err := s.b.Unclaim(r.TemplateID, r.Owner); err != nil {
 		s.log.Warn("template builds: freeing the name of a failed first build", "template", r.TemplateID, "err", err)
 	}

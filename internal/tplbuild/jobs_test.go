@@ -213,9 +213,22 @@ func TestJobLifecycle(t *testing.T) {
 func TestBadUploads(t *testing.T) {
 	s, _ := newService(t, t.TempDir())
 	defer s.Close()
-	tpl, id, _ := s.Request(Request{Name: "x"})
+	// A refused start drops its build: each attempt is a new one.
+	start := func(spec Spec) error {
+		t.Helper()
+		tpl, id, err := s.Request(Request{Name: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Start("", tpl, id, spec)
+		if _, serr := s.Status("", tpl, id, 0, 1); err != nil && !errors.Is(serr, ErrNotFound) {
+			t.Errorf("a refused build is still there: %v", serr)
+		}
+		return err
+	}
+	tpl := "x"
 	never := sdkHash("a", "/a", "a", 0o100644, "a")
-	err := s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	err := start( Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "never uploaded") {
 		t.Errorf("never uploaded: %v", err)
 	}
@@ -223,7 +236,7 @@ func TestBadUploads(t *testing.T) {
 	if err := s.PutFile(never, bytes.NewReader(tgz(t, "a", "b"))); err != nil {
 		t.Fatal(err)
 	}
-	err = s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	err = start(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "do not match") {
 		t.Errorf("mismatch: %v", err)
 	}
@@ -233,7 +246,7 @@ func TestBadUploads(t *testing.T) {
 	// Not a tar; names leaving the context; too large.
 	for _, body := range [][]byte{[]byte("plain text"), tgz(t, "../evil", "x")} {
 		s.PutFile(never, bytes.NewReader(body))
-		err = s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+		err = start(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("bad archive: %v", err)
 		}
@@ -295,8 +308,13 @@ func TestOwnership(t *testing.T) {
 	if _, _, err := s.Request(Request{Name: "agent", Owner: "bob"}); !errors.Is(err, ErrForbidden) {
 		t.Errorf("bob builds alice's name: %v", err)
 	}
-	if _, _, err := s.Request(Request{Name: "agent", Owner: "alice"}); err != nil {
+	_, again, err := s.Request(Request{Name: "agent", Owner: "alice"})
+	if err != nil {
 		t.Errorf("alice builds her name again: %v", err)
+	}
+	// While that second build may still start, the name stays hers.
+	if err := s.Cancel("alice", tpl, again); err != nil {
+		t.Fatal(err)
 	}
 	spec := Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"exit 3"}}}}
 	if err := s.Start("bob", tpl, id, spec); !errors.Is(err, ErrNotFound) {
@@ -352,8 +370,12 @@ func TestPerKeyBounds(t *testing.T) {
 	if st.Reason == nil || !strings.Contains(st.Reason.Message, "time limit") || !strings.Contains(st.Reason.Message, "--build-timeout") {
 		t.Errorf("timed-out build: %+v", st.Reason)
 	}
-	// Its slot is free again; the refused build can start now, but its
-	// context is over the 10-byte bound.
+	// A refused build is dropped; with the slot free again, a new one
+	// starts, but its context is over the 10-byte bound.
+	if _, err := s.Status("alice", tpl2, id2, 0, 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a build refused by the bound is still there: %v", err)
+	}
+	tpl2, id2, _ = s.Request(Request{Name: "two", Owner: "alice"})
 	content := "more than ten bytes"
 	hash := sdkHash("f", "/f", "f", 0o100644, content)
 	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f", content))); err != nil {
@@ -415,5 +437,31 @@ func TestCancel(t *testing.T) {
 	waitOwnerStatus(t, s, "alice", tpl3, id3, StatusError)
 	if err := s.Start("alice", tpl3, id3, run); err == nil {
 		t.Error("a cancelled build started")
+	}
+}
+
+// A build requested and never started (its client went away between the
+// two calls) is dropped after requestTTL, and frees its name.
+func TestUnstartedRequestsExpire(t *testing.T) {
+	s, fb := newService(t, t.TempDir())
+	defer s.Close()
+	tpl, id, err := s.Request(Request{Name: "left", Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.jobs[id].rec.CreatedAt = time.Now().Add(-requestTTL - time.Minute)
+	s.mu.Unlock()
+	if _, _, err := s.Request(Request{Name: "other", Owner: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Status("alice", tpl, id, 0, 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("an expired request is still there: %v", err)
+	}
+	fb.mu.Lock()
+	_, claimed := fb.owners["left"]
+	fb.mu.Unlock()
+	if claimed {
+		t.Error("an expired request keeps its name claimed")
 	}
 }
