@@ -40,8 +40,8 @@ func TestTemplateBuilds(t *testing.T) {
 	bench.Print(&out, rows)
 	t.Logf("\n%s", out.String())
 
-	if len(rows) != 6 {
-		t.Fatalf("%d rows, want cold and cached for three paths: %+v", len(rows), rows)
+	if len(rows) != 8 {
+		t.Fatalf("%d rows, want cold and cached for four paths: %+v", len(rows), rows)
 	}
 	for i, r := range rows {
 		node := strings.Contains(r.Name, "npm e2b")
@@ -54,12 +54,12 @@ func TestTemplateBuilds(t *testing.T) {
 		if len(r.Samples) != 1 || r.Samples[0] <= 0 {
 			t.Errorf("%s: samples %v, want one", r.Name, r.Samples)
 		}
-		api := i%3 != 0
+		api := i%4 != 0
 		if api && !strings.Contains(r.Note, "to template build; target <=") {
 			t.Errorf("%s: note %q does not compare with template build", r.Name, r.Note)
 		}
 	}
-	for _, name := range []string{"bench-build-cli", "bench-build-api-go", "bench-build-api-node"} {
+	for _, name := range []string{"bench-build-cli", "bench-build-api-go", "bench-build-api-go-fastpoll", "bench-build-api-node"} {
 		if _, err := d.Templates.Get(name); !errors.Is(err, template.ErrNotFound) {
 			t.Errorf("template %s left behind: %v", name, err)
 		}
