@@ -133,24 +133,56 @@ func netRound(d *daemon.Daemon) func(ctx context.Context, i int) (time.Duration,
 
 func benchTemplatesCmd() *cobra.Command {
 	var (
-		dataDir   string
-		templates []string
-		n         int
+		dataDir, sdkDir string
+		templates       []string
+		n, builds       int
 	)
 	cmd := &cobra.Command{
 		Use:   "templates",
-		Short: "Compare create time across templates of different sizes (the first is the baseline)",
-		Long: `Start an Airlock server in this process, build the templates if needed, then create
-sandboxes from each template in turn (cold, no warm pool) and print create and
-time-to-interactive percentiles, with each template's p50 against the first's.
+		Short: "Compare template builds through the E2B API with airlock template build, and create time across templates",
+		Long: `Start an Airlock server in this process, then:
+
+Builds: the same three-step template (a RUN writing a file, a COPY of a small
+file, an ENV, from the first --templates entry) built through 'airlock template
+build' (the template store's Build with a Dockerfile and a context directory)
+and through the E2B template build API as the SDK speaks it (POST /v3/templates,
+file presence and upload, start, status polling), with Airlock's Go client and,
+when node and --sdk-dir/node_modules are there, with the npm SDK's
+Template.build. Cold builds change every layer (a fresh nonce in the RUN and the
+file); cached builds repeat one template. Each API row says what it adds to
+'airlock template build' against issue 15's targets (10% cold, 1 s cached).
+
+Creates: sandboxes from each template in turn (cold, no warm pool), with create
+and time-to-interactive percentiles and each template's p50 against the first's.
 Sandboxes mount a template read-only and never copy it, so size should not show.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(templates) == 0 {
+				return fmt.Errorf("--templates: name at least one template")
+			}
+			if n < 0 || builds < 0 {
+				return fmt.Errorf("--n and --builds must not be negative")
+			}
 			d, err := startBench(cmd.Context(), benchConfig(dataDir, templates, "linux", slog.LevelWarn, true))
 			if err != nil {
 				return err
 			}
 			defer d.Close()
+			date := time.Now().UTC().Format(time.DateOnly)
+			if builds > 0 {
+				rows, err := bench.TemplateBuilds(cmd.Context(), bench.BuildsConfig{
+					APIURL: d.APIURL, APIKey: d.APIKeys[0], Store: d.Templates, Base: templates[0],
+					Iterations: builds, SDKDir: sdkDir, Progress: os.Stderr,
+				})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("\nAirlock bench templates: builds of FROM %s + RUN, COPY, ENV, %s\n\n", templates[0], date)
+				bench.Print(os.Stdout, rows)
+			}
+			if n == 0 {
+				return nil
+			}
 			labels := map[string]string{}
 			for _, name := range templates {
 				t, err := d.Templates.Get(name)
@@ -165,15 +197,17 @@ Sandboxes mount a template read-only and never copy it, so size should not show.
 			if err != nil {
 				return err
 			}
-			fmt.Printf("\nAirlock bench templates, %s\n\n", time.Now().UTC().Format(time.DateOnly))
+			fmt.Printf("\nAirlock bench templates: creates, %s\n\n", date)
 			bench.Print(os.Stdout, rows)
 			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
-	f.StringSliceVar(&templates, "templates", []string{"base", "code-interpreter-v1"}, "templates to compare; the first is the baseline")
-	f.IntVar(&n, "n", 50, "creates per template")
+	f.StringSliceVar(&templates, "templates", []string{"base", "code-interpreter-v1"}, "templates to compare; the first is the baseline and the builds' base")
+	f.IntVar(&n, "n", 50, "creates per template (0 skips the creates)")
+	f.IntVar(&builds, "builds", 5, "cold and cached builds per build path (0 skips the builds)")
+	f.StringVar(&sdkDir, "sdk-dir", "tests/sdk", "directory with node_modules/e2b for the npm SDK's build rows (skipped when missing)")
 	return cmd
 }
 
