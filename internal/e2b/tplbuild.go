@@ -37,11 +37,18 @@ type TemplateBuilds interface {
 	Start(owner, templateID, buildID string, spec tplbuild.Spec) error
 	Status(owner, templateID, buildID string, offset, limit int) (tplbuild.Status, error)
 	Cancel(owner, templateID, buildID string) error
+	// StatusChanged is closed at the build's next status change; nil when
+	// there is none to wait for.
+	StatusChanged(owner, templateID, buildID string) <-chan struct{}
 	// CancelTemplate cancels owner's unfinished builds of a template and
 	// says how many there were.
 	CancelTemplate(owner, templateID string) int
 	MaxUpload() int64
 }
+
+// statusHold bounds how long a build status request waits for a change;
+// the log lines of that time come with the answer.
+const statusHold = time.Second
 
 // uploadPath is where the SDK PUTs a COPY step's archive. It is outside the
 // E2B paths because the SDK sends no API key with it (upstream's is a
@@ -265,7 +272,21 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	st, err := h.opts.Builds.Status(ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
+	owner, tpl, id := ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID")
+	// Held until the status changes, for at most statusHold: the SDK polls
+	// every 200 ms, and an answer "building" just before the build ends
+	// would cost it a whole interval. Log lines keep arriving meanwhile and
+	// come with the answer.
+	if ch := h.opts.Builds.StatusChanged(owner, tpl, id); ch != nil {
+		t := time.NewTimer(statusHold)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-r.Context().Done():
+		}
+		t.Stop()
+	}
+	st, err := h.opts.Builds.Status(owner, tpl, id, offset, limit)
 	if err != nil {
 		return buildError(err)
 	}

@@ -138,6 +138,16 @@ type job struct {
 	entries []LogEntry
 	// cancel ends the build's context (with errCancelled); set by Start.
 	cancel context.CancelCauseFunc
+	// changed is closed (and replaced) when the status changes.
+	changed chan struct{}
+}
+
+// notifyLocked wakes the waiters of a status change.
+func (j *job) notifyLocked() {
+	if j.changed != nil {
+		close(j.changed)
+		j.changed = nil
+	}
 }
 
 // over reports whether a build has an outcome.
@@ -724,6 +734,27 @@ func (s *Service) setStatus(j *job, status string) {
 	if err := s.writeRecord(rec); err != nil {
 		s.log.Warn("template builds: recording status", "build", rec.BuildID, "err", err)
 	}
+	s.mu.Lock()
+	j.notifyLocked()
+	s.mu.Unlock()
+}
+
+// StatusChanged returns a channel closed at the next status change of
+// owner's build, or nil when the build is over or not this server's to
+// watch: a status poll can wait on it instead of answering "building"
+// again at once (the SDK polls every 200 ms, so an answer held until the
+// change saves the client most of a poll interval at the end of a build).
+func (s *Service) StatusChanged(owner, templateID, buildID string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := s.jobs[buildID]
+	if j == nil || j.rec.TemplateID != templateID || j.rec.Owner != owner || j.rec.over() {
+		return nil
+	}
+	if j.changed == nil {
+		j.changed = make(chan struct{})
+	}
+	return j.changed
 }
 
 func (s *Service) finish(j *job, status string, reason *Reason) {
@@ -739,6 +770,9 @@ func (s *Service) finish(j *job, status string, reason *Reason) {
 	if err := s.writeRecord(rec); err != nil {
 		s.log.Warn("template builds: recording the outcome", "build", rec.BuildID, "err", err)
 	}
+	s.mu.Lock()
+	j.notifyLocked()
+	s.mu.Unlock()
 }
 
 func (s *Service) appendLog(j *job, level, step, msg string) {

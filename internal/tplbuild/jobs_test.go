@@ -409,8 +409,20 @@ func TestCancel(t *testing.T) {
 	if err := s.Cancel("bob", tpl, id); !errors.Is(err, ErrNotFound) {
 		t.Errorf("bob cancels alice's build: %v", err)
 	}
+	changed := s.StatusChanged("alice", tpl, id)
+	if changed == nil || s.StatusChanged("bob", tpl, id) != nil {
+		t.Fatal("StatusChanged: no channel for the owner, or one for another key")
+	}
 	if err := s.Cancel("alice", tpl, id); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("StatusChanged was not closed when the build ended")
+	}
+	if s.StatusChanged("alice", tpl, id) != nil {
+		t.Error("StatusChanged of a finished build: want nil, nothing will change")
 	}
 	st := waitOwnerStatus(t, s, "alice", tpl, id, StatusError)
 	if st.Reason == nil || !strings.Contains(st.Reason.Message, "cancelled") {
