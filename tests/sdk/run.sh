@@ -57,6 +57,9 @@ if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ]; then
 fi
 
 api_key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
+# Test files build in parallel with the one key; the bound is what
+# template-access.test.mjs fills with the second key.
+builds_per_key=4
 # A second key, for what one key must not see or change of another's.
 other_key="e2b_$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')"
 run_id="sdk-$(date +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
@@ -125,7 +128,7 @@ log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1
 AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve \
   --api-addr "127.0.0.1:$api_port" \
   --sandbox-addr "127.0.0.1:$sandbox_port" \
-  --data-dir "$data_dir" "${extra_args[@]}" >"$server_log" 2>&1 &
+  --data-dir "$data_dir" --builds-per-key "$builds_per_key" "${extra_args[@]}" >"$server_log" 2>&1 &
 server_pid=$!
 log "airlock serve pid $server_pid, log $server_log"
 
@@ -158,6 +161,7 @@ export E2B_API_URL="http://127.0.0.1:$api_port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$sandbox_port"
 export E2B_API_KEY="$api_key"
 export AIRLOCK_SDK_OTHER_KEY="$other_key"
+export AIRLOCK_SDK_BUILDS_PER_KEY="$builds_per_key"
 export AIRLOCK_SDK_RUN_ID="$run_id"
 export AIRLOCK_DATA_DIR="$data_dir"   # persist tests look at what a pause wrote
 export AIRLOCK_BIN="$bin"   # the MCP test spawns `airlock mcp` (stdio)

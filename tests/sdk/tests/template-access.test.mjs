@@ -3,7 +3,7 @@
 // with both): a template is its builder's key's; another key neither sees,
 // uses, rebuilds, builds from, changes nor deletes it until the owner makes
 // it public, and then only uses it. And the per-key bounds on builds: a
-// third build at once is refused with 429 naming the bound; a build can be
+// build over the bound (run.sh's --builds-per-key) is refused with 429 naming it; a build can be
 // cancelled, and deleting its template stops a running build.
 
 import assert from 'node:assert/strict'
@@ -96,14 +96,26 @@ describe('per-key build bounds and cancel', { concurrency: false }, () => {
   const sleeper = () => Template().fromTemplate('base').runCmd(`sleep 600 # ${uniq('n')}`)
   const statusOf = (info, key) => api('GET', `/templates/${info.templateId}/builds/${info.buildId}/status`, { key })
 
-  test('a third build at once is refused; cancel and delete stop builds', async () => {
+  test('a build over the bound is refused; cancel and delete stop builds', async () => {
     const a = uniq('acc-a')
     const b = uniq('acc-b')
     built.push([a, OTHER], [b, OTHER])
+    const bound = Number(process.env.AIRLOCK_SDK_BUILDS_PER_KEY)
+    assert.ok(bound >= 2, 'AIRLOCK_SDK_BUILDS_PER_KEY (run.sh) is the server\'s --builds-per-key')
     const first = await Template.buildInBackground(sleeper(), a, { apiKey: OTHER })
     const second = await Template.buildInBackground(sleeper(), b, { apiKey: OTHER })
-    const third = await fails(Template.buildInBackground(sleeper(), uniq('acc-c'), { apiKey: OTHER }), 'a third build at once')
-    assert.match(third.message, /builds-per-key/)
+    const more = []
+    for (let i = 2; i < bound; i++) {
+      const n = uniq('acc-more')
+      built.push([n, OTHER])
+      more.push(await Template.buildInBackground(sleeper(), n, { apiKey: OTHER }))
+    }
+    const over = await fails(Template.buildInBackground(sleeper(), uniq('acc-c'), { apiKey: OTHER }), 'a build over the bound')
+    assert.match(over.message, /builds-per-key/)
+    for (const m of more) {
+      const res = await api('DELETE', `/templates/${m.templateId}/builds/${m.buildId}`, { key: OTHER })
+      assert.equal(res.status, 204, res.text)
+    }
     // The bound is per key: this key's build is taken (it waits for the
     // server's one build slot, held by the other key's first build).
     const mine = uniq('acc-mine')

@@ -208,7 +208,13 @@ describe('bad input → 400', () => {
       const res = await start(r, { fromTemplate: 'base', steps: [{ type: 'COPY', args: ['f.txt', '/f.txt'], filesHash: hash }] })
       assert.equal(res.status, 400, res.text)
       assert.match(res.json.message, /do not match their hash/)
-      const again = await api('GET', `/templates/${r.templateID}/files/${hash}`)
+      // The refused build is gone (its first build: the name too); a new
+      // request finds the bad upload dropped.
+      const gone = await api('GET', `/templates/${r.templateID}/builds/${r.buildID}/status`)
+      assert.equal(gone.status, 404, gone.text)
+      const r2 = await request()
+      const again = await api('GET', `/templates/${r2.templateID}/files/${hash}`)
+      assert.equal(again.status, 201, again.text)
       assert.equal(again.json.present, false, 'the bad upload was dropped')
     } finally {
       rmSync(dir, { recursive: true, force: true })
