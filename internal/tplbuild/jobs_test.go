@@ -228,7 +228,7 @@ func TestBadUploads(t *testing.T) {
 	}
 	tpl := "x"
 	never := sdkHash("a", "/a", "a", 0o100644, "a")
-	err := start( Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
+	err := start(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "never uploaded") {
 		t.Errorf("never uploaded: %v", err)
 	}
