@@ -107,7 +107,7 @@ function verbs() {
     .npmInstall('/opt/pkgs/airlock-verbs-cli-1.0.0.tgz', { dev: true })
     // git: a repository with two branches, cloned by file://
     .runCmd([
-      'git init -q --bare /srv/verbs.git',
+      'git init -q --bare -b main /srv/verbs.git',
       'rm -rf /tmp/w && git init -q -b main /tmp/w && cd /tmp/w',
       'echo main > which.txt && git add which.txt',
       `git ${gitId} commit -q -m one`,
@@ -254,7 +254,7 @@ describe('start and ready commands', { concurrency: false }, () => {
         assert.ok(ms >= 2000, `create waited for the timeout: ${ms} ms`)
         assert.match(await sh(sbx, 'cat /tmp/started-at'), /^\d+$/)
       }],
-    ['setReadyCmd', () => verbs().setStartCmd('sleep 1 && touch /tmp/ready-later && sleep infinity', waitForTimeout(1000)).setReadyCmd('test -f /tmp/ready-later'),
+    ['setReadyCmd', () => verbs().setStartCmd('sleep 3 && touch /tmp/ready-later && sleep infinity', waitForTimeout(1000)).setReadyCmd('test -f /tmp/ready-later'),
       async (sbx) => assert.equal(await sh(sbx, 'test -f /tmp/ready-later && echo there'), 'there')],
   ]
   for (const [what, def, check] of cases) {
