@@ -72,6 +72,12 @@ func main() {
 	if !ok || user == "" || pass == "" {
 		log.Fatalf("registry: -auth must be user:password")
 	}
+	// The blobs are pushed again on every start (from the cached layer
+	// file, a local copy): starting empty keeps blobs of older layers from
+	// piling up.
+	if err := os.RemoveAll(filepath.Join(*cacheDir, "blobs")); err != nil {
+		log.Fatalf("registry: %v", err)
+	}
 	if err := os.MkdirAll(filepath.Join(*cacheDir, "blobs"), 0o755); err != nil {
 		log.Fatalf("registry: %v", err)
 	}
@@ -207,6 +213,13 @@ func (s *seeder) image() (v1.Image, error) {
 	if _, err := os.Stat(blob); err != nil {
 		if err := writeLayer(filepath.Join(s.data, "layers", key, "rootfs"), blob); err != nil {
 			return nil, err
+		}
+		// A new base layer: the file of the old one is not used again.
+		old, _ := filepath.Glob(filepath.Join(s.cache, "layer-*.tar.gz"))
+		for _, f := range old {
+			if f != blob {
+				_ = os.Remove(f)
+			}
 		}
 	}
 	layer, err := tarball.LayerFromFile(blob)
