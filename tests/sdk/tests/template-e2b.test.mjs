@@ -119,7 +119,7 @@ describe('build', { concurrency: false }, () => {
     const text = logs.map((e) => e.message).join('\n')
     assert.ok(logs.some((e) => e.message === 'This is a test file.'), text.slice(-2000))
     assert.ok(logs.some((e) => e.message === 'test.txt'), `symlink.txt is a link: ${text.slice(-2000)}`)
-    assert.match(text, /ubuntu:22\.04/, 'the log names the image')
+    assert.ok(text.includes(`FROM ubuntu:22.04: pulling through the registry mirror http://${REGISTRY}`), `pulled through the local mirror: ${text.slice(0, 2000)}`)
   })
 
   test('fromImage(ubuntu:22.04): resolveSymlinks copies the target\'s content', async () => {
@@ -254,7 +254,7 @@ describe('backgroundBuild', () => {
     const info = await Template.buildInBackground(
       Template().fromImage('ubuntu:22.04').skipCache().runCmd('sleep 5').setStartCmd('echo "Hello" && sleep infinity', waitForTimeout(1000)),
       name, { cpuCount: 1, memoryMB: 1024 })
-    assert.ok(Date.now() - t0 < 5000, `buildInBackground took ${Date.now() - t0} ms`)
+    assert.ok(Date.now() - t0 < 10_000, `buildInBackground took ${Date.now() - t0} ms`)
     const first = await Template.getBuildStatus(info)
     assert.ok(['waiting', 'building'].includes(first.status), first.status)
     const final = await waitFor(async () => {

@@ -135,7 +135,6 @@ function verbs() {
 }
 
 const name = uniq('verbs')
-let buildLogs = ''
 
 async function sh(sbx, cmd, opts = {}) {
   const r = await sbx.commands.run(cmd, opts)
@@ -151,12 +150,10 @@ async function sandboxOf(tpl) {
 describe('every builder verb', { concurrency: false }, () => {
   before(async () => {
     built.add(name)
-    const logs = []
     const t0 = Date.now()
-    await Template.build(verbs().setStartCmd('sleep infinity', waitForTimeout(1000)), name, { onBuildLogs: (e) => logs.push(e) })
-    buildLogs = logs.map((e) => e.message).join('\n')
+    await Template.build(verbs().setStartCmd('sleep infinity', waitForTimeout(1000)), name)
     console.log(`verbs build: ${Date.now() - t0} ms`)
-  })
+  }, { timeout: 600_000 }) // cold: apt, npm and git steps, maybe queued behind other files' builds
 
   test('copy, copyItems: content, modes, owners, symlinks', async () => {
     const sbx = await sandboxOf(name)
@@ -214,7 +211,7 @@ describe('every builder verb', { concurrency: false }, () => {
     await sbx.kill()
   })
 
-  test('pipInstall: global (root) and g: false (--user)', async () => {
+  test('pipInstall: global (root) and g: false (--user)', { timeout: 300_000 }, async () => {
     const py = uniq('verbs-pip')
     built.add(py)
     const tpl = Template({ fileContextPath: ctx })
@@ -261,7 +258,13 @@ describe('start and ready commands', { concurrency: false }, () => {
     test(what, async () => {
       const n = uniq(`verbs-${what.toLowerCase()}`)
       built.add(n)
-      await Template.build(def(), n)
+      const logs = []
+      await Template.build(def(), n, { onBuildLogs: (e) => logs.push(e) })
+      // The steps were built above: cached now, except the forceUpload
+      // copy (the last step), which force builds every time.
+      const text = logs.map((e) => e.message).join('\n')
+      assert.match(text, /step 1\/(\d+) .*: cached/, text.slice(-3000))
+      assert.match(text, /step (\d+)\/\1 COPY .*: done in/, text.slice(-3000))
       const t0 = Date.now()
       const sbx = await sandboxOf(n)
       const ms = Date.now() - t0
