@@ -138,6 +138,21 @@ describe('build', { concurrency: false }, () => {
   })
 })
 
+describe('copy of a symlink by name', () => {
+  // E2B's builder copies such a link as a link; Airlock's COPY follows a
+  // source link as Docker's does, and the SDK uploads the link alone, so the
+  // build is refused at once with what to do instead.
+  test('without resolveSymlinks: a clear error naming the link', async () => {
+    const name = named('e2bt-link-src')
+    const err = await rejectsWith(
+      Template.build(Template({ fileContextPath: ctx }).fromTemplate('base').copy('folder/symlink.txt', '/tmp/s.txt'), name),
+      BuildError, 'copy of a symlink')
+    assert.match(err.message, /folder\/symlink\.txt: the source is a symlink \(to test\.txt\)/)
+    assert.match(err.message, /resolveSymlinks/)
+    assert.equal(await Template.exists(name), false)
+  })
+})
+
 describe('runCmd', { concurrency: false }, () => {
   test('a command on ubuntu:22.04', async () => {
     needRegistry()
