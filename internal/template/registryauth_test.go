@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -41,8 +43,9 @@ func TestBuildFromRegistryWithBasicAuth(t *testing.T) {
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(guarded.Close)
+	marker := "private " + time.Now().String() + "\n"
 	img := ocitest.ShellImage(t, rootfs, ociimage.Config{Env: []string{"PATH=/usr/bin:/bin"}}, []string{"/bin/cat"},
-		map[string]string{"etc/marker": "private " + time.Now().String() + "\n"})
+		map[string]string{"etc/marker": marker})
 	ocitest.Push(t, strings.TrimPrefix(open.URL, "http://"), "team/tool:1", img)
 	ref := strings.TrimPrefix(guarded.URL, "http://") + "/team/tool:1"
 
@@ -58,6 +61,9 @@ func TestBuildFromRegistryWithBasicAuth(t *testing.T) {
 	tpl, _ := build(t, s, template.BuildRequest{Name: uniqueName(t, s, "regauth"), Dockerfile: []byte("FROM " + ref + "\n"), Keychain: good})
 	if tpl.Source.From != ref {
 		t.Errorf("source %+v", tpl.Source)
+	}
+	if got, err := os.ReadFile(filepath.Join(tpl.RootFS, "etc/marker")); err != nil || string(got) != marker {
+		t.Errorf("the pulled image's /etc/marker: %q, %v; want %q", got, err, marker)
 	}
 
 	wrong, err := ociimage.BasicAuthFor(ref, "builder", "wrong")
