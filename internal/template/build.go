@@ -14,6 +14,7 @@ import (
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/moby/sys/user"
 
 	"github.com/airlock-sandbox/airlock/internal/buildbox"
@@ -58,6 +59,11 @@ type BuildRequest struct {
 	// no private address (a company's internal services) beyond the ones
 	// the operator opened for sandboxes (Options.AllowPrivate).
 	Untrusted bool
+	// Keychain, when set, gives the credentials for pulling the FROM image
+	// (the E2B SDK's fromImage(image, {username, password})) in place of
+	// the store's default (the docker config file). It is not part of any
+	// layer key: an image is keyed by its manifest digest.
+	Keychain authn.Keychain
 }
 
 // buildOrigin says who asks: a built-in build may use its reserved name.
@@ -300,7 +306,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 	if err != nil {
 		return Template{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	from, err := s.resolveFrom(ctx, ref, line, p)
+	from, err := s.resolveFrom(ctx, ref, line, req.Keychain, p)
 	if err != nil {
 		return Template{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"github.com/google/go-containerregistry/pkg/authn"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
@@ -44,8 +45,9 @@ var debianImages = map[string]struct {
 }
 
 // resolveFrom finds the source a FROM line names: a Debian base, another template
-// (a built-in is built first when needed), or an OCI image.
-func (s *Store) resolveFrom(ctx context.Context, ref string, line int, p *progress) (*source, error) {
+// (a built-in is built first when needed), or an OCI image, pulled with kc's
+// credentials when kc is set.
+func (s *Store) resolveFrom(ctx context.Context, ref string, line int, kc authn.Keychain, p *progress) (*source, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: Dockerfile line %d: FROM %s: %s", ErrInvalid, line, ref, fmt.Sprintf(format, a...))
 	}
@@ -93,7 +95,11 @@ func (s *Store) resolveFrom(ctx context.Context, ref string, line int, p *progre
 		return nil, bad("not a template name, debian:bookworm[-slim], or an image reference (ubuntu:22.04, a registry host such as docker.io/..., oci:<dir>, docker-archive:<file>)")
 	}
 	p.setPhase("resolving image " + ref)
-	img, err := ociimage.Open(ctx, ref, s.ImageOptions())
+	opts := s.ImageOptions()
+	if kc != nil {
+		opts.Keychain = kc
+	}
+	img, err := ociimage.Open(ctx, ref, opts)
 	if err != nil {
 		return nil, fmt.Errorf("Dockerfile line %d: FROM %s: %w", line, ref, err)
 	}

@@ -141,7 +141,31 @@ func (f files) extract(ctx context.Context, c Copy, dst string, budget int64) (v
 		f.drop(c.Hash)
 		return false, 0, fmt.Errorf("%w: step %d: the files uploaded for COPY %s %s do not match their hash %s", ErrInvalid, c.Step, c.Src, c.Dest, c.Hash)
 	}
+	if err := linkSource(c, entries); err != nil {
+		_ = os.RemoveAll(dst)
+		return false, 0, err
+	}
 	return ok, size, nil
+}
+
+// linkSource refuses a COPY whose source, named without a pattern, is a
+// symlink in the upload (the SDK's copy of a link without resolveSymlinks).
+// E2B's builder copies the link itself; Airlock's COPY follows a source
+// link, as Docker's does, and what the link points to is not in the upload
+// (the SDK packs the link alone), so the build would fail on "no match".
+// A link inside a copied directory, or matched by a pattern, is copied as a
+// link (see Convert) and is fine.
+func linkSource(c Copy, entries []entry) error {
+	src := path.Clean(c.Src)
+	if _, pattern := globBase(src); pattern {
+		return nil
+	}
+	for _, e := range entries {
+		if e.rel == src && e.link != "" && !e.isFile && !e.isDir {
+			return fmt.Errorf("%w: step %d: COPY %s: the source is a symlink (to %s), which Airlock's COPY would follow, and its target was not uploaded; copy it with resolveSymlinks: true, or copy the directory that holds it", ErrInvalid, c.Step, c.Src, e.link)
+		}
+	}
+	return nil
 }
 
 func (f files) drop(hash string) { _ = os.Remove(f.path(hash)) }

@@ -668,6 +668,7 @@ func (s *Service) build(ctx context.Context, j *job, conv Converted, ctxDir stri
 		Settings: settings, Replace: true, Output: output, NoCacheFromLine: conv.NoCacheFromLine,
 		Untrusted: true, // an API key's steps, not the operator's
 		BuildID:   j.rec.BuildID, Tags: j.rec.Tags,
+		Keychain: conv.Keychain,
 	}, status)
 	status.flush()
 	output.flush()

@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
 )
 
@@ -33,7 +35,8 @@ type Step struct {
 type Spec struct {
 	FromTemplate string `json:"fromTemplate,omitempty"`
 	FromImage    string `json:"fromImage,omitempty"`
-	// FromImageRegistry is kept raw: only its presence matters (refused).
+	// FromImageRegistry is upstream's credentials for fromImage: only
+	// type "registry" (username, password) is taken (see Credentials).
 	FromImageRegistry json.RawMessage `json:"fromImageRegistry,omitempty"`
 	Force             bool            `json:"force,omitempty"`
 	Steps             []Step          `json:"steps"`
@@ -55,6 +58,9 @@ type Converted struct {
 	// force (the SDK's skipCache() sets it on that step and every later
 	// one), or 1 for a whole-template force; 0 when the cache is used.
 	NoCacheFromLine int
+	// Keychain has fromImage's registry credentials (nil without any):
+	// template.BuildRequest.Keychain. It never goes into a record or log.
+	Keychain authn.Keychain
 }
 
 // Copy is one COPY step's upload: its hash and the src/dest the SDK hashed.
@@ -98,7 +104,11 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 	if err != nil {
 		return Converted{}, err
 	}
-	out := Converted{StepOfLine: map[int]int{}}
+	kc, err := Credentials(spec, from)
+	if err != nil {
+		return Converted{}, err
+	}
+	out := Converted{StepOfLine: map[int]int{}, Keychain: kc}
 	var lines []string
 	emit := func(step int, l string) {
 		lines = append(lines, l)
@@ -209,7 +219,24 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 				flags += " --chmod=" + strings.TrimPrefix(st.Args[3], "0")
 			}
 			// A relative dest is relative to WORKDIR in both E2B and Docker.
-			emit(n, "COPY"+flags+" "+jsonArray(st.FilesHash+"/"+clean, dest))
+			from, to := st.FilesHash+"/"+clean, dest
+			if base, ok := globBase(clean); ok {
+				// A pattern (folder/*, src/**/*.py): the upload holds
+				// only the matches, under the pattern's fixed prefix, so
+				// that directory is copied and its content merged into
+				// dest, as E2B does. Copying the matches one by one, as
+				// Docker's COPY of a pattern does, would follow a
+				// matched symlink (and refuse an absolute one) where
+				// E2B keeps the link as uploaded.
+				from = st.FilesHash + "/"
+				if base != "." {
+					from += base + "/"
+				}
+				if !strings.HasSuffix(to, "/") {
+					to += "/"
+				}
+			}
+			emit(n, "COPY"+flags+" "+jsonArray(from, to))
 			out.Copies = append(out.Copies, Copy{Step: n, Hash: st.FilesHash, Src: src, Dest: dest})
 		default:
 			return Converted{}, bad("unknown step type (Airlock supports COPY, ENV, RUN, WORKDIR, USER)")
@@ -217,6 +244,25 @@ func Convert(spec Spec, sourceUser string) (Converted, error) {
 	}
 	out.Dockerfile = strings.Join(lines, "\n") + "\n"
 	return out, nil
+}
+
+// globBase splits a COPY source with glob characters at its fixed prefix:
+// the directories before the first component with a wildcard ("." when
+// that is the first one). ok is false for a source without wildcards. The
+// SDK matches sources with glob semantics (*, ?, [...], **); a backslash
+// escapes, as in path.Match, so it counts as a wildcard here too: such a
+// source is never a plain path.
+func globBase(src string) (base string, ok bool) {
+	parts := strings.Split(src, "/")
+	for i, p := range parts {
+		if strings.ContainsAny(p, `*?[\`) {
+			if i == 0 {
+				return ".", true
+			}
+			return strings.Join(parts[:i], "/"), true
+		}
+	}
+	return "", false
 }
 
 func orRoot(u string) string {
@@ -238,6 +284,50 @@ func jsonArray(words ...string) string {
 func envQuote(v string) string {
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	return `"` + r.Replace(v) + `"`
+}
+
+// registryConfig is upstream's FromImageRegistry: a oneOf on type.
+type registryConfig struct {
+	Type     string `json:"type"`
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// Credentials returns a keychain with fromImage's registry credentials
+// (upstream's fromImageRegistry) for the registry of from, the image
+// Source resolved; nil when the spec has none. Only type "registry" (HTTP
+// basic auth: username and password, which the SDK's fromImage(image,
+// {username, password}) sends) is supported. "aws" and "gcp" need those
+// clouds' token exchanges, which Airlock does not do: a 400 that says so.
+// The credentials go to that registry only, not to a registry mirror the
+// server redirects it to (the mirror is the operator's, with its own
+// credentials in the docker config file).
+func Credentials(spec Spec, from string) (authn.Keychain, error) {
+	if len(spec.FromImageRegistry) == 0 || string(spec.FromImageRegistry) == "null" {
+		return nil, nil
+	}
+	var rc registryConfig
+	if err := json.Unmarshal(spec.FromImageRegistry, &rc); err != nil {
+		return nil, fmt.Errorf("%w: fromImageRegistry: %w", ErrInvalid, err)
+	}
+	switch rc.Type {
+	case "registry":
+	case "aws", "gcp":
+		return nil, fmt.Errorf("%w: fromImageRegistry type %q (fromAWSRegistry/fromGCPRegistry) is not supported by Airlock; give the registry's username and password (fromImage(image, {username, password})) or pull through a registry mirror the server is configured with (airlock serve --registry-mirror)", ErrInvalid, rc.Type)
+	default:
+		return nil, fmt.Errorf("%w: fromImageRegistry type %q is unknown (want registry)", ErrInvalid, rc.Type)
+	}
+	if rc.Username == "" || rc.Password == "" {
+		return nil, fmt.Errorf("%w: fromImageRegistry needs a username and a password", ErrInvalid)
+	}
+	if !ociimage.IsImageRef(from) && !ociimage.IsDockerHubRef(from) {
+		return nil, fmt.Errorf("%w: registry credentials are for a registry image; %s is not one", ErrInvalid, spec.FromImage)
+	}
+	kc, err := ociimage.BasicAuthFor(from, rc.Username, rc.Password)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return kc, nil
 }
 
 // validRef is a template reference Airlock can resolve in FROM: a name, with
@@ -267,8 +357,8 @@ const BaseTemplate = "base"
 // Whoever wants E2B's own image can name it with a registry host
 // (docker.io/e2bdev/base:latest) and it is pulled like any image.
 func Source(spec Spec) (ref string, isTemplate bool, err error) {
-	if len(spec.FromImageRegistry) > 0 {
-		return "", false, fmt.Errorf("%w: fromImage with registry credentials is not supported by Airlock's template API; pull through a registry mirror the server is configured with (airlock serve --registry-mirror), or use a public image", ErrInvalid)
+	if len(spec.FromImageRegistry) > 0 && spec.FromImage == "" {
+		return "", false, fmt.Errorf("%w: fromImageRegistry (registry credentials) needs fromImage", ErrInvalid)
 	}
 	switch {
 	case spec.FromImage != "" && spec.FromTemplate != "":

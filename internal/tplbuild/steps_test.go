@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
 )
 
 const testHash = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -78,7 +80,13 @@ func TestConvertRefuses(t *testing.T) {
 		msg  string
 	}{
 		{"unknown type", Spec{FromTemplate: "base", Steps: []Step{{Type: "ADD", Args: []string{"a", "b"}}}}, "unknown step type"},
-		{"registry credentials", Spec{FromImage: "ubuntu:22.04", FromImageRegistry: []byte(`{"type":"registry"}`)}, "registry credentials"},
+		{"credentials without password", Spec{FromImage: "ubuntu:22.04", FromImageRegistry: []byte(`{"type":"registry","username":"u"}`)}, "username and a password"},
+		{"aws credentials", Spec{FromImage: "1.dkr.ecr.us-east-1.amazonaws.com/x:1", FromImageRegistry: []byte(`{"type":"aws","awsAccessKeyId":"a"}`)}, `type "aws"`},
+		{"gcp credentials", Spec{FromImage: "gcr.io/p/x:1", FromImageRegistry: []byte(`{"type":"gcp","serviceAccountJson":"{}"}`)}, "not supported"},
+		{"odd credentials", Spec{FromImage: "ubuntu:22.04", FromImageRegistry: []byte(`{"type":"kerberos"}`)}, "unknown"},
+		{"credentials not JSON", Spec{FromImage: "ubuntu:22.04", FromImageRegistry: []byte(`[1]`)}, "fromImageRegistry"},
+		{"credentials for a template", Spec{FromTemplate: "base", FromImageRegistry: []byte(`{"type":"registry","username":"u","password":"p"}`)}, "needs fromImage"},
+		{"credentials for base", Spec{FromImage: "e2bdev/base", FromImageRegistry: []byte(`{"type":"registry","username":"u","password":"p"}`)}, "not one"},
 		{"both sources", Spec{FromImage: "ubuntu:22.04", FromTemplate: "base"}, "not both"},
 		{"bad image", Spec{FromImage: "Ubuntu:22.04"}, "not an image reference"},
 		{"image with space", Spec{FromImage: "ubuntu:22.04 AS x"}, "not an image reference"},
@@ -150,5 +158,68 @@ func TestConvertForce(t *testing.T) {
 	}
 	if got, _ := Convert(Spec{FromTemplate: "base", Force: true, Steps: steps[:1]}, "user"); got.NoCacheFromLine != 1 {
 		t.Errorf("template force: NoCacheFromLine %d", got.NoCacheFromLine)
+	}
+}
+
+// A COPY whose source is a pattern copies the pattern's fixed prefix (the
+// upload holds only the matches, below it) into dest as a directory, so
+// that matched symlinks stay links as E2B keeps them.
+func TestConvertCopyPattern(t *testing.T) {
+	cases := []struct{ src, dest, want string }{
+		{"folder/*", "folder", `["` + testHash + `/folder/","folder/"]`},
+		{"src/**/*.py", "/app/", `["` + testHash + `/src/","/app/"]`},
+		{"*.txt", "/data", `["` + testHash + `/","/data/"]`},
+		{"a/b/file[12].txt", "x", `["` + testHash + `/a/b/","x/"]`},
+		{"a/b/plain.txt", "x", `["` + testHash + `/a/b/plain.txt","x"]`},
+	}
+	for _, c := range cases {
+		got, err := Convert(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{c.src, c.dest}, FilesHash: testHash}}}, "")
+		if err != nil {
+			t.Fatalf("%s: %v", c.src, err)
+		}
+		line := strings.Split(got.Dockerfile, "\n")[1]
+		if line != "COPY "+c.want {
+			t.Errorf("%s → %s: %s, want COPY %s", c.src, c.dest, line, c.want)
+		}
+		// The hash is of what the SDK sent: the pattern and dest as given.
+		if got.Copies[0].Src != c.src || got.Copies[0].Dest != c.dest {
+			t.Errorf("%s: copy %+v", c.src, got.Copies[0])
+		}
+	}
+}
+
+// fromImage's basic-auth credentials become a keychain that answers them for
+// the image's registry only.
+func TestConvertCredentials(t *testing.T) {
+	spec := Spec{FromImage: "registry.example:5000/team/tool:1", FromImageRegistry: []byte(`{"type":"registry","username":"u","password":"p"}`)}
+	got, err := Convert(spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Keychain == nil {
+		t.Fatal("no keychain")
+	}
+	if got.Dockerfile != "FROM registry.example:5000/team/tool:1\n" {
+		t.Errorf("Dockerfile (no credentials in it): %q", got.Dockerfile)
+	}
+	for reg, want := range map[string]bool{"registry.example:5000": true, "index.docker.io": false} {
+		r, err := name.NewRegistry(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := got.Keychain.Resolve(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := a.Authorization()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if has := cfg.Username == "u" && cfg.Password == "p"; has != want {
+			t.Errorf("%s: credentials given = %v, want %v", reg, has, want)
+		}
+	}
+	if plain, err := Convert(Spec{FromImage: "ubuntu:22.04"}, ""); err != nil || plain.Keychain != nil {
+		t.Errorf("no credentials: keychain %v, err %v", plain.Keychain, err)
 	}
 }

@@ -15,6 +15,15 @@
 #                              (otherwise it is shown until the server is healthy,
 #                              then kept in a log file and tailed on failure)
 #   AIRLOCK_SDK_CONCURRENCY    test files run in parallel (default 2)
+#   AIRLOCK_SDK_REGISTRY=0     do not start the local registry (tests/sdk/registry)
+#
+# A local OCI registry (tests/sdk/registry, built here with `go build`) stands
+# in for Docker Hub: the server gets `--registry-mirror docker.io=<it>`, so
+# fromImage('ubuntu:22.04') pulls an image the registry made from the data
+# dir's base template (its layer is cached in <data dir>/sdk-registry). Its
+# addresses reach the tests as AIRLOCK_SDK_REGISTRY (anonymous) and
+# AIRLOCK_SDK_REGISTRY_AUTH (basic auth, user:password in
+# AIRLOCK_SDK_REGISTRY_CREDS).
 #
 # The run fails (status 3) when the server log contains "panic", even if every
 # test passed: the server recovers handler panics, so only its log tells.
@@ -67,6 +76,8 @@ mkdir -p "$data_dir"
 server_log="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-serve.XXXXXX.log")"
 
 server_pid=""
+registry_pid=""
+registry_dir=""
 tail_pid=""
 node_pid=""
 status=1
@@ -99,6 +110,10 @@ cleanup() {
     fi
     wait "$server_pid" 2>/dev/null
   fi
+  if [ -n "$registry_pid" ] && kill -0 "$registry_pid" 2>/dev/null; then
+    kill -TERM "$registry_pid" 2>/dev/null
+    wait "$registry_pid" 2>/dev/null
+  fi
   # A panic the server recovered from (net/http logs "http: panic serving",
   # x/net/http2 "http2: panic serving") is a bug even when every test passed.
   if [ -n "$server_log" ] && grep -qi 'panic' "$server_log"; then
@@ -109,9 +124,14 @@ cleanup() {
   if [ "$status" -ne 0 ]; then
     log "last 80 lines of the server log ($server_log):"
     tail -n 80 "$server_log" >&2
+    if [ -n "$registry_dir" ] && [ -s "$registry_dir/log" ]; then
+      log "local registry log:"
+      tail -n 20 "$registry_dir/log" >&2
+    fi
   else
     log "server log: $server_log"
   fi
+  [ -n "$registry_dir" ] && rm -rf "$registry_dir"
   exit "$status"
 }
 trap cleanup EXIT
@@ -122,6 +142,32 @@ trap 'status=143; exit' TERM
 extra_args=()
 if "$bin" serve --help 2>&1 | grep -q -- '--kill-on-exit'; then
   extra_args+=(--kill-on-exit)
+fi
+
+# --- the local registry (a Docker Hub mirror for fromImage), before the server
+if [ "${AIRLOCK_SDK_REGISTRY:-1}" != 0 ]; then
+  registry_dir="$(mktemp -d "${TMPDIR:-/tmp}/airlock-sdk-registry.XXXXXX")"
+  if ! (cd "$here/../.." && go build -o "$registry_dir/registry" ./tests/sdk/registry) >&2; then
+    log "could not build tests/sdk/registry (set AIRLOCK_SDK_REGISTRY=0 to run without it)"
+    status=2
+    exit
+  fi
+  registry_creds="airlock:$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+  mkfifo "$registry_dir/out"
+  "$registry_dir/registry" -data "$data_dir" -auth "$registry_creds" >"$registry_dir/out" 2>"$registry_dir/log" &
+  registry_pid=$!
+  registry_line=""
+  read -r -t 30 registry_line <"$registry_dir/out"
+  registry_addr="$(node -e 'try { console.log(JSON.parse(process.argv[1]).addr) } catch {}' "$registry_line")"
+  registry_auth_addr="$(node -e 'try { console.log(JSON.parse(process.argv[1]).authAddr) } catch {}' "$registry_line")"
+  if [ -z "$registry_addr" ] || [ -z "$registry_auth_addr" ]; then
+    log "the local registry did not start: $(cat "$registry_dir/log")"
+    status=2
+    exit
+  fi
+  log "local registry pid $registry_pid on $registry_addr (basic auth: $registry_auth_addr)"
+  extra_args+=(--registry-mirror "docker.io=http://$registry_addr")
+  export AIRLOCK_SDK_REGISTRY="$registry_addr" AIRLOCK_SDK_REGISTRY_AUTH="$registry_auth_addr" AIRLOCK_SDK_REGISTRY_CREDS="$registry_creds"
 fi
 
 log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir ${extra_args[*]}"
