@@ -41,6 +41,12 @@ func IsImageRef(s string) bool {
 	return host == "localhost" || strings.ContainsAny(host, ".:")
 }
 
+// IsLocalRef reports whether s names an image on this host's disk (an
+// oci:<dir> layout or a docker-archive:<file>) rather than in a registry.
+func IsLocalRef(s string) bool {
+	return strings.HasPrefix(s, prefixOCI) || strings.HasPrefix(s, prefixDockerArchive)
+}
+
 // source is a parsed reference.
 type source struct {
 	kind string // "oci", "docker-archive" or "registry"

@@ -375,6 +375,11 @@ func Source(spec Spec) (ref string, isTemplate bool, err error) {
 	if strings.ContainsAny(img, " \t\n\r") {
 		return "", false, fmt.Errorf("%w: fromImage %q is not an image reference", ErrInvalid, img)
 	}
+	// The builder also reads oci:<dir> and docker-archive:<file> from the
+	// host's disk, which is the operator's to name, never an API key's.
+	if ociimage.IsLocalRef(img) {
+		return "", false, fmt.Errorf("%w: fromImage %q names a file on the server; name an image in a registry (ubuntu:22.04, ghcr.io/owner/image:tag)", ErrInvalid, img)
+	}
 	if repo, _, _ := strings.Cut(img, ":"); repo == E2BBaseImage {
 		return BaseTemplate, true, nil
 	}

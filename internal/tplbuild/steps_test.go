@@ -133,6 +133,12 @@ func TestSource(t *testing.T) {
 			t.Errorf("%+v: %q %v %v, want %q %v", tc.spec, ref, isTemplate, err, tc.ref, tc.isTemplate)
 		}
 	}
+	// Files on the server are the operator's to import, not an API key's.
+	for _, img := range []string{"oci:/var/lib/airlock/layout", "oci:/tmp/x@sha256:00", "docker-archive:/root/image.tar", "docker-archive:/etc/shadow:x:1"} {
+		if _, _, err := Source(Spec{FromImage: img}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "file on the server") {
+			t.Errorf("fromImage %q: %v", img, err)
+		}
+	}
 	got, err := Convert(Spec{FromImage: "ubuntu:22.04", Steps: []Step{{Type: "RUN", Args: []string{"true"}}}}, "")
 	if err != nil || got.Dockerfile != "FROM ubuntu:22.04\nRUN [\"/bin/bash\",\"-c\",\"true\"]\n" {
 		t.Errorf("fromImage: %q %v", got.Dockerfile, err)
