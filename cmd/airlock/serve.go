@@ -81,6 +81,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.IntVar(&c.Builds.PerKey, "builds-per-key", tplbuild.DefaultMaxPerOwner, "template builds one API key may have waiting or building at once (more answer 429)")
 	f.Int64Var(&c.Builds.MaxContextMB, "build-context-max", tplbuild.DefaultMaxContext>>20, "MiB the uploaded files of one template build may unpack to (more answer 413)")
 	f.DurationVar(&c.Builds.Timeout, "build-timeout", tplbuild.DefaultTimeout, "longest a template build may take, waiting included; then it fails saying so")
+	f.StringSliceVar(&c.AllowRegistries, "allow-registry", nil, "registries (HOST:PORT, as in image references) at private or loopback addresses that templates built through the E2B API may pull from (others at such addresses are refused; registry mirrors are always allowed)")
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }

@@ -109,6 +109,10 @@ type Config struct {
 	RegistryMirrors []ociimage.Mirror
 	// Builds bounds the template builds asked for through the E2B API.
 	Builds BuildLimits
+	// AllowRegistries are registries ("host:port") at private or loopback
+	// addresses that API keys' template builds may pull from; others at
+	// such addresses are refused (serve --allow-registry).
+	AllowRegistries []string
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -334,7 +338,7 @@ func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err 
 	d.Templates, err = template.Open(template.Options{
 		DataDir: d.cfg.TemplateDataDir, EnvdPath: d.cfg.EnvdPath, NoEgress: !d.cfg.Network.Egress,
 		DNSUpstreams: d.cfg.Network.DNSUpstreams, RegistryMirrors: d.cfg.RegistryMirrors,
-		AllowPrivate: allowPrivate, Logger: d.log,
+		AllowPrivate: allowPrivate, AllowRegistries: d.cfg.AllowRegistries, Logger: d.log,
 	})
 	if err != nil {
 		return nil, nil, err

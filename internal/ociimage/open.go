@@ -58,6 +58,10 @@ type Options struct {
 	// library/ubuntu:22.04. Build them with ParseMirror; Open refuses two
 	// for one registry.
 	Mirrors []Mirror
+	// Restrict, when set, limits where a registry pull (not one through a
+	// mirror) may connect, and pulls it without the host's docker
+	// credentials unless Keychain gives some (see Restriction).
+	Restrict *Restriction
 	// MaxBytes bounds the bytes of file content Extract writes; 0 means no
 	// bound. Exceeding it fails with ErrTooLarge.
 	MaxBytes int64
@@ -196,8 +200,17 @@ func (im *Image) openRegistry(ctx context.Context, src source, plat v1.Platform)
 	if mirror != nil && !mirror.PlainHTTP {
 		tr = tlsOnly{host: mirror.Host, next: cmp.Or[http.RoundTripper](tr, remote.DefaultTransport)}
 	}
+	kc := im.opts.Keychain
+	if rs := im.opts.Restrict; rs != nil && mirror == nil && !slices.Contains(rs.AllowHosts, ref.Context().RegistryStr()) {
+		if tr == nil {
+			tr = rs.transport()
+		}
+		if kc == nil {
+			kc = authn.NewMultiKeychain() // anonymous: not the operator's docker login
+		}
+	}
 	resolve := func(ctx context.Context, r name.Reference) (*remote.Descriptor, error) {
-		o := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(im.opts.Keychain), remote.WithPlatform(plat)}
+		o := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(cmp.Or[authn.Keychain](kc, authn.DefaultKeychain)), remote.WithPlatform(plat)}
 		if tr != nil {
 			o = append(o, remote.WithTransport(tr))
 		}
@@ -264,6 +277,13 @@ func classifyRemote(ref name.Reference, err error) error {
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", ref, err)
+	}
+	if errors.Is(err, ErrPrivateRegistry) {
+		var oerr *net.OpError
+		if errors.As(err, &oerr) && oerr.Err != nil {
+			err = oerr.Err // the dial's own words, without Go's "dial tcp …" wrapping
+		}
+		return fmt.Errorf("%s: registry %s: %w", ref, reg, err)
 	}
 	var nerr net.Error
 	var oerr *net.OpError

@@ -306,7 +306,7 @@ func (s *Store) buildSteps(ctx context.Context, req BuildRequest, origin buildOr
 	if err != nil {
 		return Template{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	from, err := s.resolveFrom(ctx, ref, line, req.Keychain, p)
+	from, err := s.resolveFrom(ctx, ref, line, req.Keychain, req.Untrusted, p)
 	if err != nil {
 		return Template{}, err
 	}

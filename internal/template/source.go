@@ -47,7 +47,11 @@ var debianImages = map[string]struct {
 // resolveFrom finds the source a FROM line names: a Debian base, another template
 // (a built-in is built first when needed), or an OCI image, pulled with kc's
 // credentials when kc is set.
-func (s *Store) resolveFrom(ctx context.Context, ref string, line int, kc authn.Keychain, p *progress) (*source, error) {
+//
+// An untrusted build's image (an API key named it) is pulled under the
+// Restriction: no private registry but the operator's, no docker login of
+// the host's.
+func (s *Store) resolveFrom(ctx context.Context, ref string, line int, kc authn.Keychain, untrusted bool, p *progress) (*source, error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: Dockerfile line %d: FROM %s: %s", ErrInvalid, line, ref, fmt.Sprintf(format, a...))
 	}
@@ -98,6 +102,9 @@ func (s *Store) resolveFrom(ctx context.Context, ref string, line int, kc authn.
 	opts := s.ImageOptions()
 	if kc != nil {
 		opts.Keychain = kc
+	}
+	if untrusted {
+		opts.Restrict = &ociimage.Restriction{AllowPrivate: s.opts.AllowPrivate, AllowHosts: s.opts.AllowRegistries}
 	}
 	img, err := ociimage.Open(ctx, ref, opts)
 	if err != nil {

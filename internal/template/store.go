@@ -194,6 +194,9 @@ type Options struct {
 	// (serve --allow-private, as for sandboxes); the operator's own builds
 	// reach every private range (BuildRequest.Untrusted).
 	AllowPrivate []netip.Prefix
+	// AllowRegistries are registries ("host:port") at private addresses an
+	// API key's build may pull from (serve --allow-registry).
+	AllowRegistries []string
 	// RegistryMirrors redirect image pulls (FROM an image) from a registry to a
 	// mirror; see ociimage.Mirror.
 	RegistryMirrors []ociimage.Mirror

@@ -166,7 +166,9 @@ if [ "${AIRLOCK_SDK_REGISTRY:-1}" != 0 ]; then
     exit
   fi
   log "local registry pid $registry_pid on $registry_addr (basic auth: $registry_auth_addr)"
-  extra_args+=(--registry-mirror "docker.io=http://$registry_addr")
+  # The basic-auth one is pulled from directly: an operator's registry at a
+  # (loopback) address API builds may not otherwise reach.
+  extra_args+=(--registry-mirror "docker.io=http://$registry_addr" --allow-registry "$registry_auth_addr")
   export AIRLOCK_SDK_REGISTRY="$registry_addr" AIRLOCK_SDK_REGISTRY_AUTH="$registry_auth_addr" AIRLOCK_SDK_REGISTRY_CREDS="$registry_creds"
 fi
 

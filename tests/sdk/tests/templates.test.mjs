@@ -67,12 +67,14 @@ describe('templates', { concurrency: true }, () => {
   })
 
   test('Template.build from an image that cannot be fetched, and tagging a built-in → clear errors, not a bare 404', async () => {
-    // Builds work (template-build.test.mjs); an image nobody serves (a closed
-    // loopback port: no traffic leaves the host) fails, naming it, and leaves
-    // no template.
+    // Builds work (template-build.test.mjs); an image at a loopback
+    // registry fails before any connection (an API key's image may not
+    // make the server call its own network), naming it and why, and
+    // leaves no template.
     const image = '127.0.0.1:1/airlock-test/none:1'
     const err = await rejectsWith(Template.build(Template().fromImage(image), UNKNOWN), BuildError, 'Template.build')
     assert.ok(err.message.includes(image), err.message)
+    assert.match(err.message, /loopback, private or link-local address.*--allow-registry/)
     assert.equal(await Template.exists(UNKNOWN), false)
     const tags = await Template.getTags(TEMPLATE)
     assert.deepEqual(tags.map((t) => t.tag), ['default'], 'a built-in has the default tag only')
