@@ -273,18 +273,22 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	owner, tpl, id := ownerFrom(r.Context()), r.PathValue("templateID"), r.PathValue("buildID")
-	// Held until the status changes, for at most statusHold: the SDK polls
+	// Held until the build is over, for at most statusHold: the SDK polls
 	// every 200 ms, and an answer "building" just before the build ends
 	// would cost it a whole interval. Log lines keep arriving meanwhile and
 	// come with the answer.
-	if ch := h.opts.Builds.StatusChanged(owner, tpl, id); ch != nil {
-		t := time.NewTimer(statusHold)
+	holdUntil := time.Now().Add(statusHold)
+	for ch := h.opts.Builds.StatusChanged(owner, tpl, id); ch != nil; ch = h.opts.Builds.StatusChanged(owner, tpl, id) {
+		t := time.NewTimer(time.Until(holdUntil))
 		select {
 		case <-ch:
+			t.Stop()
+			continue // waiting → building: hold on until it is over
 		case <-t.C:
 		case <-r.Context().Done():
+			t.Stop()
 		}
-		t.Stop()
+		break
 	}
 	st, err := h.opts.Builds.Status(owner, tpl, id, offset, limit)
 	if err != nil {

@@ -196,6 +196,18 @@ func (m *Manager) startPhase(ctx context.Context, e *entry, tpl Template) error 
 		}
 		return &StartError{Template: name, Message: fmt.Sprintf("template %s: start command `%s` exited with code %d before the sandbox was ready; its output: %s", name, tpl.StartCmd, code, orNone(out))}
 	}
+	// A start command that exits 0 was a one-shot set-up (E2B's templates
+	// may have one: `echo hi` with waitForTimeout): no longer watched, and
+	// the ready command decides. Any other end fails the create.
+	endedWell := func() bool {
+		code, _, err := sp.result()
+		if err == nil && code == 0 {
+			m.log.Debug("template start command exited 0; waiting for the ready command", "id", e.info.ID, "template", name)
+			exited = nil
+			return true
+		}
+		return false
+	}
 	if tpl.ReadyCmd == "" {
 		m.log.Debug("template start command running", "id", e.info.ID, "template", name)
 		return nil
@@ -205,20 +217,24 @@ func (m *Manager) startPhase(ctx context.Context, e *entry, tpl Template) error 
 	for delay := readyFirstDelay; ; delay = min(delay*3/2, readyMaxDelay) {
 		attemptCtx, cancel := context.WithDeadline(ctx, deadline)
 		// A start command that dies ends the attempt at once.
+		watched := exited
 		go func() {
 			select {
-			case <-exited:
+			case <-watched:
 				cancel()
 			case <-attemptCtx.Done():
 			}
 		}()
 		code, out, err := pc.run(attemptCtx, tpl.ReadyCmd)
 		cancel()
+		if watched != nil && sp.exited() && !endedWell() {
+			return startFailed()
+		}
 		switch {
 		case ctx.Err() != nil:
 			return fmt.Errorf("template %s: waiting for the ready command: %w", name, ctx.Err())
-		case sp != nil && sp.exited():
-			return startFailed()
+		case watched != nil && exited == nil && (err != nil || code != 0):
+			continue // cut short by the start command's clean exit: again at once
 		case err == nil && code == 0:
 			m.log.Info("sandbox ready", "id", e.info.ID, "template", name, "took", time.Since(began).Round(time.Millisecond))
 			return nil
@@ -242,7 +258,9 @@ func (m *Manager) startPhase(ctx context.Context, e *entry, tpl Template) error 
 		case <-ctx.Done():
 			return fmt.Errorf("template %s: waiting for the ready command: %w", name, ctx.Err())
 		case <-exited:
-			return startFailed()
+			if !endedWell() {
+				return startFailed()
+			}
 		case <-time.After(wait):
 		}
 		if !time.Now().Before(deadline) {

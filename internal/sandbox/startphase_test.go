@@ -256,6 +256,24 @@ func TestStartCmdExitFailsFast(t *testing.T) {
 	assertNothingLeft(t, r, ids)
 }
 
+// TestStartCmdExitZero: a start command that exits 0 is a finished one-shot
+// set-up, not a failure: the ready command decides (E2B's templates may
+// pair `echo hi` with waitForTimeout).
+func TestStartCmdExitZero(t *testing.T) {
+	r := newRig(t)
+	r.tpl.StartCmd = "echo set up > /tmp/setup-done"
+	r.tpl.ReadyCmd = "sleep 1; test -f /tmp/setup-done"
+	r.tpl.ReadyTimeout = time.Minute
+	m := r.manager(t, 0)
+	info, err := m.Create(context.Background(), sandbox.CreateRequest{Template: "base", Timeout: time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create = %v, want a sandbox: the start command exited 0 and the ready command succeeds", err)
+	}
+	if err := m.Kill(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStartPhaseStopsWithRequest: a client that goes away while the sandbox
 // is not ready yet stops the wait, and the sandbox is torn down.
 func TestStartPhaseStopsWithRequest(t *testing.T) {
