@@ -33,7 +33,7 @@ import (
 type TemplateBuilds interface {
 	Request(req tplbuild.Request) (templateID, buildID string, err error)
 	FilePresent(owner, templateID, hash string) (bool, error)
-	PutFile(hash string, r io.Reader) error
+	PutFile(owner, hash string, r io.Reader) error
 	Start(owner, templateID, buildID string, spec tplbuild.Spec) error
 	Status(owner, templateID, buildID string, offset, limit int) (tplbuild.Status, error)
 	Cancel(owner, templateID, buildID string) error
@@ -167,10 +167,11 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// uploadToken signs a hash, so only URLs this server handed out accept uploads.
-func (h *Handler) uploadToken(hash string) string {
+// uploadToken signs an owner and a hash, so only URLs this server handed out
+// accept uploads, and only into the uploads of the key that asked for them.
+func (h *Handler) uploadToken(owner, hash string) string {
 	m := hmac.New(sha256.New, h.uploadKey)
-	m.Write([]byte(hash))
+	m.Write([]byte(owner + "/" + hash))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
@@ -180,8 +181,8 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.Builds == nil {
 		return errNoBuilds
 	}
-	hash := r.PathValue("hash")
-	present, err := h.opts.Builds.FilePresent(ownerFrom(r.Context()), r.PathValue("templateID"), hash)
+	hash, owner := r.PathValue("hash"), ownerFrom(r.Context())
+	present, err := h.opts.Builds.FilePresent(owner, r.PathValue("templateID"), hash)
 	if err != nil {
 		return buildError(err)
 	}
@@ -191,7 +192,7 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) error {
 		if r.TLS != nil {
 			scheme = "https"
 		}
-		out.URL = (&url.URL{Scheme: scheme, Host: r.Host, Path: uploadPath + hash, RawQuery: "token=" + h.uploadToken(hash)}).String()
+		out.URL = (&url.URL{Scheme: scheme, Host: r.Host, Path: uploadPath + hash, RawQuery: url.Values{"owner": {owner}, "token": {h.uploadToken(owner, hash)}}.Encode()}).String()
 	}
 	writeJSON(w, http.StatusCreated, out)
 	return nil
@@ -203,14 +204,15 @@ func (h *Handler) uploadFile(w http.ResponseWriter, r *http.Request) error {
 		return errNoBuilds
 	}
 	hash := r.PathValue("hash")
-	if !hmac.Equal([]byte(r.URL.Query().Get("token")), []byte(h.uploadToken(hash))) {
+	owner := r.URL.Query().Get("owner")
+	if !hmac.Equal([]byte(r.URL.Query().Get("token")), []byte(h.uploadToken(owner, hash))) {
 		return &apiError{status: http.StatusForbidden, message: "invalid upload token: ask GET /templates/{templateID}/files/{hash} for an upload URL"}
 	}
 	max := h.opts.Builds.MaxUpload()
 	if r.ContentLength > max {
 		return &apiError{status: http.StatusRequestEntityTooLarge, message: fmt.Sprintf("upload is larger than %d bytes", max)}
 	}
-	if err := h.opts.Builds.PutFile(hash, r.Body); err != nil {
+	if err := h.opts.Builds.PutFile(owner, hash, r.Body); err != nil {
 		return buildError(err)
 	}
 	w.WriteHeader(http.StatusOK)

@@ -31,8 +31,9 @@ const DefaultMaxContext = 4 << 30
 // ErrTooLarge is an upload beyond the limit (413 on the wire).
 var ErrTooLarge = errors.New("upload too large")
 
-// files keeps uploads content-addressed by the SDK's hash: <dir>/<hash>. The
-// bytes cannot be checked against the hash when they arrive, because the
+// files keeps uploads content-addressed by the SDK's hash, apart per API key:
+// <dir>/<owner>/<hash>. Apart, because "present" for a hash would otherwise
+// tell one key that another uploaded those exact files. The bytes cannot be checked against the hash when they arrive, because the
 // SDK's hash also covers the COPY's src and dest, which only the build
 // request carries; they are checked when a build uses them (extract).
 type files struct {
@@ -40,23 +41,51 @@ type files struct {
 	max int64
 }
 
-func (f files) path(hash string) string { return filepath.Join(f.dir, hash) }
+// operatorFiles holds the uploads of builds without an owner (in-process
+// callers); owners are [a-z0-9] (OwnerOf digests are hex), so it names no
+// key's directory.
+const operatorFiles = "_operator"
 
-func (f files) present(hash string) bool {
-	st, err := os.Stat(f.path(hash))
+// ownerDir is the directory of owner's uploads; owner is an OwnerOf digest.
+func (f files) ownerDir(owner string) (string, error) {
+	if owner == "" {
+		return filepath.Join(f.dir, operatorFiles), nil
+	}
+	for _, c := range owner {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') || len(owner) > 64 {
+			return "", fmt.Errorf("%w: upload owner %q is not a key digest", ErrInvalid, owner)
+		}
+	}
+	return filepath.Join(f.dir, owner), nil
+}
+
+func (f files) path(owner, hash string) string {
+	d, err := f.ownerDir(owner)
+	if err != nil {
+		return filepath.Join(f.dir, operatorFiles, ".invalid") // never a file
+	}
+	return filepath.Join(d, hash)
+}
+
+func (f files) present(owner, hash string) bool {
+	st, err := os.Stat(f.path(owner, hash))
 	return err == nil && st.Mode().IsRegular()
 }
 
 // put stores r under hash: to a temp file first, renamed into place once
 // whole and synced, so a present hash is never a partial upload.
-func (f files) put(hash string, r io.Reader) error {
+func (f files) put(owner, hash string, r io.Reader) error {
 	if !ValidHash(hash) {
 		return fmt.Errorf("%w: files hash %q is not a hex sha256", ErrInvalid, hash)
 	}
-	if err := os.MkdirAll(f.dir, 0o700); err != nil {
+	dir, err := f.ownerDir(owner)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("uploads dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(f.dir, ".tmp-"+hash+"-*")
+	tmp, err := os.CreateTemp(dir, ".tmp-"+hash+"-*")
 	if err != nil {
 		return fmt.Errorf("upload: %w", err)
 	}
@@ -75,7 +104,7 @@ func (f files) put(hash string, r io.Reader) error {
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("upload: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), f.path(hash)); err != nil {
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, hash)); err != nil {
 		return fmt.Errorf("upload: %w", err)
 	}
 	return nil
@@ -112,8 +141,8 @@ const (
 //
 // budget is what the archive may unpack to (the build's context bound less
 // what its other uploads took); size is what it did.
-func (f files) extract(ctx context.Context, c Copy, dst string, budget int64) (verified bool, size int64, err error) {
-	src, err := os.Open(f.path(c.Hash))
+func (f files) extract(ctx context.Context, owner string, c Copy, dst string, budget int64) (verified bool, size int64, err error) {
+	src, err := os.Open(f.path(owner, c.Hash))
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, 0, fmt.Errorf("%w: step %d: files %s (COPY %s) were never uploaded", ErrInvalid, c.Step, c.Hash, c.Src)
 	}
@@ -128,7 +157,7 @@ func (f files) extract(ctx context.Context, c Copy, dst string, budget int64) (v
 	}
 	if err != nil {
 		_ = os.RemoveAll(dst)
-		f.drop(c.Hash)
+		f.drop(owner, c.Hash)
 		return false, 0, fmt.Errorf("%w: step %d: files %s: %w", ErrInvalid, c.Step, c.Hash, err)
 	}
 	ok, exact, err := matchHash(c, entries, dst)
@@ -138,7 +167,7 @@ func (f files) extract(ctx context.Context, c Copy, dst string, budget int64) (v
 	}
 	if !ok && exact {
 		_ = os.RemoveAll(dst)
-		f.drop(c.Hash)
+		f.drop(owner, c.Hash)
 		return false, 0, fmt.Errorf("%w: step %d: the files uploaded for COPY %s %s do not match their hash %s", ErrInvalid, c.Step, c.Src, c.Dest, c.Hash)
 	}
 	if err := linkSource(c, entries); err != nil {
@@ -168,7 +197,7 @@ func linkSource(c Copy, entries []entry) error {
 	return nil
 }
 
-func (f files) drop(hash string) { _ = os.Remove(f.path(hash)) }
+func (f files) drop(owner, hash string) { _ = os.Remove(f.path(owner, hash)) }
 
 // matchHash recomputes the SDK's hash; exact says whether the archive held
 // everything the hash covers (no directories).

@@ -34,7 +34,7 @@ func TestCopyOfALinkSource(t *testing.T) {
 
 	tpl, id, _ := s.Request(Request{Name: "links"})
 	plain := hashOf("l/link.txt", "/opt/x.txt")
-	if err := s.PutFile(plain, bytes.NewReader(buf.Bytes())); err != nil {
+	if err := s.PutFile("", plain, bytes.NewReader(buf.Bytes())); err != nil {
 		t.Fatal(err)
 	}
 	err := s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"l/link.txt", "/opt/x.txt"}, FilesHash: plain}}})
@@ -45,7 +45,7 @@ func TestCopyOfALinkSource(t *testing.T) {
 	// A refused start drops its build: the next one is a new request.
 	tpl, id, _ = s.Request(Request{Name: "links"})
 	pattern := hashOf("l/*", "/opt/l")
-	if err := s.PutFile(pattern, bytes.NewReader(buf.Bytes())); err != nil {
+	if err := s.PutFile("", pattern, bytes.NewReader(buf.Bytes())); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Start("", tpl, id, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"l/*", "/opt/l"}, FilesHash: pattern}}}); err != nil {

@@ -407,11 +407,13 @@ func (s *Service) FilePresent(owner, templateID, hash string) (bool, error) {
 	if !s.knownTemplate(owner, templateID) {
 		return false, fmt.Errorf("%w: template %q", ErrNotFound, templateID)
 	}
-	return s.files.present(hash), nil
+	return s.files.present(owner, hash), nil
 }
 
-// PutFile stores an upload (the PUT to the URL FilePresent's caller got).
-func (s *Service) PutFile(hash string, r io.Reader) error { return s.files.put(hash, r) }
+// PutFile stores owner's upload (the PUT to the URL FilePresent's caller got).
+func (s *Service) PutFile(owner, hash string, r io.Reader) error {
+	return s.files.put(owner, hash, r)
+}
 
 // Start checks the steps, assembles the build context from the uploads and
 // queues owner's build. Errors are the client's (ErrInvalid, ErrNotFound,
@@ -479,7 +481,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 		if _, err := os.Stat(dst); err == nil {
 			continue // the same files copied twice
 		}
-		ok, size, err := s.files.extract(s.ctx, c, dst, budget)
+		ok, size, err := s.files.extract(s.ctx, owner, c, dst, budget)
 		if err != nil {
 			_ = os.RemoveAll(ctxDir)
 			unclaim()

@@ -151,7 +151,7 @@ func TestJobLifecycle(t *testing.T) {
 	if ok, err := s.FilePresent("", tpl, hash); ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f.txt", "hello"))); err != nil {
+	if err := s.PutFile("", hash, bytes.NewReader(tgz(t, "f.txt", "hello"))); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := s.FilePresent("", tpl, hash); !ok {
@@ -233,7 +233,7 @@ func TestBadUploads(t *testing.T) {
 		t.Errorf("never uploaded: %v", err)
 	}
 	// Bytes that are not what was hashed: refused and dropped.
-	if err := s.PutFile(never, bytes.NewReader(tgz(t, "a", "b"))); err != nil {
+	if err := s.PutFile("", never, bytes.NewReader(tgz(t, "a", "b"))); err != nil {
 		t.Fatal(err)
 	}
 	err = start(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
@@ -245,13 +245,13 @@ func TestBadUploads(t *testing.T) {
 	}
 	// Not a tar; names leaving the context; too large.
 	for _, body := range [][]byte{[]byte("plain text"), tgz(t, "../evil", "x")} {
-		s.PutFile(never, bytes.NewReader(body))
+		s.PutFile("", never, bytes.NewReader(body))
 		err = start(Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"a", "/a"}, FilesHash: never}}})
 		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("bad archive: %v", err)
 		}
 	}
-	if err := s.PutFile(never, bytes.NewReader(make([]byte, 2<<20))); !errors.Is(err, ErrTooLarge) {
+	if err := s.PutFile("", never, bytes.NewReader(make([]byte, 2<<20))); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("too large: %v", err)
 	}
 	for _, n := range []string{"Upper", "a:", "a:B", "a:b c", "base", "base:v1", "x:default:y"} {
@@ -378,7 +378,7 @@ func TestPerKeyBounds(t *testing.T) {
 	tpl2, id2, _ = s.Request(Request{Name: "two", Owner: "alice"})
 	content := "more than ten bytes"
 	hash := sdkHash("f", "/f", "f", 0o100644, content)
-	if err := s.PutFile(hash, bytes.NewReader(tgz(t, "f", content))); err != nil {
+	if err := s.PutFile("alice", hash, bytes.NewReader(tgz(t, "f", content))); err != nil {
 		t.Fatal(err)
 	}
 	err = s.Start("alice", tpl2, id2, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"f", "/f"}, FilesHash: hash}}})
@@ -475,5 +475,34 @@ func TestUnstartedRequestsExpire(t *testing.T) {
 	fb.mu.Unlock()
 	if claimed {
 		t.Error("an expired request keeps its name claimed")
+	}
+}
+
+// Uploads are apart per API key: one key's upload is not "present" for
+// another, which cannot build with it either (it would learn that someone
+// uploaded those exact files).
+func TestUploadsPerKey(t *testing.T) {
+	s, _ := newService(t, t.TempDir())
+	defer s.Close()
+	hash := sdkHash("f.txt", "/f.txt", "f.txt", 0o100644, "secret")
+	if err := s.PutFile("a11ce", hash, bytes.NewReader(tgz(t, "f.txt", "secret"))); err != nil {
+		t.Fatal(err)
+	}
+	tplA, _, _ := s.Request(Request{Name: "a-tpl", Owner: "a11ce"})
+	tplB, idB, _ := s.Request(Request{Name: "b-tpl", Owner: "b0b"})
+	if ok, err := s.FilePresent("a11ce", tplA, hash); !ok || err != nil {
+		t.Errorf("the uploader's own file: %v %v", ok, err)
+	}
+	if ok, err := s.FilePresent("b0b", tplB, hash); ok || err != nil {
+		t.Errorf("another key's upload is present for b0b: %v %v", ok, err)
+	}
+	err := s.Start("b0b", tplB, idB, Spec{FromTemplate: "base", Steps: []Step{{Type: "COPY", Args: []string{"f.txt", "/f.txt"}, FilesHash: hash}}})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "never uploaded") {
+		t.Errorf("b0b builds with a11ce's upload: %v", err)
+	}
+	for _, owner := range []string{"../x", "A11CE", "a/b"} {
+		if err := s.PutFile(owner, hash, bytes.NewReader(tgz(t, "f.txt", "x"))); !errors.Is(err, ErrInvalid) {
+			t.Errorf("PutFile with owner %q: %v", owner, err)
+		}
 	}
 }

@@ -82,10 +82,9 @@ describe('build', { concurrency: false }, () => {
         .copy('folder/*', 'folder', { forceUpload: true })
         .runCmd('cat folder/test.txt')
         .setWorkdir('/app')
-        // E2B's test starts `echo "Hello, world!"` alone; Airlock's create
-        // refuses a start command that exits before the ready check passes
-        // (exit code 0 included), so this one stays up.
-        .setStartCmd('echo "Hello, world!" && sleep infinity', waitForTimeout(1000)),
+        // As E2B's test: a one-shot start command (it exits 0 at once)
+        // and a ready check that only waits.
+        .setStartCmd('echo "Hello, world!"', waitForTimeout(1000)),
       name, { skipCache: true, onBuildLogs: (e) => logs.push(e) })
     assert.ok(logs.some((e) => e.message.includes('This is a test file.')), 'the RUN step printed the copied file')
     const sbx = await sandboxOf(name)
