@@ -3,6 +3,7 @@ package mcp_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	airlockmcp "github.com/airlock-sandbox/airlock/internal/mcp"
 )
@@ -56,9 +57,6 @@ func TestSandboxLogsTool(t *testing.T) {
 	if got := logs(map[string]any{"search": "echo mcp-log-mark", "limit": 1}); len(got.Entries) != 1 || !strings.Contains(got.Entries[0].Message, "started") {
 		t.Fatalf("search: %+v", got.Entries)
 	}
-	if res := airlockmcp.Call(t, cs, "sandbox_logs", map[string]any{"sandbox_id": id, "level": "loud"}); !res.IsError {
-		t.Fatalf("a bad level was accepted: %s", airlockmcp.Text(res))
-	}
 
 	mustOK(t, airlockmcp.Call(t, cs, "kill_sandbox", map[string]any{"sandbox_id": id}))
 	var after airlockmcp.SandboxLogsOut
@@ -66,6 +64,7 @@ func TestSandboxLogsTool(t *testing.T) {
 		if after = logs(map[string]any{"level": "warn"}); len(after.Entries) == 1 {
 			break
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if len(after.Entries) != 1 || after.Entries[0].Fields["exitCode"] != "3" {
 		t.Fatalf("after the kill: %+v", after.Entries)
