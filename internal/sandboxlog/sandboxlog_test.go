@@ -130,3 +130,13 @@ func TestSuspendHoldsWrites(t *testing.T) {
 		t.Fatalf("after Resume: %+v", got)
 	}
 }
+
+// BenchmarkWrite is what envd adds to each process start and end.
+func BenchmarkWrite(b *testing.B) {
+	w := NewWriter(filepath.Join(b.TempDir(), FileName))
+	e := Entry{Level: Info, Logger: "envd.process", Message: "process 123 started: /bin/bash -l -c \"echo hello\"",
+		Fields: map[string]string{"pid": "123", "cmd": "/bin/bash -l -c \"echo hello\"", "user": "user"}}
+	for b.Loop() {
+		w.Write(e)
+	}
+}

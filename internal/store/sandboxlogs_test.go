@@ -93,3 +93,28 @@ func TestSandboxLogsCapped(t *testing.T) {
 		t.Fatalf("kept %d entries starting at %q, %v", len(got), got[0].Message, err)
 	}
 }
+
+// BenchmarkEndLogs is what a kill adds: storing a killed sandbox's log.
+func BenchmarkEndLogs(b *testing.B) {
+	for _, n := range []int{20, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			db, err := OpenSQLite(filepath.Join(b.TempDir(), "airlock.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			entries := make([]LogEntry, n)
+			for i := range entries {
+				entries[i] = LogEntry{Time: time.Now(), Level: "info", Logger: "envd.process", Message: "process 123 exited with code 0",
+					Fields: map[string]string{"pid": "123", "cmd": "/bin/bash -l -c \"echo hello\"", "exitCode": "0"}, Origin: "sandbox"}
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := db.EndLogs(ctx, fmt.Sprint("s", i), "o", time.Now(), entries); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
