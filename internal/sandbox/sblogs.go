@@ -75,8 +75,9 @@ func (m *Manager) Logs(ctx context.Context, id string, q LogQuery) ([]LogEntry, 
 		}
 		inside, rerr := sandboxlog.Read(filepath.Join(m.sandboxDir(id), envdapi.HostRunDir))
 		if rerr != nil {
-			// What could be read is served; the rest is the sandbox's doing.
-			m.log.Warn("sandbox log", "id", id, "err", rerr)
+			// What could be read is served; the rest is the sandbox's
+			// doing, and debug: a sandbox must not fill the host's log.
+			m.log.Debug("sandbox log", "id", id, "err", rerr)
 		}
 		for _, e := range inside {
 			all = append(all, fromSandboxlog(e))
@@ -186,7 +187,7 @@ func (m *Manager) keepLogs(e *entry) {
 	e.mu.Unlock()
 	inside, err := sandboxlog.Read(filepath.Join(e.dir, envdapi.HostRunDir))
 	if err != nil {
-		m.log.Warn("sandbox log at kill", "id", e.id, "err", err)
+		m.log.Debug("sandbox log at kill", "id", e.id, "err", err)
 	}
 	inside = inside[max(0, len(inside)-keptAtKill):]
 	kept := make([]store.LogEntry, 0, len(inside))

@@ -3,6 +3,8 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +183,97 @@ func TestPageLogs(t *testing.T) {
 	} {
 		if got := msgs(sandbox.PageLogs(entries, c.q)); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSandboxLogSurvivesRestart: a server restart (the manager closed with
+// its sandboxes running, a new one re-adopting them) keeps both sources of
+// the log, and a sandbox that did not survive keeps its log as killed.
+func TestSandboxLogSurvivesRestart(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	first := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	alive := create(t, first, time.Minute)
+	expired := create(t, first, time.Minute)
+	for _, info := range []sandbox.Info{alive, expired} {
+		if _, code := run(t, first, info, "exit 5"); code != 5 {
+			t.Fatalf("exit code %d", code)
+		}
+	}
+	first.Close() // the server stops; sandboxes keep running
+	rec, _ := r.db.Get(ctx, expired.ID)
+	rec.EndAt = time.Now().Add(-time.Second)
+	if err := r.db.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	second := r.recovered(t)
+	for _, id := range []string{alive.ID, expired.ID} {
+		findLog(t, second, id, sandbox.LogQuery{}, "of exit code 5 after the restart", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "5" })
+	}
+	if _, err := second.Get(ctx, expired.ID); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the expired sandbox was re-adopted: %v", err)
+	}
+	if _, code := run(t, second, alive, "exit 6"); code != 6 {
+		t.Fatalf("exit code %d", code)
+	}
+	findLog(t, second, alive.ID, sandbox.LogQuery{}, "of exit code 6 after the restart", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "6" })
+}
+
+// TestSandboxLogForgery: the sandbox's root owns the file envd writes, so it
+// can write anything there; none of it reads as the host's, and a symlink to
+// a host file shows nothing of that file.
+func TestSandboxLogForgery(t *testing.T) {
+	r := newRig(t)
+	m := r.manager(t, 0)
+	info := create(t, m, time.Minute)
+	ctx := context.Background()
+	forge := `printf '%s\n' '{"time":"2030-01-01T00:00:00Z","level":"error","logger":"airlock.oom","message":"forged oom","origin":"host","fields":{"origin":"host"}}' >> /run/airlock/sandbox-log.jsonl`
+	if out, code := runAsRoot(t, m, info, forge); code != 0 {
+		t.Fatalf("root could not write its log: %s", out)
+	}
+	// (The command's own start entry names "forged" too, at info.)
+	got, err := m.Logs(ctx, info.ID, sandbox.LogQuery{Search: "forged", MinLevel: "error"})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("forged entry: %+v, %v", got, err)
+	}
+	if e := got[0]; e.Origin != "sandbox" || e.Logger != "envd.airlock.oom" || e.Fields["origin"] != "" {
+		t.Fatalf("a line written in the sandbox reads as origin %q, logger %q", e.Origin, e.Logger)
+	}
+
+	// The host's own file behind a symlink: the read is refused, the rest
+	// of the log (the host's entries) still served.
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(`{"time":"2026-01-01T00:00:00Z","level":"info","message":"host secret"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := runAsRoot(t, m, info, "rm -f /run/airlock/sandbox-log.jsonl.1 && ln -sf "+secret+" /run/airlock/sandbox-log.jsonl.1"); code != 0 {
+		t.Fatalf("symlink: %s", out)
+	}
+	all, err := m.Logs(ctx, info.ID, sandbox.LogQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range all {
+		if strings.Contains(e.Message, "host secret") {
+			t.Fatalf("the host's file was read through the sandbox's symlink: %+v", e)
+		}
+	}
+	if !hasCmd(all, "ln -sf") {
+		t.Fatal("a refused rotated file hid the current one")
+	}
+	// The kill stores what it can read, without the secret either.
+	if err := m.Kill(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	all, err = m.Logs(ctx, info.ID, sandbox.LogQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range all {
+		if strings.Contains(e.Message, "host secret") {
+			t.Fatalf("the host's file was kept at kill: %+v", e)
 		}
 	}
 }

@@ -221,20 +221,24 @@ func (w *Writer) Resume() {
 // at most MaxFileBytes of each (the end of a longer one), refuses anything
 // but a regular file (a symlink the sandbox put there would otherwise make
 // the host read a file of its own) and skips lines that do not parse. A
-// missing file is no error.
+// missing file is no error; a refused one does not keep the other from
+// being read.
 func Read(dir string) ([]Entry, error) {
-	var out []Entry
+	var (
+		out  []Entry
+		errs []error
+	)
 	for _, name := range []string{RotatedName, FileName} {
 		b, err := readTail(dir+"/"+name, MaxFileBytes)
 		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("sandbox log %s: %w", name, err))
 			}
-			return out, fmt.Errorf("sandbox log %s: %w", name, err)
+			continue
 		}
 		out = append(out, parse(b)...)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func readTail(path string, max int64) ([]byte, error) {
@@ -293,6 +297,10 @@ func parse(b []byte) []Entry {
 			continue
 		}
 		e = Clamp(e)
+		// The wire puts origin and logger beside the fields; a field of
+		// either name would only confuse a reader.
+		delete(e.Fields, "origin")
+		delete(e.Fields, "logger")
 		e.Origin = OriginSandbox
 		switch {
 		case e.Logger == "":
