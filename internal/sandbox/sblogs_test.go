@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // findLog polls the sandbox's log until an entry satisfies ok (host entries
@@ -276,4 +279,45 @@ func TestSandboxLogForgery(t *testing.T) {
 			t.Fatalf("the host's file was kept at kill: %+v", e)
 		}
 	}
+}
+
+// TestSandboxLogOnGVisor: envd writes the log through gVisor's gofer into
+// the same run dir, and it survives a checkpoint (the writer is suspended
+// around it) and a restore.
+func TestSandboxLogOnGVisor(t *testing.T) {
+	r := newRig(t)
+	testenv.NeedRunsc(t)
+	gv, err := gvisor.New(filepath.Join(r.dataDir, "runtime-gvisor"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := sandbox.New(sandbox.Options{
+		Runtime: r.rt, Runtimes: []runtime.Runtime{gv}, Store: r.db, Templates: twoRuntimes{r.tpl},
+		DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour,
+	})
+	m.Start()
+	t.Cleanup(func() {
+		m.KillAll(ctx)
+		m.Close()
+	})
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base-gvisor", Timeout: time.Minute, Secure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, code := run(t, m, info, "exit 7"); code != 7 {
+		t.Fatalf("exit code %d", code)
+	}
+	findLog(t, m, info.ID, sandbox.LogQuery{}, "of exit code 7", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "7" })
+	if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if info, _, err = m.Connect(ctx, info.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, code := run(t, m, info, "exit 8"); code != 8 {
+		t.Fatalf("exit code %d", code)
+	}
+	findLog(t, m, info.ID, sandbox.LogQuery{}, "of exit code 8 after the restore", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "8" })
+	findLog(t, m, info.ID, sandbox.LogQuery{}, "of exit code 7 after the restore", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "7" })
 }
