@@ -32,8 +32,9 @@ type LogStore interface {
 	AddLogs(ctx context.Context, sandboxID string, entries []LogEntry) error
 	// Logs returns a sandbox's stored entries, oldest first.
 	Logs(ctx context.Context, sandboxID string) ([]LogEntry, error)
-	// EndLogs appends entries and marks the sandbox's log ended (its
-	// sandbox killed at `at`, owned by owner), in one transaction.
+	// EndLogs stores entries (what the sandbox itself logged: they replace
+	// any of origin "sandbox" stored before) and marks the sandbox's log
+	// ended (killed at `at`, owned by owner), in one transaction.
 	EndLogs(ctx context.Context, sandboxID, owner string, at time.Time, entries []LogEntry) error
 	// LogEnd tells whether a sandbox's log was ended and by whom it is
 	// owned; ErrNotFound when it was not.
@@ -149,6 +150,12 @@ func (s *SQLite) EndLogs(ctx context.Context, sandboxID, owner string, at time.T
 		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
 	}
 	defer tx.Rollback()
+	// Entries of the sandbox's origin stored by an earlier EndLogs (a kill
+	// a crash cut short, whose sandbox Recover re-adopted) are in entries
+	// again.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_logs WHERE sandbox_id = ? AND origin = 'sandbox'`, sandboxID); err != nil {
+		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
+	}
 	if err := addLogs(ctx, tx, sandboxID, entries); err != nil {
 		return err
 	}

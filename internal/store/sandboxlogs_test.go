@@ -39,6 +39,17 @@ func TestSandboxLogs(t *testing.T) {
 	if err := db.EndLogs(ctx, "live", "owner1", t0.Add(time.Minute), []LogEntry{e(3)}); err != nil {
 		t.Fatal(err)
 	}
+	// A second end (a kill a crash cut short, then the real one) replaces
+	// the sandbox's own entries rather than adding them twice.
+	inside := LogEntry{Time: t0.Add(4 * time.Second), Level: "warn", Logger: "envd.process", Message: "inside", Origin: "sandbox"}
+	for range 2 {
+		if err := db.EndLogs(ctx, "live", "owner1", t0.Add(time.Minute), []LogEntry{inside}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := db.Logs(ctx, "live"); len(got) != 4 {
+		t.Fatalf("after two ends: %d entries, want 4: %+v", len(got), got)
+	}
 	if err := db.Delete(ctx, "live"); err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +57,8 @@ func TestSandboxLogs(t *testing.T) {
 	if err != nil || owner != "owner1" || !at.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("LogEnd = %q %v %v", owner, at, err)
 	}
-	if got, _ := db.Logs(ctx, "live"); len(got) != 3 {
-		t.Fatalf("a killed sandbox's log has %d entries, want 3", len(got))
+	if got, _ := db.Logs(ctx, "live"); len(got) != 4 {
+		t.Fatalf("a killed sandbox's log has %d entries, want 4", len(got))
 	}
 	// An orphan (no record, no end: a failed create) older than the cutoff.
 	if err := db.AddLogs(ctx, "orphan", []LogEntry{e(1)}); err != nil {
@@ -56,7 +67,7 @@ func TestSandboxLogs(t *testing.T) {
 	if n, err := db.SweepLogs(ctx, t0.Add(30*time.Second)); err != nil || n != 0 {
 		t.Fatalf("sweep before the end: %d, %v", n, err)
 	}
-	if got, _ := db.Logs(ctx, "live"); len(got) != 3 {
+	if got, _ := db.Logs(ctx, "live"); len(got) != 4 {
 		t.Fatalf("swept a log within its retention: %d left", len(got))
 	}
 	if got, _ := db.Logs(ctx, "orphan"); len(got) != 0 {
