@@ -56,6 +56,7 @@ type fakeManager struct {
 	lastTimeout       *time.Duration
 	lastConnect       time.Duration
 	lastMetricsWindow [2]time.Time
+	lastLogQuery      sandbox.LogQuery
 	lastPause         *sandbox.PauseOptions
 	lastFork          *sandbox.ForkRequest
 	lastSnapshot      *sandbox.SnapshotRequest
@@ -441,20 +442,15 @@ func (f *fakeManager) Metrics(_ context.Context, id string, start, end time.Time
 	return out, nil
 }
 
-func (f *fakeManager) Logs(_ context.Context, id string, start time.Time) ([]sandbox.LogEntry, error) {
+func (f *fakeManager) Logs(_ context.Context, id string, q sandbox.LogQuery) ([]sandbox.LogEntry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	f.lastLogQuery = q
 	if _, err := f.lookup(id); err != nil {
 		return nil, err
 	}
-	var out []sandbox.LogEntry
-	for _, e := range f.logs[id] {
-		if !e.Time.Before(start) {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return sandbox.PageLogs(f.logs[id], q), nil
 }
 
 var _ Manager = (*fakeManager)(nil)

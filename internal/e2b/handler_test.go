@@ -832,17 +832,22 @@ func TestManagerErrorMapping(t *testing.T) {
 	}
 }
 
-func TestLogsEndpointsShowEvents(t *testing.T) {
+func TestLogsEndpoints(t *testing.T) {
 	h, f := newTestHandler(t)
 	f.add(sandbox.Info{ID: "sbx1", TemplateID: "base", State: sandbox.StateRunning})
 	t0 := time.UnixMilli(1700000000000)
 	f.logs = map[string][]sandbox.LogEntry{"sbx1": {
-		{Time: t0, Level: "error", Message: "out of memory: 1", Fields: map[string]string{"event": "oom", "count": "1"}},
-		{Time: t0.Add(time.Second), Level: "error", Message: "out of memory: 2", Fields: map[string]string{"event": "oom", "count": "2"}},
+		{Time: t0, Level: "info", Logger: "envd.process", Origin: "sandbox", Message: "process 7 started: false", Fields: map[string]string{"pid": "7"}},
+		{Time: t0.Add(time.Second), Level: "warn", Logger: "envd.process", Origin: "sandbox", Message: "process 7 exited with code 1", Fields: map[string]string{"pid": "7", "exitCode": "1"}},
+		{Time: t0.Add(2 * time.Second), Level: "error", Logger: "airlock.oom", Origin: "host", Message: "out of memory: 2", Fields: map[string]string{"killed": "2"}},
 	}}
 
+	// v1, as the CLI reads it: each line is a JSON object with level and logger.
 	var v1 struct {
-		Logs       []struct{ Line string }
+		Logs []struct {
+			Timestamp time.Time
+			Line      string
+		}
 		LogEntries []struct {
 			Level, Message string
 			Fields         map[string]string
@@ -855,20 +860,69 @@ func TestLogsEndpointsShowEvents(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &v1); err != nil {
 		t.Fatal(err)
 	}
-	if len(v1.Logs) != 1 || v1.Logs[0].Line != "out of memory: 2" || len(v1.LogEntries) != 1 || v1.LogEntries[0].Fields["event"] != "oom" {
-		t.Fatalf("v1 logs: %+v", v1)
+	if len(v1.Logs) != 2 || len(v1.LogEntries) != 2 {
+		t.Fatalf("v1 logs from start: %+v", v1)
 	}
-	var v2 struct {
-		Logs []struct{ Message, Level string }
+	var line map[string]string
+	if err := json.Unmarshal([]byte(v1.Logs[0].Line), &line); err != nil {
+		t.Fatalf("v1 line is not a JSON object: %q", v1.Logs[0].Line)
 	}
-	rec = request(t, h, "GET", "/v2/sandboxes/sbx1/logs?direction=backward&limit=1", "")
-	if err := json.Unmarshal(rec.Body.Bytes(), &v2); err != nil || rec.Code != http.StatusOK {
-		t.Fatalf("v2 logs: %d %s %v", rec.Code, rec.Body, err)
+	if line["level"] != "warn" || line["logger"] != "envd.process" || line["message"] != "process 7 exited with code 1" || line["exitCode"] != "1" || line["origin"] != "sandbox" {
+		t.Fatalf("v1 line: %v", line)
 	}
-	if len(v2.Logs) != 1 || v2.Logs[0].Message != "out of memory: 2" || v2.Logs[0].Level != "error" {
-		t.Fatalf("v2 logs: %+v", v2)
+	if e := v1.LogEntries[1]; e.Level != "error" || e.Fields["logger"] != "airlock.oom" || e.Fields["origin"] != "host" || e.Fields["killed"] != "2" {
+		t.Fatalf("v1 logEntries: %+v", v1.LogEntries)
 	}
-	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?limit=x", ""), http.StatusBadRequest, "limit must be...")
+
+	v2 := func(query string) []string {
+		t.Helper()
+		var body struct {
+			Logs []struct {
+				Timestamp      time.Time
+				Message, Level string
+				Fields         map[string]string
+			}
+		}
+		rec := request(t, h, "GET", "/v2/sandboxes/sbx1/logs"+query, "")
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("v2 logs%s: %d %s %v", query, rec.Code, rec.Body, err)
+		}
+		var out []string
+		for _, l := range body.Logs {
+			out = append(out, l.Level+":"+l.Message)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		query string
+		want  []string
+	}{
+		{"", []string{"info:process 7 started: false", "warn:process 7 exited with code 1", "error:out of memory: 2"}},
+		{"?level=warn", []string{"warn:process 7 exited with code 1", "error:out of memory: 2"}},
+		{"?level=ERROR", []string{"error:out of memory: 2"}},
+		{"?search=process%207", []string{"info:process 7 started: false", "warn:process 7 exited with code 1"}},
+		{"?search=Process", nil}, // case-sensitive, as upstream documents
+		{"?direction=backward&limit=1", []string{"error:out of memory: 2"}},
+		{"?direction=backward&cursor=1700000001000", []string{"warn:process 7 exited with code 1", "info:process 7 started: false"}},
+		{"?cursor=1700000001000&limit=1", []string{"warn:process 7 exited with code 1"}},
+		{"?cursor=1700000001001", []string{"error:out of memory: 2"}},
+		{"?limit=0", nil},
+	} {
+		if got := v2(c.query); strings.Join(got, "|") != strings.Join(c.want, "|") {
+			t.Errorf("v2 logs%s = %q, want %q", c.query, got, c.want)
+		}
+	}
+	if q := f.lastLogQuery; q.Limit != 0 || q.Owner == "" {
+		t.Errorf("the manager was asked %+v: want the caller's owner", q)
+	}
+
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?limit=x", ""), http.StatusBadRequest, `limit must be an integer in [0, 1000], got "x"`)
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?limit=1001", ""), http.StatusBadRequest, `limit must be an integer in [0, 1000], got "1001"`)
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?cursor=-1", ""), http.StatusBadRequest, `cursor must be unix milliseconds, got "-1"`)
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?direction=up", ""), http.StatusBadRequest, `direction must be forward or backward, got "up"`)
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?level=fatal", ""), http.StatusBadRequest, `level must be one of debug, info, warn, error, got "fatal"`)
+	checkError(t, request(t, h, "GET", "/v2/sandboxes/sbx1/logs?search="+strings.Repeat("a", 257), ""), http.StatusBadRequest, "search must be at most 256 characters, got 257")
+	checkError(t, request(t, h, "GET", "/sandboxes/sbx1/logs?start=soon", ""), http.StatusBadRequest, `start must be unix milliseconds, got "soon"`)
 	if rec := request(t, h, "GET", "/v2/sandboxes/nope/logs", ""); rec.Code != http.StatusNotFound {
 		t.Errorf("unknown sandbox: %d", rec.Code)
 	}

@@ -40,6 +40,7 @@ type Manager interface {
 	UpdateNetwork(ctx context.Context, id string, u sandbox.NetworkUpdate) error
 	// Metrics returns the samples taken between start and end (inclusive).
 	Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Metric, error)
-	// Logs returns the sandbox's events (OOM kills, ...) from start on, oldest first.
-	Logs(ctx context.Context, id string, start time.Time) ([]sandbox.LogEntry, error)
+	// Logs returns a page of the sandbox's log (a killed sandbox's within
+	// the retention period).
+	Logs(ctx context.Context, id string, q sandbox.LogQuery) ([]sandbox.LogEntry, error)
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/internal/sandboxlog"
 )
 
 const (
@@ -53,6 +54,14 @@ type proc struct {
 	timer *time.Timer // lifetime limit from Connect-Timeout-Ms
 
 	timedOut atomic.Bool // killed for exceeding the lifetime limit
+
+	// The sandbox log (sblog.go): its writer (nil: none), the level of
+	// this process's entries, its user, and its output's copy there (a
+	// template's start command only).
+	sblog *sandboxlog.Writer
+	level string
+	user  string
+	out   *outputLog
 }
 
 func (p *proc) running() bool {
@@ -125,6 +134,9 @@ func (p *proc) readOutput(r *os.File, k outKind, progress *atomic.Int64, busy *a
 			chunk := make([]byte, n)
 			copy(chunk, buf[:n])
 			p.publish(k, chunk)
+			if p.out != nil {
+				p.out.write(k.streamName(), chunk)
+			}
 			busy.Add(-1)
 		}
 		if err != nil {
@@ -173,6 +185,7 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 		break
 	}
 	end := endEvent(p.cmd.ProcessState, err)
+	p.logEnded(end)
 
 	p.mu.Lock()
 	p.end = end

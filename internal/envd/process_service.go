@@ -138,6 +138,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		log:     s.log,
 		subs:    map[*subscriber]struct{}{},
 		done:    make(chan struct{}),
+		sblog:   s.sblog,
+		level:   procLevel(req.Header()),
+		user:    u.Name,
 	}
 	sub := newSubscriber()
 	p.subs[sub] = struct{}{}
@@ -216,7 +219,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		})
 		p.mu.Unlock()
 	}
+	if p.sblog != nil && p.tag != nil && *p.tag == startCmdTag {
+		p.out = newOutputLog(p.sblog, p.pid, startCmdTag)
+	}
 	s.procs.add(p)
+	p.logStarted()
 	go p.wait(readers, kinds, s.procs)
 	s.log.Debug("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "pty", p.tty != nil)
 

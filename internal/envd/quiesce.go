@@ -132,6 +132,9 @@ func (s *Server) Quiesce() error {
 		return errors.New("envd is not serving")
 	}
 	usercgroup.Quiesce()
+	// Before the sockets go (the host's sign to checkpoint): no write of the
+	// sandbox log may hold its file open in the image.
+	s.sblog.Suspend()
 	n := sysinfo.CloseListeners()
 	ss.closeLocked()
 	s.log.Info("envd quiesced for a checkpoint", "sysinfoListenersClosed", n)
@@ -150,6 +153,8 @@ func (s *Server) Wake() error {
 	if !ss.started || ss.stopped {
 		return errors.New("envd is not serving")
 	}
+	// The checkpoint is over, whatever follows.
+	s.sblog.Resume()
 	if ss.srv != nil {
 		return nil
 	}

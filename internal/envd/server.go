@@ -40,6 +40,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/sandboxlog"
 	"github.com/airlock-sandbox/airlock/internal/unixuser"
 )
 
@@ -68,6 +69,9 @@ type Server struct {
 	socks socketServers
 
 	defaultUserOnce sync.Once
+
+	// sblog is the sandbox log (sblog.go); nil when envd logs nowhere.
+	sblog *sandboxlog.Writer
 }
 
 // Option adjusts a Server at construction.
@@ -94,6 +98,9 @@ func NewServer(cfg envdapi.Config, logger *slog.Logger, opts ...Option) (*Server
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.sblog = newSandboxLog(cfg.LogPath); s.sblog != nil {
+		s.log = slog.New(&teeHandler{Handler: s.log.Handler(), w: s.sblog})
 	}
 	if s.users == nil {
 		s.users = &unixuser.EtcUserDB{Root: "/"}

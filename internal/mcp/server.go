@@ -19,5 +19,6 @@ func NewServer(b Backend, opts Options) *mcp.Server {
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "airlock", Title: "Airlock sandboxes", Version: v}, nil)
 	registerTools(s, b)
+	registerLogsTool(s, b)
 	return s
 }

@@ -227,25 +227,41 @@ while True:
 	if peak := readCgroupInt(t, "memory", info.ID, "memory.max_usage_in_bytes"); peak > attackMemoryMB<<20 {
 		t.Fatalf("memory peaked at %d, past the %d MiB limit", peak, attackMemoryMB)
 	}
-	// The sampler (every 250 ms here) turns the kernel's counter into an event.
+	// The sampler (every 250 ms here) turns the kernel's counter into an
+	// event, and the sandbox's log shows it beside the killed process's end.
+	oomEntries := func() []sandbox.LogEntry {
+		t.Helper()
+		all, err := m.Logs(ctx, info.ID, sandbox.LogQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []sandbox.LogEntry
+		for _, e := range all {
+			if e.Logger == "airlock.oom" {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
 	var logs []sandbox.LogEntry
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && len(logs) == 0 {
 		time.Sleep(100 * time.Millisecond)
-		var err error
-		if logs, err = m.Logs(ctx, info.ID, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
+		logs = oomEntries()
 	}
-	if len(logs) == 0 || logs[0].Fields["event"] != sandbox.EventOOM || logs[0].Fields["count"] == "0" {
-		t.Fatalf("no OOM event recorded: %+v", logs)
+	if len(logs) == 0 || logs[0].Level != "error" || logs[0].Origin != "host" || logs[0].Fields["killed"] == "0" {
+		t.Fatalf("no OOM kill in the sandbox's log: %+v", logs)
 	}
-	t.Logf("event: %+v", logs[0])
+	t.Logf("log entry: %+v", logs[0])
+	ended, err := m.Logs(ctx, info.ID, sandbox.LogQuery{Search: "ended: signal: killed"})
+	if err != nil || len(ended) != 1 || ended[0].Logger != "envd.process" || ended[0].Level != "warn" {
+		t.Fatalf("the killed python's end in the log: %+v (%v)", ended, err)
+	}
 	mustWork(t, m, info) // envd survived: only the offending process died
 	// The counter is not recorded twice.
 	time.Sleep(time.Second)
-	if again, _ := m.Logs(ctx, info.ID, time.Time{}); len(again) != len(logs) {
-		t.Fatalf("one OOM kill became %d events: %+v", len(again), again)
+	if again := oomEntries(); len(again) != len(logs) {
+		t.Fatalf("one OOM kill became %d entries: %+v", len(again), again)
 	}
 }
 
@@ -376,8 +392,8 @@ func TestAttackOutputFlood(t *testing.T) {
 	if peak > 128<<20 {
 		t.Fatalf("the sandbox's memory peaked at %d MiB streaming output: envd buffers it", peak>>20)
 	}
-	if logs, _ := m.Logs(ctx, info.ID, time.Time{}); len(logs) != 0 {
-		t.Fatalf("the flood caused events: %+v", logs)
+	if logs, _ := m.Logs(ctx, info.ID, sandbox.LogQuery{Search: "out of memory"}); len(logs) != 0 {
+		t.Fatalf("the flood caused OOM kills: %+v", logs)
 	}
 	mustWork(t, m, info)
 }

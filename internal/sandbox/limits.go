@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/sandboxlog"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -24,14 +24,6 @@ const (
 // EventOOM is the kind of the event recorded when the kernel OOM-kills a
 // process of a sandbox.
 const EventOOM = "oom"
-
-// LogEntry is one line of a sandbox's log as the logs endpoints report it.
-type LogEntry struct {
-	Time    time.Time
-	Level   string // "info", "warn", "error"
-	Message string
-	Fields  map[string]string
-}
 
 // diskSize resolves and bounds the disk size of a create request: the
 // request's, else the template's, else DefaultDiskSizeMB.
@@ -123,6 +115,7 @@ func (m *Manager) noteOOM(e *entry, st runtime.Stats) {
 	if err := m.opts.Store.AddEvent(context.Background(), ev); err != nil {
 		m.log.Error("record OOM event", "id", e.id, "err", err)
 	}
+	m.hostLog(e.id, sandboxlog.Error, "airlock.oom", msg, map[string]string{"killed": fmt.Sprint(delta), "total": fmt.Sprint(st.OOMKills)})
 }
 
 // seenOOMOf sums the OOM kills already recorded for a sandbox.
@@ -138,33 +131,6 @@ func (m *Manager) seenOOMOf(ctx context.Context, id string) int64 {
 		}
 	}
 	return n
-}
-
-// Logs returns a sandbox's events as log entries, oldest first, from start on
-// (zero: all).
-func (m *Manager) Logs(ctx context.Context, id string, start time.Time) ([]LogEntry, error) {
-	if _, _, err := m.view(id); err != nil {
-		return nil, err
-	}
-	evs, err := m.opts.Store.Events(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	out := []LogEntry{}
-	for _, ev := range evs {
-		if ev.Time.Before(start) {
-			continue
-		}
-		level := "info"
-		if ev.Kind == EventOOM {
-			level = "error"
-		}
-		out = append(out, LogEntry{
-			Time: ev.Time, Level: level, Message: ev.Message,
-			Fields: map[string]string{"event": ev.Kind, "count": fmt.Sprint(ev.Count)},
-		})
-	}
-	return out, nil
 }
 
 // DataDir is the directory the manager keeps sandboxes under.

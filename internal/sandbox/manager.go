@@ -145,7 +145,10 @@ type Options struct {
 	// PausedRetention is how long a paused sandbox is kept before it is
 	// deleted with its disk (retention.go); 0 keeps them forever.
 	PausedRetention time.Duration
-	Logger          *slog.Logger
+	// LogRetention is how long a killed sandbox's log stays readable
+	// (sblogs.go; default DefaultLogRetention).
+	LogRetention time.Duration
+	Logger       *slog.Logger
 }
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
@@ -946,6 +949,7 @@ func (m *Manager) kill(ctx context.Context, e *entry) {
 		e.timer.Stop()
 	}
 	e.mu.Unlock()
+	m.keepLogs(e)
 	_ = m.destroy(context.WithoutCancel(ctx), e)
 	m.log.Info("sandbox killed", "id", e.id)
 }
@@ -1373,6 +1377,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		if !alive {
 			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID)
+			m.keepLogs(e)
 			if err := m.destroy(context.WithoutCancel(ctx), e); stepFailed(err, stepRecord) {
 				return err
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/sandboxlog"
 )
 
 // The start phase runs a template's start command and waits for its ready
@@ -152,11 +153,12 @@ func (a startedFrom) equal(b startedFrom) bool {
 // running start and startPhase) so that a template's start command runs once
 // rather than once per sandbox, which is what E2B does by snapshotting its
 // microVMs at build time.
-func (m *Manager) startPhase(ctx context.Context, e *entry, tpl Template) error {
+func (m *Manager) startPhase(ctx context.Context, e *entry, tpl Template) (err error) {
 	if tpl.StartCmd == "" && tpl.ReadyCmd == "" {
 		return nil
 	}
 	began := time.Now()
+	defer func() { m.logStartPhase(e.id, tpl, began, err) }()
 	timeout := tpl.ReadyTimeout
 	if timeout <= 0 {
 		timeout = DefaultReadyTimeout
@@ -316,6 +318,11 @@ func (pc *procClient) open(ctx context.Context, cmd string, tag *string) (*conne
 	for {
 		stdin := false
 		req := connect.NewRequest(&process.StartRequest{Process: pc.shell(cmd), Tag: tag, Stdin: &stdin})
+		if tag == nil {
+			// A ready check, run again and again: its process entries in
+			// the sandbox log are debug.
+			req.Header().Set(sandboxlog.LevelHeader, sandboxlog.Debug)
+		}
 		if pc.token != "" {
 			req.Header().Set("X-Access-Token", pc.token)
 		}

@@ -1,0 +1,3 @@
+package mcp
+
+type SandboxLogsOut = sandboxLogsOut

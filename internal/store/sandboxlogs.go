@@ -1,0 +1,209 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The sandbox log's host side (internal/sandboxlog has the format): entries
+// the host writes itself (OOM kills, a template's readiness), and, once a
+// sandbox is killed, the entries envd had written in its directory, kept
+// with the owner for the retention period so the logs endpoints still
+// answer for the killed sandbox.
+
+// LogEntry is one stored entry of a sandbox's log.
+type LogEntry struct {
+	Time    time.Time
+	Level   string
+	Logger  string
+	Message string
+	Fields  map[string]string
+	Origin  string
+}
+
+// LogStore is the sandbox log's part of a store; SQLite implements it.
+type LogStore interface {
+	// AddLogs appends entries to a sandbox's log, keeping at most
+	// MaxLogEntries (the newest).
+	AddLogs(ctx context.Context, sandboxID string, entries []LogEntry) error
+	// Logs returns a sandbox's stored entries, oldest first.
+	Logs(ctx context.Context, sandboxID string) ([]LogEntry, error)
+	// EndLogs stores entries (what the sandbox itself logged: they replace
+	// any of origin "sandbox" stored before) and marks the sandbox's log
+	// ended (killed at `at`, owned by owner), in one transaction.
+	EndLogs(ctx context.Context, sandboxID, owner string, at time.Time, entries []LogEntry) error
+	// LogEnd tells whether a sandbox's log was ended and by whom it is
+	// owned; ErrNotFound when it was not.
+	LogEnd(ctx context.Context, sandboxID string) (owner string, at time.Time, err error)
+	// SweepLogs deletes the logs of sandboxes killed before `before`, and
+	// of those that have neither a record nor an end (a create that
+	// failed, a pooled sandbox never handed out). It returns how many
+	// sandboxes' logs went.
+	SweepLogs(ctx context.Context, before time.Time) (int, error)
+}
+
+// MaxLogEntries bounds what the store keeps of one sandbox's log.
+const MaxLogEntries = 5000
+
+const logSchema = `
+CREATE TABLE IF NOT EXISTS sandbox_logs (
+	sandbox_id TEXT NOT NULL,
+	at         INTEGER NOT NULL,
+	level      TEXT NOT NULL,
+	logger     TEXT NOT NULL,
+	message    TEXT NOT NULL,
+	fields     TEXT NOT NULL DEFAULT '{}',
+	origin     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sandbox_logs_sandbox ON sandbox_logs (sandbox_id, at);
+CREATE TABLE IF NOT EXISTS sandbox_log_ends (
+	sandbox_id TEXT PRIMARY KEY,
+	owner      TEXT NOT NULL,
+	ended_at   INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sandbox_log_ends_at ON sandbox_log_ends (ended_at);`
+
+var _ LogStore = (*SQLite)(nil)
+
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+func addLogs(ctx context.Context, db execer, sandboxID string, entries []LogEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	// One statement for all rows (BenchmarkEndLogs, 1,000 rows: 16 ms
+	// parsed per row, 11 ms prepared; 20 rows: 0.5 ms).
+	ins, err := db.PrepareContext(ctx, `INSERT INTO sandbox_logs (sandbox_id, at, level, logger, message, fields, origin) VALUES (?, ?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		return fmt.Errorf("store: add logs of %s: %w", sandboxID, err)
+	}
+	defer ins.Close()
+	for _, e := range entries {
+		f, err := json.Marshal(nonNil(e.Fields))
+		if err != nil {
+			return fmt.Errorf("store: log fields: %w", err)
+		}
+		if _, err := ins.ExecContext(ctx, sandboxID, e.Time.UnixNano(), e.Level, e.Logger, e.Message, string(f), e.Origin); err != nil {
+			return fmt.Errorf("store: add log of %s: %w", sandboxID, err)
+		}
+	}
+	// Newest kept: a sandbox that OOMs every few seconds for weeks must not
+	// grow the database without bound.
+	if _, err := db.ExecContext(ctx, `DELETE FROM sandbox_logs WHERE rowid IN (
+		SELECT rowid FROM sandbox_logs WHERE sandbox_id = ? ORDER BY at DESC, rowid DESC LIMIT -1 OFFSET ?)`,
+		sandboxID, MaxLogEntries); err != nil {
+		return fmt.Errorf("store: trim log of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
+func (s *SQLite) AddLogs(ctx context.Context, sandboxID string, entries []LogEntry) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: add logs of %s: %w", sandboxID, err)
+	}
+	defer tx.Rollback()
+	if err := addLogs(ctx, tx, sandboxID, entries); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: add logs of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
+func (s *SQLite) Logs(ctx context.Context, sandboxID string) ([]LogEntry, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT at, level, logger, message, fields, origin FROM sandbox_logs WHERE sandbox_id = ? ORDER BY at, rowid`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("store: logs of %s: %w", sandboxID, err)
+	}
+	defer rows.Close()
+	var out []LogEntry
+	for rows.Next() {
+		var (
+			at     int64
+			fields string
+			e      LogEntry
+		)
+		if err := rows.Scan(&at, &e.Level, &e.Logger, &e.Message, &fields, &e.Origin); err != nil {
+			return nil, fmt.Errorf("store: logs of %s: %w", sandboxID, err)
+		}
+		e.Time = time.Unix(0, at)
+		if err := json.Unmarshal([]byte(fields), &e.Fields); err != nil {
+			return nil, fmt.Errorf("store: log fields of %s: %w", sandboxID, err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func (s *SQLite) EndLogs(ctx context.Context, sandboxID, owner string, at time.Time, entries []LogEntry) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
+	}
+	defer tx.Rollback()
+	// Entries of the sandbox's origin stored by an earlier EndLogs (a kill
+	// a crash cut short, whose sandbox Recover re-adopted) are in entries
+	// again.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_logs WHERE sandbox_id = ? AND origin = 'sandbox'`, sandboxID); err != nil {
+		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
+	}
+	if err := addLogs(ctx, tx, sandboxID, entries); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO sandbox_log_ends (sandbox_id, owner, ended_at) VALUES (?, ?, ?)`,
+		sandboxID, owner, at.UnixNano()); err != nil {
+		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: end logs of %s: %w", sandboxID, err)
+	}
+	return nil
+}
+
+func (s *SQLite) LogEnd(ctx context.Context, sandboxID string) (string, time.Time, error) {
+	var (
+		owner string
+		at    int64
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT owner, ended_at FROM sandbox_log_ends WHERE sandbox_id = ?`, sandboxID).Scan(&owner, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", time.Time{}, fmt.Errorf("%w: log of %s", ErrNotFound, sandboxID)
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("store: log end of %s: %w", sandboxID, err)
+	}
+	return owner, time.Unix(0, at), nil
+}
+
+func (s *SQLite) SweepLogs(ctx context.Context, before time.Time) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("store: sweep logs: %w", err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `DELETE FROM sandbox_log_ends WHERE ended_at < ?`, before.UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("store: sweep logs: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	// Entries of a sandbox with neither record nor end are swept only once
+	// as old as the retention: a pooled sandbox has no record until it is
+	// claimed, and its start phase's entries must wait for it.
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_logs WHERE at < ? AND sandbox_id NOT IN (SELECT id FROM sandboxes)
+		AND sandbox_id NOT IN (SELECT sandbox_id FROM sandbox_log_ends)`, before.UnixNano()); err != nil {
+		return 0, fmt.Errorf("store: sweep logs: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("store: sweep logs: %w", err)
+	}
+	return int(n), nil
+}
