@@ -118,6 +118,9 @@ type Config struct {
 	// PausedRetention is how long a paused sandbox is kept before it is
 	// deleted with its disk; 0 keeps them forever.
 	PausedRetention time.Duration
+	// EventsRetention is how long lifecycle events are kept, of live and
+	// killed sandboxes alike (default DefaultEventsRetention).
+	EventsRetention time.Duration
 	// Logger gets the server's log (default slog.Default()); BuildOutput the
 	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
 	// servers' own errors (default: the standard logger).
@@ -137,6 +140,9 @@ type Daemon struct {
 	Templates *template.Store
 	Builds    *tplbuild.Service // template builds asked for through the E2B API
 	Store     *store.SQLite
+	// Events are the sandboxes' lifecycle events (the manager records them,
+	// the events API reads them, webhooks follow their feed).
+	Events  *store.LifecycleEvents
 	Runtime   runtime.Runtime   // the default backend
 	Runtimes  []runtime.Runtime // every available backend, the default among them
 	Network   *netpolicy.Network
@@ -225,6 +231,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.push("store", d.Store.Close)
+	d.startEvents()
 	if d.Runtime, d.Runtimes, err = openRuntimes(d.cfg.Runtime, d.Layout, d.log); err != nil {
 		return err
 	}
@@ -382,6 +389,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		Network:         d.Network,
 		Logger:          d.log,
 		PausedRetention: d.cfg.PausedRetention,
+		Events:          d.Events,
 	})
 	d.push("sandbox manager", func() error {
 		if d.cfg.KillOnClose {
@@ -434,6 +442,7 @@ func (d *Daemon) startListeners() error {
 		Limits:       d.cfg.Limits,
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
+		Events:       d.Events,
 		Logger:       d.log,
 	})
 	d.Proxy = proxy.New(d.Manager, d.log)
