@@ -121,6 +121,9 @@ type Config struct {
 	// EventsRetention is how long lifecycle events are kept, of live and
 	// killed sandboxes alike (default DefaultEventsRetention).
 	EventsRetention time.Duration
+	// WrapEvents, when set, stands between the manager and the lifecycle
+	// event store (the events bench switches recording off through it).
+	WrapEvents func(sandbox.EventLog) sandbox.EventLog
 	// Logger gets the server's log (default slog.Default()); BuildOutput the
 	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
 	// servers' own errors (default: the standard logger).
@@ -389,7 +392,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		Network:         d.Network,
 		Logger:          d.log,
 		PausedRetention: d.cfg.PausedRetention,
-		Events:          d.Events,
+		Events:          d.managerEvents(),
 	})
 	d.push("sandbox manager", func() error {
 		if d.cfg.KillOnClose {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -50,4 +51,12 @@ func (d *Daemon) startEvents() {
 		<-done
 		return nil
 	})
+}
+
+// managerEvents is what the manager records through.
+func (d *Daemon) managerEvents() sandbox.EventLog {
+	if d.cfg.WrapEvents != nil {
+		return d.cfg.WrapEvents(d.Events)
+	}
+	return d.Events
 }
