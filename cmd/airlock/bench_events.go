@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/bench"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 func benchEventsCmd() *cobra.Command {
@@ -23,7 +25,7 @@ func benchEventsCmd() *cobra.Command {
 		Short: "Measure lifecycle events: events the store accepts per second, and create with recording on vs off",
 		Long: `Start an Airlock server in this process, then measure its lifecycle event
 store (Record one after another, and from several goroutines at once, on the
-server's own database while it runs) and creates through the E2B API with the
+server's disk while it runs, in a database of its own) and creates through the E2B API with the
 manager recording lifecycle events and with recording switched off, interleaved
 one by one in the same run.`,
 		Args: cobra.NoArgs,
@@ -39,12 +41,25 @@ one by one in the same run.`,
 				return err
 			}
 			defer d.Close()
+			// The store is measured on a database of its own, beside the
+			// server's (same filesystem, same settings): the bench's events
+			// must not land among the server's.
+			tmp, err := os.MkdirTemp(d.Layout.Root, ".bench-events-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			db, err := store.OpenSQLite(filepath.Join(tmp, "airlock.db"))
+			if err != nil {
+				return err
+			}
+			defer db.Close()
 			rows, err := bench.RunEvents(cmd.Context(), bench.EventsConfig{
 				Config: bench.Config{
 					APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0], Template: tpl,
 					Progress: os.Stderr,
 				},
-				Store: d.Events, Gate: gate, Records: records, Workers: workers, Creates: creates,
+				Store: store.NewLifecycleEvents(db), Gate: gate, Records: records, Workers: workers, Creates: creates,
 			})
 			if err != nil {
 				return err

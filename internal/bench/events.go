@@ -33,8 +33,8 @@ func (g *EventsGate) Record(ctx context.Context, e lifecycle.Event) (lifecycle.E
 // EventsConfig configures RunEvents.
 type EventsConfig struct {
 	Config
-	// Store is the server's lifecycle event store: Record is measured on it
-	// directly, with the server running.
+	// Store is a lifecycle event store to measure Record on, with the server
+	// running beside it.
 	Store lifecycle.Recorder
 	// Gate is the one the server's manager records through.
 	Gate *EventsGate
@@ -114,11 +114,11 @@ func RunEvents(ctx context.Context, cfg EventsConfig) ([]Row, error) {
 
 	c := newClient(cfg.Config)
 	// Warm-up: the first create pays for page-cache misses of the template.
-	if sb, err := c.create(ctx); err != nil {
+	sb, err := c.create(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
-	} else {
-		c.kill(ctx, sb)
 	}
+	c.kill(ctx, sb)
 	on := Row{Name: fmt.Sprintf("create (POST /sandboxes), events recorded, %d", cfg.Creates)}
 	off := Row{Name: fmt.Sprintf("create (POST /sandboxes), events off, %d", cfg.Creates)}
 	defer cfg.Gate.off.Store(false)
