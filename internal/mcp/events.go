@@ -44,7 +44,7 @@ type eventOut struct {
 	// Detail is what the event says beyond its type, in words.
 	Detail string `json:"detail,omitempty"`
 	// Data is the event's eventData as E2B's API has it.
-	Data json.RawMessage `json:"data,omitempty"`
+	Data map[string]any `json:"data,omitempty"`
 }
 
 type sandboxEventsOut struct {
@@ -77,8 +77,9 @@ func registerEventsTool(s *mcp.Server, b EventsBackend) {
 		for _, e := range evs {
 			o := eventOut{
 				Type: strings.TrimPrefix(e.Type, "sandbox.lifecycle."), Time: rfc3339(e.Timestamp),
-				ExecutionID: e.SandboxExecutionID, Detail: eventDetail(e.EventData), Data: e.EventData,
+				ExecutionID: e.SandboxExecutionID, Detail: eventDetail(e.EventData),
 			}
+			_ = json.Unmarshal(e.EventData, &o.Data) // shown as it came; Detail says it in words
 			out.Events = append(out.Events, o)
 			fmt.Fprintf(&text, "%s %s", o.Time, o.Type)
 			if o.Detail != "" {

@@ -1,6 +1,7 @@
 package mcp_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -32,7 +33,7 @@ func TestSandboxEventsTool(t *testing.T) {
 	if k := out.Events[2]; !strings.Contains(k.Detail, "reason: request") || k.ExecutionID == "" || k.ExecutionID != out.Events[0].ExecutionID {
 		t.Fatalf("killed: %+v", k)
 	}
-	if !strings.Contains(out.Events[1].Detail, "ends at ") || !strings.Contains(string(out.Events[1].Data), `"who":"mcp-events"`) {
+	if !strings.Contains(out.Events[1].Detail, "ends at ") || fmt.Sprint(out.Events[1].Data["sandbox_metadata"]) != "map[who:mcp-events]" {
 		t.Fatalf("updated: %+v", out.Events[1])
 	}
 	if text := airlockmcp.Text(res); !strings.Contains(text, "killed (reason: request") {

@@ -2,12 +2,13 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 )
@@ -70,9 +71,8 @@ func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecy
 		e.Timestamp = time.Now()
 	}
 	e.Timestamp = e.Timestamp.UTC()
-	if e.ID = newUUID(); e.ID == "" {
-		return e, fmt.Errorf("store: lifecycle event: no random id")
-	}
+	// A random UUID, the form E2B's event ids have.
+	e.ID = uuid.NewString()
 	payload, err := json.Marshal(e)
 	if err != nil {
 		return e, fmt.Errorf("store: lifecycle event %s of %s: %w", e.Type, e.SandboxID, err)
@@ -88,17 +88,6 @@ func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecy
 	default:
 	}
 	return e, nil
-}
-
-// newUUID returns a random (version 4) UUID, the form E2B's event ids have.
-func newUUID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return ""
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // OwnerEvents implements lifecycle.Reader.
