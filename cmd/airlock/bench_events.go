@@ -17,7 +17,7 @@ import (
 
 func benchEventsCmd() *cobra.Command {
 	var (
-		dataDir, tpl               string
+		dataDir, tpl              string
 		records, workers, creates int
 	)
 	cmd := &cobra.Command{

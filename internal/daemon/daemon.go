@@ -145,13 +145,13 @@ type Daemon struct {
 	Store     *store.SQLite
 	// Events are the sandboxes' lifecycle events (the manager records them,
 	// the events API reads them, webhooks follow their feed).
-	Events  *store.LifecycleEvents
-	Runtime   runtime.Runtime   // the default backend
-	Runtimes  []runtime.Runtime // every available backend, the default among them
-	Network   *netpolicy.Network
-	Disk      *diskquota.Pool
-	Manager   *sandbox.Manager
-	Proxy     *proxy.Proxy
+	Events   *store.LifecycleEvents
+	Runtime  runtime.Runtime   // the default backend
+	Runtimes []runtime.Runtime // every available backend, the default among them
+	Network  *netpolicy.Network
+	Disk     *diskquota.Pool
+	Manager  *sandbox.Manager
+	Proxy    *proxy.Proxy
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
