@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,9 +137,27 @@ func RunEvents(ctx context.Context, cfg EventsConfig) ([]Row, error) {
 		row.Samples = append(row.Samples, time.Since(t))
 		c.kill(ctx, sb)
 	}
+	on.Note = fmt.Sprintf("recording adds %+.2f ms at p50 (%+.2f ms mean)", delta(on.Samples, off.Samples, true), delta(on.Samples, off.Samples, false))
 	add(on)
 	add(off)
 	return rows, nil
+}
+
+// delta is a's p50 (or mean) minus b's, in milliseconds.
+func delta(a, b []time.Duration, p50 bool) float64 {
+	stat := func(s []time.Duration) time.Duration {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		if p50 {
+			return Percentile(s, 50)
+		}
+		var sum time.Duration
+		for _, d := range s {
+			sum += d
+		}
+		return sum / time.Duration(max(len(s), 1))
+	}
+	return float64(stat(a)-stat(b)) / float64(time.Millisecond)
 }
 
 func rate(n int, d time.Duration) string {
