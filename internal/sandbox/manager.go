@@ -1286,10 +1286,11 @@ func (m *Manager) sample(e *entry) {
 	e.mu.Lock()
 	oom := err == nil && st.OOMKills > e.seenOOM
 	e.mu.Unlock()
-	// Only then, as Status may cost a process (gVisor's runsc state): an
-	// init that died takes the sandbox down with it, and the kernel
-	// counts it among the OOM kills when memory was the cause.
-	if (err != nil || oom) && m.endIfInitGone(e, oom) {
+	// Only when something is amiss (Stats failed, an OOM kill, no process
+	// left in its cgroup), as Status may cost a process (gVisor's runsc
+	// state): an init that died takes the sandbox down with it, and the
+	// kernel counts it among the OOM kills when memory was the cause.
+	if (err != nil || oom || st.Pids == 0) && m.endIfInitGone(e, oom) {
 		return
 	}
 	if err != nil {
