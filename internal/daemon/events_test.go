@@ -294,3 +294,37 @@ func TestLifecycleEvents(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestLifecycleEventsRetention: the server drops events older than
+// --events-retention, a killed sandbox's included, and keeps newer ones.
+func TestLifecycleEventsRetention(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d := daemontest.Start(t, func(c *daemon.Config) { c.EventsRetention = 3 * time.Second })
+	c := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
+	old, err := c.Create(ctx, e2bwire.NewSandbox{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(ctx, old.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if got := events(t, d, daemontest.Key, "/events/sandboxes/"+old.SandboxID); typesOf(got) != "killed created" {
+		t.Fatalf("the killed sandbox's events before the retention: %q", typesOf(got))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(events(t, d, daemontest.Key, "/events/sandboxes/"+old.SandboxID)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a killed sandbox's events outlive a 3 s retention by 20 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Newer events stay until their own time comes.
+	fresh, err := c.Create(ctx, e2bwire.NewSandbox{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := events(t, d, daemontest.Key, "/events/sandboxes/"+fresh.SandboxID); typesOf(got) != "created" {
+		t.Fatalf("a new sandbox's events right after pruning: %q", typesOf(got))
+	}
+}
