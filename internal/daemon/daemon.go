@@ -18,6 +18,7 @@
 //  3. templates          the store, then the first template built (the API
 //     must be able to serve it when it answers); the rest queued
 //  4. store              the sandboxes' records (SQLite)
+//     lifecycle events   over the same database; pruned for age until Close
 //  5. runtimes           every backend, so Recover finds any sandbox's
 //  6. network            netns + veth + firewall + DNS per sandbox
 //  7. disk pool          the btrfs image sandboxes' quotas live on
