@@ -3,12 +3,15 @@
 // connect (resume), createSnapshot and kill, and GET /events/sandboxes[/id]
 // must then tell that story in order, with E2B's payload, page it with
 // offset/limit/orderAsc, refuse bad queries with a 400, and show another
-// API key nothing.
+// API key nothing. An auto-pause at the timeout and an auto-resume by traffic
+// are events too, and a timeout kill says so.
 
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
-import { api, assertErrorBody, createSandbox, waitFor } from './helpers.mjs'
+import { api, assertErrorBody, createSandbox, meta, TEMPLATE, track, trackCleanup, waitFor } from './helpers.mjs'
+
+trackCleanup()
 
 const OTHER = process.env.AIRLOCK_SDK_OTHER_KEY
 if (!OTHER) throw new Error('AIRLOCK_SDK_OTHER_KEY must be set (use tests/sdk/run.sh)')
@@ -99,6 +102,19 @@ describe('lifecycle events', () => {
     } finally {
       await Sandbox.deleteSnapshot(snap.snapshotId).catch(() => {})
     }
+  })
+
+  test('auto-pause at the timeout and auto-resume by traffic are paused and resumed events', async () => {
+    const sbx = await Sandbox.create(TEMPLATE, { timeoutMs: 60_000, metadata: meta(), lifecycle: { onTimeout: 'pause', autoResume: true } })
+    track(sbx.sandboxId)
+    await sbx.setTimeout(1_000)
+    await waitFor(async () => (await sbx.getInfo()).state === 'paused', { timeoutMs: 30_000, what: 'paused at timeout' })
+    // An envd call through the proxy wakes it.
+    assert.equal((await sbx.commands.run('echo awake')).stdout.trim(), 'awake')
+    const evs = await eventsOf(`/events/sandboxes/${sbx.sandboxId}?orderAsc=true`)
+    assert.deepEqual(evs.map((e) => short(e.type)), ['created', 'updated', 'paused', 'resumed'])
+    assert.ok(evs[2].eventData.execution.execution_time > 0)
+    assert.notEqual(evs[3].sandboxExecutionId, evs[2].sandboxExecutionId, 'the auto-resume starts an execution')
   })
 
   test('a sandbox that reaches its timeout is killed with reason timeout', async () => {
