@@ -7,6 +7,8 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +74,30 @@ func TestLifecycleEventsSurviveKill9(t *testing.T) {
 	if evs[2].SandboxExecutionID != evs[0].SandboxExecutionID || evs[3].SandboxExecutionID == evs[0].SandboxExecutionID || evs[4].SandboxExecutionID != evs[3].SandboxExecutionID {
 		t.Fatalf("executions across the restarts: %s %s %s %s %s", evs[0].SandboxExecutionID, evs[1].SandboxExecutionID, evs[2].SandboxExecutionID, evs[3].SandboxExecutionID, evs[4].SandboxExecutionID)
 	}
-	delete(h.ids, s.id)
+
+	// A kill whose event was recorded when the server died, before its
+	// teardown: the next server finishes the teardown, without a second
+	// event.
+	k := h.newSandbox(ctx)
+	h.stop()
+	h.start(crashpoint.Env + "=" + crashpoint.KillRecorded)
+	if err := h.client().Kill(ctx, k.id); err == nil {
+		t.Fatal("the kill answered: its crash point was not reached")
+	}
+	h.died(10 * time.Second)
+	h.start()
+	if _, err := h.client().Get(ctx, k.id); err == nil {
+		t.Fatal("the sandbox whose killed event was recorded is alive after the restart")
+	}
+	if _, err := os.Stat(h.dir.Sandbox(k.id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the directory of %s is left after the restart: %v", k.id, err)
+	}
+	kevs, err := h.client().SandboxEvents(ctx, k.id, 100)
+	if err != nil || len(kevs) != 2 || kevs[1].Type != lifecycle.Killed {
+		t.Fatalf("the killed sandbox's events: %+v %v", kevs, err)
+	}
+	var kd lifecycle.EventData
+	if err := json.Unmarshal(kevs[1].EventData, &kd); err != nil || kd.KillReason != lifecycle.KillRequest {
+		t.Fatalf("kill reason after the crash: %s", kevs[1].EventData)
+	}
 }

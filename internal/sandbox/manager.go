@@ -65,6 +65,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
@@ -971,6 +972,7 @@ func (m *Manager) kill(ctx context.Context, e *entry, reason string) {
 	}
 	e.mu.Unlock()
 	m.recordKilled(ctx, e, reason)
+	crashpoint.Hit(crashpoint.KillRecorded)
 	_ = m.destroy(context.WithoutCancel(ctx), e)
 	m.log.Info("sandbox killed", "id", e.id, "reason", reason)
 }
