@@ -57,6 +57,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringSliceVar(&c.Templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
 	f.BoolVar(&c.KillOnClose, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.DurationVar(&c.PausedRetention, "paused-retention", sandbox.DefaultPausedRetention, "delete a paused sandbox, with its disk, this long after it was paused (0: keep paused sandboxes forever)")
+	f.DurationVar(&c.EventsRetention, "events-retention", daemon.DefaultEventsRetention, "keep sandbox lifecycle events (GET /events/sandboxes, webhooks) and killed sandboxes' logs this long")
 	// Tests start many short-lived servers, each on a data dir of its own,
 	// over one cache of built templates.
 	f.StringVar(&c.TemplateDataDir, "template-data-dir", "", "data dir whose templates and layers to use (default: --data-dir)")
@@ -94,6 +95,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if c.PausedRetention < 0 {
 		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
+	}
+	if c.EventsRetention <= 0 {
+		return fmt.Errorf("--events-retention %s: must be positive", c.EventsRetention)
 	}
 	if b := c.Builds; b.Concurrent < 1 || b.PerKey < 1 || b.MaxContextMB < 1 || b.Timeout <= 0 {
 		return fmt.Errorf("--build-concurrency, --builds-per-key, --build-context-max and --build-timeout must be positive")

@@ -1,5 +1,5 @@
 // Package crashpoint lets a crash test kill the server at a named step of a
-// multi-step operation (pause, resume, snapshot, fork), to check that what a
+// multi-step operation (pause, resume, snapshot, fork, kill), to check that what a
 // restarted server finds is the old state or the new one, never something in
 // between. Timing cannot hit these steps reliably: most last microseconds.
 //
@@ -50,6 +50,9 @@ const (
 	// StartedFromCapture: a fork (or a sandbox created from a snapshot)
 	// runs; its record still says creating.
 	StartedFromCapture = "started-from-capture"
+	// KillRecorded: a kill's lifecycle event is recorded; its teardown has
+	// not begun.
+	KillRecorded = "kill-recorded"
 )
 
 // Hit kills the process at once when name is the armed crash point.

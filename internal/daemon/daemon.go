@@ -18,6 +18,7 @@
 //  3. templates          the store, then the first template built (the API
 //     must be able to serve it when it answers); the rest queued
 //  4. store              the sandboxes' records (SQLite)
+//     lifecycle events   over the same database; pruned for age until Close
 //  5. runtimes           every backend, so Recover finds any sandbox's
 //  6. network            netns + veth + firewall + DNS per sandbox
 //  7. disk pool          the btrfs image sandboxes' quotas live on
@@ -33,6 +34,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -118,6 +120,12 @@ type Config struct {
 	// PausedRetention is how long a paused sandbox is kept before it is
 	// deleted with its disk; 0 keeps them forever.
 	PausedRetention time.Duration
+	// EventsRetention is how long lifecycle events are kept, of live and
+	// killed sandboxes alike (default DefaultEventsRetention).
+	EventsRetention time.Duration
+	// WrapEvents, when set, stands between the manager and the lifecycle
+	// event store (the events bench switches recording off through it).
+	WrapEvents func(sandbox.EventLog) sandbox.EventLog
 	// Logger gets the server's log (default slog.Default()); BuildOutput the
 	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
 	// servers' own errors (default: the standard logger).
@@ -137,12 +145,15 @@ type Daemon struct {
 	Templates *template.Store
 	Builds    *tplbuild.Service // template builds asked for through the E2B API
 	Store     *store.SQLite
-	Runtime   runtime.Runtime   // the default backend
-	Runtimes  []runtime.Runtime // every available backend, the default among them
-	Network   *netpolicy.Network
-	Disk      *diskquota.Pool
-	Manager   *sandbox.Manager
-	Proxy     *proxy.Proxy
+	// Events are the sandboxes' lifecycle events (the manager records them,
+	// the events API reads them, webhooks follow their feed).
+	Events   *store.LifecycleEvents
+	Runtime  runtime.Runtime   // the default backend
+	Runtimes []runtime.Runtime // every available backend, the default among them
+	Network  *netpolicy.Network
+	Disk     *diskquota.Pool
+	Manager  *sandbox.Manager
+	Proxy    *proxy.Proxy
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
@@ -225,6 +236,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.push("store", d.Store.Close)
+	d.startEvents()
 	if d.Runtime, d.Runtimes, err = openRuntimes(d.cfg.Runtime, d.Layout, d.log); err != nil {
 		return err
 	}
@@ -382,6 +394,9 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		Network:         d.Network,
 		Logger:          d.log,
 		PausedRetention: d.cfg.PausedRetention,
+		// A killed sandbox's log is kept as long as its lifecycle events.
+		LogRetention: cmp.Or(d.cfg.EventsRetention, DefaultEventsRetention),
+		Events:       d.managerEvents(),
 	})
 	d.push("sandbox manager", func() error {
 		if d.cfg.KillOnClose {
@@ -434,6 +449,7 @@ func (d *Daemon) startListeners() error {
 		Limits:       d.cfg.Limits,
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
+		Events:       d.Events,
 		Logger:       d.log,
 	})
 	d.Proxy = proxy.New(d.Manager, d.log)

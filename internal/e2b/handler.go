@@ -14,6 +14,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 )
 
 // Defaults for Options fields left zero.
@@ -57,6 +58,9 @@ type Options struct {
 	// Builds runs template builds (tplbuild.go); nil makes the build
 	// endpoints answer 501.
 	Builds TemplateBuilds
+	// Events reads the sandboxes' lifecycle events (events.go); nil makes
+	// the events endpoints answer 501.
+	Events lifecycle.Reader
 	Logger *slog.Logger
 }
 
@@ -123,6 +127,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)
 	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
 	h.routeTemplates()
+	h.routeEvents()
 	return h
 }
 

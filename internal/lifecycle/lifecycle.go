@@ -54,12 +54,79 @@ type Event struct {
 }
 
 // Page selects events: newest first unless OrderAsc, from Offset, at most
-// Limit (1..100).
+// Limit (1..MaxLimit); of the Types given only (none: every type).
 type Page struct {
 	Offset   int
 	Limit    int
 	OrderAsc bool
+	// Types filters by event type (E2B's repeated "types" parameter).
+	Types []string
 }
+
+// MaxLimit bounds Page.Limit, as E2B's API does.
+const MaxLimit = 100
+
+// EventData is the eventData of Airlock's events: E2B's keys, each present
+// only on the events E2B documents it for.
+type EventData struct {
+	// SandboxMetadata is the sandbox's metadata, on every event.
+	SandboxMetadata map[string]string `json:"sandbox_metadata"`
+	// SetTimeout is the new end of life (RFC 3339), on an update of the
+	// timeout.
+	SetTimeout string `json:"set_timeout,omitempty"`
+	// NetworkEgress is the new egress policy, on an update of the network.
+	NetworkEgress *NetworkEgress `json:"network_egress,omitempty"`
+	// Execution is the execution that ended, on paused and killed.
+	Execution *Execution `json:"execution,omitempty"`
+	// KillReason says why a sandbox was killed (the KillReason* values).
+	KillReason string `json:"kill_reason,omitempty"`
+	// SnapshotID names the snapshot a checkpoint made (Airlock's; absent
+	// for a fork's checkpoint).
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	// ForkCount is how many sandboxes a fork's checkpoint was asked to
+	// start (Airlock's).
+	ForkCount int `json:"fork_count,omitempty"`
+}
+
+// NetworkEgress is a sandbox's egress policy, split as E2B reports it.
+type NetworkEgress struct {
+	AllowedCIDRs   []string `json:"allowed_cidrs"`
+	DeniedCIDRs    []string `json:"denied_cidrs"`
+	AllowedDomains []string `json:"allowed_domains"`
+}
+
+// Execution describes one execution of a sandbox: from a create or a
+// resume to the pause or kill that ended it.
+type Execution struct {
+	StartedAt string `json:"started_at"` // RFC 3339, UTC
+	VCPUCount int    `json:"vcpu_count"`
+	MemoryMB  int    `json:"memory_mb"`
+	// ExecutionTime is how long it ran, in milliseconds.
+	ExecutionTime int64 `json:"execution_time"`
+}
+
+// Kill reasons (EventData.KillReason).
+const (
+	// KillRequest: a client asked (DELETE /sandboxes/{id}, the SDKs' kill).
+	KillRequest = "request"
+	// KillTimeout: the sandbox reached its end of life.
+	KillTimeout = "timeout"
+	// KillOrphaned: the sandbox did not survive a restart of the server
+	// (its processes were gone when the server came back).
+	KillOrphaned = "orphaned"
+	// KillOOM: the sandbox's init (envd) was killed for lack of memory.
+	KillOOM = "oom"
+	// KillExited: the sandbox's init (envd) ended on its own.
+	KillExited = "init_exited"
+	// KillPauseFailed: a pause's checkpoint failed and the sandbox did not
+	// survive it.
+	KillPauseFailed = "pause_failed"
+	// KillPausedRetention: the sandbox stayed paused past the retention
+	// period (serve --paused-retention).
+	KillPausedRetention = "paused_retention_expired"
+	// KillShutdown: the server stopped with --kill-on-exit.
+	KillShutdown = "shutdown"
+)
 
 // Recorder keeps events. Record fills ID, Seq (and Version and Timestamp
 // when empty) and must not block on anything but the store: sandbox

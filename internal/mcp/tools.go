@@ -309,6 +309,9 @@ func registerTools(s *mcp.Server, b Backend) {
 		Description: "Get a sandbox's recent CPU, memory and disk use samples (oldest first).",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, t.getMetrics)
+	if eb, ok := b.(EventsBackend); ok {
+		registerEventsTool(s, eb)
+	}
 }
 
 // --- handlers -----------------------------------------------------------------

@@ -65,9 +65,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
@@ -104,6 +106,8 @@ type Template struct {
 	// envd starts at boot (["python","javascript"] for code-interpreter-v1);
 	// the others start on first use.
 	Kernels []string
+	// BuildID names the template's build (lifecycle events' sandboxBuildId).
+	BuildID string `json:",omitempty"`
 }
 
 // TemplateResolver resolves a template id or alias to a built template. It
@@ -148,7 +152,10 @@ type Options struct {
 	// LogRetention is how long a killed sandbox's log stays readable
 	// (sblogs.go; default DefaultLogRetention).
 	LogRetention time.Duration
-	Logger       *slog.Logger
+	// Events records a lifecycle event at every transition (events.go);
+	// nil records none.
+	Events EventLog
+	Logger *slog.Logger
 }
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
@@ -228,6 +235,8 @@ type entry struct {
 	lastAt  time.Time
 	// seenOOM is the OOM-kill count already recorded as events.
 	seenOOM int64
+	// exec is the sandbox's current or last execution (events.go).
+	exec execution
 }
 
 // newEntry returns an unpublished entry for info, which its creator owns
@@ -395,6 +404,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
+	// Before publishing: nothing else can act on the sandbox yet, so no
+	// event of it comes before this one.
+	m.beginExecution(e, tpl.BuildID)
+	m.record(ctx, e, lifecycle.Created, lifecycle.EventData{})
 	return m.publish(e), nil
 }
 
@@ -773,7 +786,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.info.AllowInternetAccess = info.AllowInternetAccess
 		info = e.info
 		e.mu.Unlock()
-		return m.opts.Store.Put(ctx, toRecord(info))
+		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
+			return err
+		}
+		m.record(ctx, e, lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
+		return nil
 	})
 }
 
@@ -895,10 +912,15 @@ func matches(info Info, f ListFilter) bool {
 	return true
 }
 
-// Kill destroys a sandbox.
+// Kill destroys a sandbox (a client's request).
 func (m *Manager) Kill(ctx context.Context, id string) error {
+	return m.killFor(ctx, id, lifecycle.KillRequest)
+}
+
+// killFor destroys sandbox id; reason goes into its killed event.
+func (m *Manager) killFor(ctx context.Context, id, reason string) error {
 	return m.with(id, func(e *entry) error {
-		m.kill(ctx, e)
+		m.kill(ctx, e, reason)
 		return nil
 	})
 }
@@ -935,8 +957,11 @@ func (m *Manager) background(fn func()) {
 // of the map (so no new traffic reaches it) before its teardown starts, and
 // op stays held until the teardown ends, so whoever waits for the sandbox
 // finds it gone only once nothing of it is left. Teardown runs even when ctx
-// ends.
-func (m *Manager) kill(ctx context.Context, e *entry) {
+// ends. reason (a lifecycle.Kill* value) goes into the killed event, which is
+// recorded before the teardown: the sandbox is gone for good from here, and
+// a crash during the teardown must not lose the event (Recover then finishes
+// the teardown without recording a second one).
+func (m *Manager) kill(ctx context.Context, e *entry, reason string) {
 	e.gone = true
 	m.mu.Lock()
 	delete(m.sandboxes, e.id)
@@ -950,8 +975,10 @@ func (m *Manager) kill(ctx context.Context, e *entry) {
 	}
 	e.mu.Unlock()
 	m.keepLogs(e)
+	m.recordKilled(ctx, e, reason)
+	crashpoint.Hit(crashpoint.KillRecorded)
 	_ = m.destroy(context.WithoutCancel(ctx), e)
-	m.log.Info("sandbox killed", "id", e.id)
+	m.log.Info("sandbox killed", "id", e.id, "reason", reason)
 }
 
 // checkLifecycle enforces what E2B's API does: auto-resume only for a
@@ -999,7 +1026,11 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 		m.armTimerLocked(e)
 		rec := toRecord(e.info)
 		e.mu.Unlock()
-		return m.opts.Store.Put(ctx, rec)
+		if err := m.opts.Store.Put(ctx, rec); err != nil {
+			return err
+		}
+		m.record(ctx, e, lifecycle.Updated, lifecycle.EventData{SetTimeout: rec.EndAt.UTC().Format(time.RFC3339)})
+		return nil
 	})
 }
 
@@ -1045,8 +1076,18 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	m.armTimerLocked(e)
 	info := e.info
 	e.mu.Unlock()
+	if paused {
+		// Before the record: its event must name this execution.
+		e.mu.Lock()
+		build := e.exec.buildID
+		e.mu.Unlock()
+		m.beginExecution(e, build)
+	}
 	if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
 		return Info{}, false, err
+	}
+	if paused {
+		m.record(ctx, e, lifecycle.Resumed, lifecycle.EventData{})
 	}
 	return info, paused, nil
 }
@@ -1203,7 +1244,7 @@ func (m *Manager) expire(e *entry) {
 	} else {
 		m.log.Info("sandbox timed out", "id", e.id)
 	}
-	m.kill(context.Background(), e)
+	m.kill(context.Background(), e, lifecycle.KillTimeout)
 }
 
 func (m *Manager) sampleLoop() {
@@ -1248,6 +1289,16 @@ func (m *Manager) sample(e *entry) {
 		return
 	}
 	st, err := e.rt.Stats()
+	e.mu.Lock()
+	oom := err == nil && st.OOMKills > e.seenOOM
+	e.mu.Unlock()
+	// Only when something is amiss (Stats failed, an OOM kill, no process
+	// left in its cgroup), as Status may cost a process (gVisor's runsc
+	// state): an init that died takes the sandbox down with it, and the
+	// kernel counts it among the OOM kills when memory was the cause.
+	if (err != nil || oom || st.Pids == 0) && m.endIfInitGone(e, oom) {
+		return
+	}
 	if err != nil {
 		return
 	}
@@ -1284,6 +1335,24 @@ func (m *Manager) sample(e *entry) {
 	}
 }
 
+// endIfInitGone kills e, whose op lock the caller holds, when its init
+// (envd) is no longer running: nothing of the sandbox works any more, and
+// its owner learns why from the killed event. oom says the kernel killed
+// some process of it for memory since the last sample.
+func (m *Manager) endIfInitGone(e *entry, oom bool) bool {
+	st, err := e.rt.Status()
+	if err != nil || st != runtime.StatusStopped {
+		return false
+	}
+	reason := lifecycle.KillExited
+	if oom {
+		reason = lifecycle.KillOOM
+	}
+	m.log.Warn("sandbox init ended; killing the sandbox", "id", e.id, "reason", reason)
+	m.kill(context.Background(), e, reason)
+	return true
+}
+
 // Recover re-adopts the sandboxes a previous server left running and cleans up
 // everything else it left: records of dead sandboxes, runtime sandboxes with no
 // record, and stray sandbox directories. It runs before Start.
@@ -1302,6 +1371,16 @@ func (m *Manager) Recover(ctx context.Context) error {
 	for _, rec := range recs {
 		known[rec.ID] = true
 		e := m.newEntry(fromRecord(rec))
+		// A sandbox whose killed event is recorded was being killed when
+		// the server stopped: its teardown is finished, not undone. One
+		// that never got to running had no created event, so has no
+		// killed one either.
+		killedBefore, reported := false, e.info.State != StateCreating
+		if reported {
+			br, _ := readBootRecord(e.dir)
+			killedBefore = m.recoverExecution(ctx, e, br.Template.BuildID)
+		}
+		reason := lifecycle.KillOrphaned
 		// What a sandbox of this record may hold, in the order create
 		// acquires it; what it does not hold (any more) releases as a no-op.
 		m.pushRecord(e)
@@ -1319,7 +1398,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			st, err = rt.Status()
 			alive = err == nil && (st == runtime.StatusRunning || st == runtime.StatusPaused)
 		}
-		if alive && e.info.State == StateCreating {
+		if alive && (e.info.State == StateCreating || killedBefore) {
 			alive = false
 		}
 		if alive && st == runtime.StatusPaused {
@@ -1348,6 +1427,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		if alive && st == runtime.StatusRunning && !time.Now().Before(e.info.EndAt) {
 			alive = false
+			reason = lifecycle.KillTimeout
 		}
 		if alive && st == runtime.StatusRunning {
 			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
@@ -1356,7 +1436,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 				alive = m.wakeEnvd(ctx, e, 2*time.Second) == nil
 			}
 		}
-		if !alive && m.recoverPaused(ctx, e, rt) {
+		if !alive && !killedBefore && m.recoverPaused(ctx, e, rt) {
 			m.log.Info("paused sandbox re-adopted", "id", rec.ID, "memory", e.info.PausedWithMemory)
 			m.mu.Lock()
 			m.sandboxes[rec.ID] = e
@@ -1376,8 +1456,11 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 		}
 		if !alive {
-			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID)
+			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID, "reason", reason)
 			m.keepLogs(e)
+			if reported && !killedBefore {
+				m.recordKilled(ctx, e, reason)
+			}
 			if err := m.destroy(context.WithoutCancel(ctx), e); stepFailed(err, stepRecord) {
 				return err
 			}
@@ -1423,10 +1506,18 @@ func (m *Manager) Recover(ctx context.Context) error {
 				m.log.Warn("sandbox re-adopted: removing a stale checkpoint image", "id", rec.ID, "err", err)
 			}
 		}
+		if resumed {
+			// A resume the crash caught after its boot: its execution
+			// began, and its event was not recorded yet.
+			m.beginExecution(e, e.exec.buildID)
+		}
 		if changed {
 			if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
 				m.log.Warn("sandbox re-adopted: record", "id", rec.ID, "err", err)
 			}
+		}
+		if resumed {
+			m.record(ctx, e, lifecycle.Resumed, lifecycle.EventData{})
 		}
 		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
 		// Its timer is armed by Start.
@@ -1560,7 +1651,7 @@ func (m *Manager) KillAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = m.Kill(ctx, id) }()
+		go func() { defer wg.Done(); _ = m.killFor(ctx, id, lifecycle.KillShutdown) }()
 	}
 	wg.Wait()
 	m.netWG.Wait()

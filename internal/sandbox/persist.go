@@ -36,6 +36,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 )
 
@@ -233,8 +234,15 @@ func (m *Manager) wakeEnvd(ctx context.Context, e *entry, limit time.Duration) e
 	return nil
 }
 
-// pause is Pause on a running sandbox whose op lock the caller holds.
-func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error {
+// pause is Pause on a running sandbox whose op lock the caller holds. A
+// pause that succeeded (with its memory, or frozen in place, or without)
+// records its event on the way out.
+func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err error) {
+	defer func() {
+		if err == nil {
+			m.record(ctx, e, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
+		}
+	}()
 	e.mu.Lock()
 	state := e.info.State
 	e.mu.Unlock()
@@ -284,7 +292,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) error 
 				// CRIU and runsc leave the processes as they were when they
 				// fail; if they did not survive, the sandbox is lost, and is
 				// not left half-dead.
-				m.kill(context.WithoutCancel(ctx), e)
+				m.kill(context.WithoutCancel(ctx), e, lifecycle.KillPauseFailed)
 				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
 			}
 			if rerr := e.rt.Resume(); rerr != nil {
@@ -542,6 +550,9 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 		m.log.Warn("paused sandbox: its memory was held in RAM and is lost; a resume boots it afresh from its files", "id", e.id)
 	}
 	paused := e.info.State != StatePaused || e.info.PausedWithMemory != withMemory
+	// A pause the crash caught after its image was complete but before
+	// its record said so: its event was not recorded yet.
+	unrecorded := e.info.State != StatePaused
 	e.info.State = StatePaused
 	e.info.PausedWithMemory = withMemory
 	e.info.Lifecycle = br.Lifecycle
@@ -558,6 +569,9 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
 			m.log.Warn("paused sandbox: record", "id", e.id, "err", err)
 		}
+	}
+	if unrecorded {
+		m.record(ctx, e, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
 	}
 	e.seenOOM = m.seenOOMOf(ctx, e.id)
 	return true
@@ -754,6 +768,8 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
+	m.beginExecution(e, rec.Template.BuildID)
+	m.record(ctx, e, lifecycle.Created, lifecycle.EventData{})
 	return m.publish(e), nil
 }
 
@@ -775,8 +791,11 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 		e.mu.Lock()
 		base = e.info
 		e.mu.Unlock()
-		_, err := m.capture(ctx, e, dir)
-		return err
+		if _, err := m.capture(ctx, e, dir); err != nil {
+			return err
+		}
+		m.record(ctx, e, lifecycle.Checkpointed, lifecycle.EventData{ForkCount: req.Count})
+		return nil
 	})
 	if err != nil {
 		return nil, err

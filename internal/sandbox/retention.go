@@ -9,6 +9,8 @@ package sandbox
 import (
 	"context"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 )
 
 // DefaultPausedRetention is how long `airlock serve` keeps a paused sandbox
@@ -69,7 +71,7 @@ func (m *Manager) sweepPaused(now time.Time) int {
 			at := e.info.PausedAt
 			e.mu.Unlock()
 			m.log.Info("deleting a paused sandbox past its retention", "id", e.id, "paused_at", at, "retention", retention)
-			m.kill(context.Background(), e)
+			m.kill(context.Background(), e, lifecycle.KillPausedRetention)
 			n++
 			return nil
 		})

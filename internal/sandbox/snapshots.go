@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/crashpoint"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -42,8 +43,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		e.mu.Lock()
 		base = e.info
 		e.mu.Unlock()
-		_, err := m.capture(ctx, e, dir)
-		return err
+		if _, err := m.capture(ctx, e, dir); err != nil {
+			return err
+		}
+		// Under the sandbox's op lock, so that its events stay in order
+		// (a kill waits); the snapshot's record follows.
+		m.record(ctx, e, lifecycle.Checkpointed, lifecycle.EventData{SnapshotID: snapshotOf(store.Snapshot{ID: raw, Name: name}).ID})
+		return nil
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)

@@ -47,5 +47,6 @@ func (t Template) ForSandbox() sandbox.Template {
 		ReadyCmd:       st.ReadyCmd,
 		ReadyTimeout:   st.ReadyTimeout(),
 		Kernels:        st.Kernels,
+		BuildID:        t.BuildID,
 	}
 }

@@ -1,0 +1,4 @@
+package mcp
+
+// For events_test.go (package mcp_test).
+type SandboxEventsOut = sandboxEventsOut
