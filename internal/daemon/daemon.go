@@ -23,8 +23,10 @@
 //  7. disk pool          the btrfs image sandboxes' quotas live on
 //  8. manager            then Recover (re-adopt or clean up what a previous
 //     server left), then the first template's warm pool
-//  9. API, proxy, MCP    handlers over the manager, on the two listeners
-//  10. background builds the other templates, one after another; each gets
+//  9. webhooks           the dispatcher: lifecycle events into the store's
+//     delivery outbox, and workers that drain it
+//  10. API, proxy, MCP   handlers over the manager, on the two listeners
+//  11. background builds the other templates, one after another; each gets
 //     its warm pool when ready
 //
 // Close stops the builds, shuts the listeners, then (with KillOnClose) kills
@@ -56,6 +58,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
@@ -65,6 +68,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
 // Config is everything a server is started with (serve's flags).
@@ -113,6 +117,8 @@ type Config struct {
 	// addresses that API keys' template builds may pull from; others at
 	// such addresses are refused (serve --allow-registry).
 	AllowRegistries []string
+	// Webhooks configures the delivery of lifecycle webhooks.
+	Webhooks WebhookConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -143,6 +149,9 @@ type Daemon struct {
 	Disk      *diskquota.Pool
 	Manager   *sandbox.Manager
 	Proxy     *proxy.Proxy
+	// Feed is the lifecycle events the webhooks read (nil: none recorded).
+	Feed     lifecycle.Feed
+	Webhooks *webhook.Dispatcher
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
@@ -269,6 +278,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.startTemplateBuilds(); err != nil {
 		return err
 	}
+	d.startWebhooks()
 	if err := d.startListeners(); err != nil {
 		return err
 	}
@@ -435,6 +445,9 @@ func (d *Daemon) startListeners() error {
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
 		Logger:       d.log,
+
+		Webhooks:            d.Store,
+		WebhookAllowPrivate: d.cfg.Webhooks.AllowPrivate,
 	})
 	d.Proxy = proxy.New(d.Manager, d.log)
 	// The API listener also serves MCP (/mcp), whose tools call this

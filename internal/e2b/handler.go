@@ -57,7 +57,13 @@ type Options struct {
 	// Builds runs template builds (tplbuild.go); nil makes the build
 	// endpoints answer 501.
 	Builds TemplateBuilds
-	Logger *slog.Logger
+	// Webhooks keeps the lifecycle webhooks (webhooks.go); nil makes their
+	// endpoints answer 501. WebhookAllowPrivate accepts webhook URLs at
+	// loopback, private and link-local addresses (serve
+	// --webhook-allow-private).
+	Webhooks            WebhookStore
+	WebhookAllowPrivate bool
+	Logger              *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
@@ -123,6 +129,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("GET /v2/sandboxes/{sandboxID}/logs", h.logsV2)
 	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
 	h.routeTemplates()
+	h.routeWebhooks()
 	return h
 }
 
