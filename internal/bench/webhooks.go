@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"sort"
 	"sync/atomic"
 	"time"
 
@@ -85,12 +84,6 @@ func Webhooks(ctx context.Context, cfg WebhookConfig) ([]Row, error) {
 		one.Note += " (this server records no lifecycle events: the webhook had nothing to deliver)"
 	}
 	return []Row{none, one}, nil
-}
-
-func p50(s []time.Duration) time.Duration {
-	s = append([]time.Duration(nil), s...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return Percentile(s, 50)
 }
 
 func registerWebhook(ctx context.Context, cfg WebhookConfig, url string) (string, error) {
