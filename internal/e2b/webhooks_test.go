@@ -10,7 +10,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
-
 func newWebhookHandler(t *testing.T, allowPrivate bool) *Handler {
 	t.Helper()
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
