@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/webhook"
@@ -260,4 +261,59 @@ func TestWebhookReceiverDown(t *testing.T) {
 		t.Errorf("delivered %v; want %v in this order", types, want)
 	}
 	h.stop()
+}
+
+// TestWebhookCrashBeforeDelivery: the server is killed (its crash point)
+// right after the dispatcher read an event from the feed, and right after
+// it stored the event's deliveries; either way the restarted server
+// delivers the event, once.
+func TestWebhookCrashBeforeDelivery(t *testing.T) {
+	for _, point := range []string{crashpoint.WebhookEventsRead, crashpoint.WebhookDispatched} {
+		t.Run(point, func(t *testing.T) {
+			h := newHost(t, "linux", "--webhook-allow-private", "--webhook-retry-max", "1s")
+			rc := &hookReceiver{attempts: map[string]int{}, secret: "crash-secret"}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: rc}
+			go srv.Serve(ln)
+			defer srv.Close()
+
+			h.start()
+			h.needEvents()
+			h.registerWebhook("http://"+ln.Addr().String()+"/hook", rc.secret)
+			h.stop()
+			h.start(crashpoint.Env + "=" + point)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			timeout := int64(300)
+			// The crash may come before the create's answer does.
+			if created, err := h.client().Create(ctx, e2bwire.NewSandbox{TemplateID: "base", Timeout: &timeout}); err == nil {
+				h.ids[created.SandboxID] = true
+			}
+			h.died(30 * time.Second)
+			if a, _, _ := rc.snapshot(); len(a) != 0 {
+				t.Fatalf("a delivery was attempted before the crash: %v", a)
+			}
+			h.start()
+			var created lifecycle.Event
+			waitUntil(t, 20*time.Second, "the created event delivered after the restart", func() bool {
+				_, d, _ := rc.snapshot()
+				for _, e := range d {
+					if e.Type == lifecycle.Created {
+						created = e
+						return true
+					}
+				}
+				return false
+			})
+			h.ids[created.SandboxID] = true
+			time.Sleep(2 * time.Second) // room for a second delivery to show
+			if a, _, bad := rc.snapshot(); a[created.ID] != 1 || bad != 0 {
+				t.Errorf("the created event was attempted %d times (want 1), %d bad signatures", a[created.ID], bad)
+			}
+			h.stop()
+		})
+	}
 }

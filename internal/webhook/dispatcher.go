@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -231,6 +232,7 @@ func (d *Dispatcher) dispatch(cursor int64) (int64, error) {
 	if err != nil || len(events) == 0 {
 		return cursor, err
 	}
+	crashpoint.Hit(crashpoint.WebhookEventsRead)
 	batch := make([]store.DispatchEvent, 0, len(events))
 	for _, e := range events {
 		payload, err := json.Marshal(e)
@@ -247,6 +249,7 @@ func (d *Dispatcher) dispatch(cursor int64) (int64, error) {
 	if err != nil {
 		return cursor, err
 	}
+	crashpoint.Hit(crashpoint.WebhookDispatched)
 	if n > 0 {
 		d.poke()
 	}
