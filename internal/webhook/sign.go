@@ -1,12 +1,12 @@
 package webhook
 
 import (
-	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"strconv"
 	"strings"
 	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
 // The headers of a delivery.
@@ -54,13 +54,10 @@ func SWKey(secret string) []byte {
 }
 
 // SWSignature is the Standard Webhooks v1 signature header value: "v1,"
-// and the base64 HMAC-SHA256, keyed with key, of "<id>.<timestamp>.<body>".
+// and the base64 HMAC-SHA256, keyed with key, of "<id>.<timestamp>.<body>",
+// made by the specification's own Go library.
 func SWSignature(key []byte, id string, ts time.Time, body []byte) string {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte(id))
-	m.Write([]byte{'.'})
-	m.Write([]byte(strconv.FormatInt(ts.Unix(), 10)))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+	wh, _ := standardwebhooks.NewWebhookRaw(key) // never fails
+	sig, _ := wh.Sign(id, ts, body)              // never fails
+	return sig
 }
