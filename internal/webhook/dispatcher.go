@@ -197,7 +197,7 @@ func (d *Dispatcher) feedLoop() {
 		}
 	}
 	for {
-		next, err := d.dispatch(cursor)
+		next, more, err := d.dispatch(cursor)
 		if err != nil {
 			if d.ctx.Err() != nil {
 				return
@@ -208,10 +208,9 @@ func (d *Dispatcher) feedLoop() {
 			}
 			continue
 		}
-		caughtUp := next == cursor
 		cursor = next
-		if !caughtUp {
-			continue // there may be more
+		if more {
+			continue
 		}
 		timer := time.NewTimer(idlePoll)
 		select {
@@ -226,18 +225,20 @@ func (d *Dispatcher) feedLoop() {
 }
 
 // dispatch turns one batch of events after cursor into deliveries and
-// returns the new cursor.
-func (d *Dispatcher) dispatch(cursor int64) (int64, error) {
+// returns the new cursor, and whether there may be more (a full batch: a
+// short one means the feed was caught up, and asking again would only cost
+// the store a read that contends with sandbox operations).
+func (d *Dispatcher) dispatch(cursor int64) (int64, bool, error) {
 	events, err := d.opts.Feed.After(d.ctx, cursor, feedBatch)
 	if err != nil || len(events) == 0 {
-		return cursor, err
+		return cursor, false, err
 	}
 	crashpoint.Hit(crashpoint.WebhookEventsRead)
 	batch := make([]store.DispatchEvent, 0, len(events))
 	for _, e := range events {
 		payload, err := json.Marshal(e)
 		if err != nil {
-			return cursor, fmt.Errorf("encode event %s: %w", e.ID, err)
+			return cursor, false, fmt.Errorf("encode event %s: %w", e.ID, err)
 		}
 		batch = append(batch, store.DispatchEvent{
 			ID: e.ID, Seq: e.Seq, Type: e.Type, Owner: e.SandboxTeamID, SandboxID: e.SandboxID,
@@ -247,13 +248,13 @@ func (d *Dispatcher) dispatch(cursor int64) (int64, error) {
 	through := events[len(events)-1].Seq
 	n, err := d.opts.Store.DispatchEvents(d.ctx, batch, through, time.Now())
 	if err != nil {
-		return cursor, err
+		return cursor, false, err
 	}
 	crashpoint.Hit(crashpoint.WebhookDispatched)
 	if n > 0 {
 		d.poke()
 	}
-	return through, nil
+	return through, len(events) == feedBatch, nil
 }
 
 func (d *Dispatcher) deliveryLoop() {

@@ -514,3 +514,30 @@ func TestCheckURL(t *testing.T) {
 		t.Error("allowPrivate let an ftp URL through")
 	}
 }
+
+// TestManyEvents: more events than one feed batch, over several sandboxes,
+// all arrive, each sandbox's in the order they happened.
+func TestManyEvents(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	feed, rc := newFeed(), newReceiver(t)
+	addWebhook(t, st, "o", rc.srv.URL, "k", lifecycle.Types...)
+	const n = 2*feedBatch + 50
+	for i := range n {
+		feed.add("o", fmt.Sprintf("s%d", i%3), lifecycle.Updated)
+	}
+	start(t, Options{Store: st, Feed: feed, AllowPrivate: true})
+	eventually(t, 30*time.Second, fmt.Sprintf("%d events delivered", n), func() bool { return len(rc.delivered()) >= n })
+	last := map[string]int64{}
+	seen := map[string]bool{}
+	for _, e := range rc.delivered() {
+		var seq int64
+		fmt.Sscanf(e.ID, "event-%d", &seq)
+		if seq <= last[e.SandboxID] || seen[e.ID] {
+			t.Fatalf("sandbox %s: event %d after %d (or twice)", e.SandboxID, seq, last[e.SandboxID])
+		}
+		last[e.SandboxID], seen[e.ID] = seq, true
+	}
+	if c, _ := st.WebhookCursor(context.Background()); c != n {
+		t.Errorf("cursor = %d, want %d", c, n)
+	}
+}
