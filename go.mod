@@ -31,6 +31,8 @@ require (
 	modernc.org/sqlite v1.61.1
 )
 
+require github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
+
 require (
 	cyphar.com/go-pathrs v0.2.6 // indirect
 	github.com/aperturerobotics/protobuf-go-lite v0.14.0 // indirect

@@ -19,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
 func serveCmd() *cobra.Command {
@@ -83,6 +84,9 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.Int64Var(&c.Builds.MaxContextMB, "build-context-max", tplbuild.DefaultMaxContext>>20, "MiB the uploaded files of one template build may unpack to (more answer 413)")
 	f.DurationVar(&c.Builds.Timeout, "build-timeout", tplbuild.DefaultTimeout, "longest a template build may take, waiting included; then it fails saying so")
 	f.StringSliceVar(&c.AllowRegistries, "allow-registry", nil, "registries (HOST:PORT, as in image references) at private or loopback addresses that templates built through the E2B API may pull from (others at such addresses are refused; registry mirrors are always allowed)")
+	f.BoolVar(&c.Webhooks.AllowPrivate, "webhook-allow-private", false, "let lifecycle webhooks call loopback, private and link-local addresses (refused by default, when a webhook is registered and again at every delivery)")
+	f.DurationVar(&c.Webhooks.RetryMax, "webhook-retry-max", webhook.DefaultRetryMax, "longest wait between two attempts of a failed webhook delivery (the wait doubles from 2 s up to this)")
+	f.DurationVar(&c.Webhooks.GiveUpAfter, "webhook-give-up", webhook.DefaultGiveUpAfter, "how long a webhook delivery is retried before it is marked failed")
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }
@@ -98,6 +102,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	}
 	if c.EventsRetention <= 0 {
 		return fmt.Errorf("--events-retention %s: must be positive", c.EventsRetention)
+	}
+	if w := c.Webhooks; w.RetryMax <= 0 || w.GiveUpAfter <= 0 {
+		return fmt.Errorf("--webhook-retry-max and --webhook-give-up must be positive")
 	}
 	if b := c.Builds; b.Concurrent < 1 || b.PerKey < 1 || b.MaxContextMB < 1 || b.Timeout <= 0 {
 		return fmt.Errorf("--build-concurrency, --builds-per-key, --build-context-max and --build-timeout must be positive")

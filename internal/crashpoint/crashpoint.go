@@ -53,6 +53,12 @@ const (
 	// KillRecorded: a kill's lifecycle event is recorded; its teardown has
 	// not begun.
 	KillRecorded = "kill-recorded"
+	// WebhookEventsRead: the webhook dispatcher has read events from the
+	// feed; no delivery of them is stored and the cursor has not moved.
+	WebhookEventsRead = "webhook-events-read"
+	// WebhookDispatched: the deliveries of those events are stored and the
+	// cursor moved past them; none has been attempted.
+	WebhookDispatched = "webhook-dispatched"
 )
 
 // Hit kills the process at once when name is the armed crash point.

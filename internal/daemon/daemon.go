@@ -24,8 +24,10 @@
 //  7. disk pool          the btrfs image sandboxes' quotas live on
 //  8. manager            then Recover (re-adopt or clean up what a previous
 //     server left), then the first template's warm pool
-//  9. API, proxy, MCP    handlers over the manager, on the two listeners
-//  10. background builds the other templates, one after another; each gets
+//  9. webhooks           the dispatcher: lifecycle events into the store's
+//     delivery outbox, and workers that drain it
+//  10. API, proxy, MCP   handlers over the manager, on the two listeners
+//  11. background builds the other templates, one after another; each gets
 //     its warm pool when ready
 //
 // Close stops the builds, shuts the listeners, then (with KillOnClose) kills
@@ -67,6 +69,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
 // Config is everything a server is started with (serve's flags).
@@ -115,6 +118,8 @@ type Config struct {
 	// addresses that API keys' template builds may pull from; others at
 	// such addresses are refused (serve --allow-registry).
 	AllowRegistries []string
+	// Webhooks configures the delivery of lifecycle webhooks.
+	Webhooks WebhookConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -154,6 +159,7 @@ type Daemon struct {
 	Disk     *diskquota.Pool
 	Manager  *sandbox.Manager
 	Proxy    *proxy.Proxy
+	Webhooks *webhook.Dispatcher
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
@@ -281,6 +287,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.startTemplateBuilds(); err != nil {
 		return err
 	}
+	d.startWebhooks()
 	if err := d.startListeners(); err != nil {
 		return err
 	}
@@ -451,6 +458,9 @@ func (d *Daemon) startListeners() error {
 		Builds:       d.Builds,
 		Events:       d.Events,
 		Logger:       d.log,
+
+		Webhooks:            d.Store,
+		WebhookAllowPrivate: d.cfg.Webhooks.AllowPrivate,
 	})
 	d.Proxy = proxy.New(d.Manager, d.log)
 	// The API listener also serves MCP (/mcp), whose tools call this

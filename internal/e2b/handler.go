@@ -61,7 +61,13 @@ type Options struct {
 	// Events reads the sandboxes' lifecycle events (events.go); nil makes
 	// the events endpoints answer 501.
 	Events lifecycle.Reader
-	Logger *slog.Logger
+	// Webhooks keeps the lifecycle webhooks (webhooks.go); nil makes their
+	// endpoints answer 501. WebhookAllowPrivate accepts webhook URLs at
+	// loopback, private and link-local addresses (serve
+	// --webhook-allow-private).
+	Webhooks            WebhookStore
+	WebhookAllowPrivate bool
+	Logger              *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
@@ -128,6 +134,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.handle("PUT /sandboxes/{sandboxID}/network", h.updateNetwork)
 	h.routeTemplates()
 	h.routeEvents()
+	h.routeWebhooks()
 	return h
 }
 

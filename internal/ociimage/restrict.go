@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/airlock-sandbox/airlock/internal/netguard"
 )
 
 // ErrPrivateRegistry: a restricted pull (Options.Restrict) would connect to
@@ -33,17 +35,10 @@ type Restriction struct {
 	AllowHosts []string
 }
 
-// cgnat is the shared address space (RFC 6598), used by VPN overlays;
-// netip.Addr.IsPrivate does not include it.
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
-
 // allows reports whether a pull may connect to a.
 func (r *Restriction) allows(a netip.Addr) bool {
 	a = a.Unmap()
-	closed := a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() || cgnat.Contains(a) ||
-		!a.IsValid() || (a.Is4() && a.As4()[0] == 0)
-	if !closed {
+	if netguard.Public(a) {
 		return true
 	}
 	return !a.IsLoopback() && slices.ContainsFunc(r.AllowPrivate, func(p netip.Prefix) bool { return p.Contains(a) })

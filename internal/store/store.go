@@ -215,6 +215,10 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: sandbox log schema: %w", err)
 	}
+	if _, err := db.Exec(webhookSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: webhook schema: %w", err)
+	}
 	if err := migrate(db); err != nil {
 		db.Close()
 		return nil, err

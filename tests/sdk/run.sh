@@ -172,11 +172,12 @@ if [ "${AIRLOCK_SDK_REGISTRY:-1}" != 0 ]; then
   export AIRLOCK_SDK_REGISTRY="$registry_addr" AIRLOCK_SDK_REGISTRY_AUTH="$registry_auth_addr" AIRLOCK_SDK_REGISTRY_CREDS="$registry_creds"
 fi
 
-log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir ${extra_args[*]}"
+# Webhook tests run their receivers on loopback.
+log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir --webhook-allow-private ${extra_args[*]}"
 AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve \
   --api-addr "127.0.0.1:$api_port" \
   --sandbox-addr "127.0.0.1:$sandbox_port" \
-  --data-dir "$data_dir" --builds-per-key "$builds_per_key" "${extra_args[@]}" >"$server_log" 2>&1 &
+  --data-dir "$data_dir" --builds-per-key "$builds_per_key" --webhook-allow-private "${extra_args[@]}" >"$server_log" 2>&1 &
 server_pid=$!
 log "airlock serve pid $server_pid, log $server_log"
 
