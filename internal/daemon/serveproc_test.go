@@ -398,6 +398,9 @@ func (h *host) unmountAll() error {
 		}
 		for _, p := range mountutil.MountedUnder("/run/airlock-rootfs") {
 			base, _ := strings.CutPrefix(p, "/run/airlock-rootfs/")
+			// <key>-<id> (the overlay) and <key>-<id>.netns (the network
+			// namespace's pin); the latter leaked until the suffix was cut.
+			base = strings.TrimSuffix(base, ".netns")
 			if i := strings.LastIndex(base, "-"); i >= 0 && ids[base[i+1:]] {
 				points = append(points, p)
 			}
@@ -416,6 +419,8 @@ func (h *host) unmountAll() error {
 	// The overlays' mount points.
 	for id := range ids {
 		ms, _ := filepath.Glob("/run/airlock-rootfs/*-" + id)
+		pins, _ := filepath.Glob("/run/airlock-rootfs/*-" + id + ".netns")
+		ms = append(ms, pins...)
 		for _, m := range ms {
 			_ = os.Remove(m)
 		}
