@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 )
 
@@ -55,53 +56,14 @@ const statusHold = time.Second
 // presigned bucket URL), so the URL carries its own signature.
 const uploadPath = "/airlock/v1/template-files/"
 
-// Wire shapes of the upstream schemas.
+// templateBuildRequestV3 is the request the server reads, with the deprecated
+// alias older SDKs send; the answers are e2bwire's, shared with the client.
 type templateBuildRequestV3 struct {
 	Name     string   `json:"name"`
 	Alias    string   `json:"alias"`
 	Tags     []string `json:"tags"`
 	CPUCount int      `json:"cpuCount"`
 	MemoryMB int      `json:"memoryMB"`
-}
-
-type templateRequestResponseV3 struct {
-	TemplateID string   `json:"templateID"`
-	BuildID    string   `json:"buildID"`
-	Public     bool     `json:"public"`
-	Aliases    []string `json:"aliases"`
-	Names      []string `json:"names"`
-	Tags       []string `json:"tags"`
-}
-
-type templateBuildFileUpload struct {
-	Present bool   `json:"present"`
-	URL     string `json:"url,omitempty"`
-}
-
-type buildLogEntry struct {
-	Timestamp time.Time `json:"timestamp"`
-	Message   string    `json:"message"`
-	Level     string    `json:"level"`
-	Step      string    `json:"step,omitempty"`
-}
-
-type buildStatusReason struct {
-	Message    string          `json:"message"`
-	Step       string          `json:"step,omitempty"`
-	LogEntries []buildLogEntry `json:"logEntries"`
-}
-
-type templateBuildInfo struct {
-	Logs       []string           `json:"logs"`
-	LogEntries []buildLogEntry    `json:"logEntries"`
-	TemplateID string             `json:"templateID"`
-	BuildID    string             `json:"buildID"`
-	Status     string             `json:"status"`
-	Reason     *buildStatusReason `json:"reason,omitempty"`
-}
-
-type templateBuildLogs struct {
-	Logs []buildLogEntry `json:"logs"`
 }
 
 func (h *Handler) routeTemplateBuilds() {
@@ -160,7 +122,7 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return buildError(err)
 	}
-	writeJSON(w, http.StatusAccepted, templateRequestResponseV3{
+	writeJSON(w, http.StatusAccepted, e2bwire.TemplateRequestResponseV3{
 		TemplateID: id, BuildID: build, Public: false, // a new build is its key's until PATCHed public
 		Aliases: []string{id}, Names: []string{id}, Tags: tags,
 	})
@@ -186,7 +148,7 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return buildError(err)
 	}
-	out := templateBuildFileUpload{Present: present}
+	out := e2bwire.TemplateBuildFileUpload{Present: present}
 	if !present {
 		scheme := "http"
 		if r.TLS != nil {
@@ -236,10 +198,10 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func wireEntries(in []tplbuild.LogEntry) []buildLogEntry {
-	out := make([]buildLogEntry, 0, len(in))
+func wireEntries(in []tplbuild.LogEntry) []e2bwire.BuildLogEntry {
+	out := make([]e2bwire.BuildLogEntry, 0, len(in))
 	for _, e := range in {
-		out = append(out, buildLogEntry{Timestamp: e.Timestamp, Message: e.Message, Level: e.Level, Step: e.Step})
+		out = append(out, e2bwire.BuildLogEntry{Timestamp: e.Timestamp, Message: e.Message, Level: e.Level, Step: e.Step})
 	}
 	return out
 }
@@ -296,7 +258,7 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return buildError(err)
 	}
-	out := templateBuildInfo{
+	out := e2bwire.TemplateBuildInfo{
 		Logs: []string{}, LogEntries: wireEntries(st.Entries),
 		TemplateID: st.TemplateID, BuildID: st.BuildID, Status: st.Status,
 	}
@@ -304,7 +266,7 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request) error {
 		out.Logs = append(out.Logs, e.Message)
 	}
 	if st.Reason != nil {
-		out.Reason = &buildStatusReason{Message: st.Reason.Message, Step: st.Reason.Step, LogEntries: []buildLogEntry{}}
+		out.Reason = &e2bwire.BuildStatusReason{Message: st.Reason.Message, Step: st.Reason.Step, LogEntries: []e2bwire.BuildLogEntry{}}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -328,7 +290,7 @@ func (h *Handler) buildLogs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return buildError(err)
 	}
-	writeJSON(w, http.StatusOK, templateBuildLogs{Logs: wireEntries(st.Entries)})
+	writeJSON(w, http.StatusOK, e2bwire.TemplateBuildLogsResponse{Logs: wireEntries(st.Entries)})
 	return nil
 }
 

@@ -26,6 +26,8 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
 
 // TemplateBuildRequest is POST /v3/templates' body (TemplateBuildRequestV3).
@@ -37,22 +39,12 @@ type TemplateBuildRequest struct {
 	MemoryMB int      `json:"memoryMB,omitempty"`
 }
 
-// TemplateBuildIDs is POST /v3/templates' answer (TemplateRequestResponseV3).
-type TemplateBuildIDs struct {
-	TemplateID string   `json:"templateID"`
-	BuildID    string   `json:"buildID"`
-	Public     bool     `json:"public"`
-	Aliases    []string `json:"aliases"`
-	Names      []string `json:"names"`
-	Tags       []string `json:"tags"`
-}
+// TemplateBuildIDs is POST /v3/templates' answer.
+type TemplateBuildIDs = e2bwire.TemplateRequestResponseV3
 
 // FileUpload says whether a COPY step's files are on the server already,
-// and where to PUT them when not (TemplateBuildFileUpload).
-type FileUpload struct {
-	Present bool   `json:"present"`
-	URL     string `json:"url,omitempty"`
-}
+// and where to PUT them when not.
+type FileUpload = e2bwire.TemplateBuildFileUpload
 
 // TemplateStep is one instruction of a template (TemplateStep): RUN
 // [cmd, user?], ENV [k, v, ...], WORKDIR [path], USER [name], COPY [src,
@@ -75,29 +67,14 @@ type TemplateSpec struct {
 }
 
 // BuildLogEntry is one line of a build's log.
-type BuildLogEntry struct {
-	Timestamp time.Time `json:"timestamp"`
-	Message   string    `json:"message"`
-	Level     string    `json:"level"`
-	Step      string    `json:"step,omitempty"`
-}
+type BuildLogEntry = e2bwire.BuildLogEntry
 
 // BuildReason says why a build failed.
-type BuildReason struct {
-	Message    string          `json:"message"`
-	Step       string          `json:"step,omitempty"`
-	LogEntries []BuildLogEntry `json:"logEntries"`
-}
+type BuildReason = e2bwire.BuildStatusReason
 
-// TemplateBuildStatus is GET …/status' answer (TemplateBuildInfo). Status is
-// "waiting", "building", "ready" or "error".
-type TemplateBuildStatus struct {
-	TemplateID string          `json:"templateID"`
-	BuildID    string          `json:"buildID"`
-	Status     string          `json:"status"`
-	LogEntries []BuildLogEntry `json:"logEntries"`
-	Reason     *BuildReason    `json:"reason,omitempty"`
-}
+// TemplateBuildStatus is GET …/status' answer. Status is "waiting",
+// "building", "ready" or "error".
+type TemplateBuildStatus = e2bwire.TemplateBuildInfo
 
 func templatePath(id string) string { return "/templates/" + url.PathEscape(id) }
 
