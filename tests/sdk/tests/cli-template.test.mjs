@@ -23,18 +23,15 @@
 // Every template built here is deleted at the end.
 
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { after, describe, test } from 'node:test'
 import { Sandbox, Template } from 'e2b'
-import { api, meta, track, trackCleanup, uniq } from './helpers.mjs'
+import { api, meta, runCLI, showRun, track, trackCleanup, uniq } from './helpers.mjs'
 
 trackCleanup()
 
-const CLI = fileURLToPath(new URL('../node_modules/.bin/e2b', import.meta.url))
 
 const work = mkdtempSync(join(tmpdir(), 'airlock-cli-'))
 after(() => rmSync(work, { recursive: true, force: true }))
@@ -49,48 +46,10 @@ after(async () => {
   }
 })
 
-/**
- * Run the CLI with args in cwd; resolve with its exit code and output (never
- * reject on a non-zero exit: the tests look at it). A CLI that hangs is
- * killed after timeoutMs and fails the test.
- */
-function e2b(args, { cwd = work, env = {}, timeoutMs = 100_000 } = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(CLI, args, {
-      cwd,
-      env: {
-        PATH: process.env.PATH,
-        HOME: home,
-        E2B_API_URL: process.env.E2B_API_URL,
-        E2B_SANDBOX_URL: process.env.E2B_SANDBOX_URL,
-        E2B_API_KEY: process.env.E2B_API_KEY,
-        NO_UPDATE_NOTIFIER: '1',
-        NO_COLOR: '1',
-        FORCE_COLOR: '0',
-        ...env,
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => (stdout += d))
-    child.stderr.on('data', (d) => (stderr += d))
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL')
-      reject(new Error(`e2b ${args.join(' ')}: no exit after ${timeoutMs} ms\nstdout:\n${stdout}\nstderr:\n${stderr}`))
-    }, timeoutMs)
-    child.on('error', (err) => {
-      clearTimeout(timer)
-      reject(err)
-    })
-    child.on('close', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, stdout, stderr, all: `${stdout}\n${stderr}` })
-    })
-  })
-}
+/** Run the CLI with args in cwd (see helpers.mjs' runCLI). */
+const e2b = (args, { cwd = work, env = {}, timeoutMs = 100_000 } = {}) => runCLI(args, { home, cwd, env, timeoutMs })
 
-const show = (r) => `exit ${r.code}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`
+const show = showRun
 
 /** A build context: a directory with e2b.Dockerfile (the name the CLI looks for first) and files. */
 function context(dockerfile, files = {}) {

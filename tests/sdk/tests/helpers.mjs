@@ -5,10 +5,12 @@
 // `after` hook (see `trackCleanup`).
 
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import http from 'node:http'
 import { after } from 'node:test'
+import { fileURLToPath } from 'node:url'
 import { Sandbox } from 'e2b'
 
 export const API_URL = mustEnv('E2B_API_URL').replace(/\/+$/, '')
@@ -200,3 +202,53 @@ export function pausedAs(sandboxId) {
   assert.ok(dir, 'AIRLOCK_DATA_DIR is not set (tests/sdk/run.sh sets it)')
   return existsSync(`${dir}/paused/${sandboxId}/complete`) ? 'memory' : 'files'
 }
+
+/** The official CLI (npm @e2b/cli) of this suite. */
+export const E2B_CLI = fileURLToPath(new URL('../node_modules/.bin/e2b', import.meta.url))
+
+/**
+ * Run the official CLI with args against the test server; resolve with its
+ * exit code and output (never reject on a non-zero exit: the tests look at
+ * it). `home` is the CLI's HOME: an empty dir of the test's, so that nobody's
+ * `e2b auth login` leaks in. NO_UPDATE_NOTIFIER keeps it off the npm
+ * registry; colours are off so output can be matched. A CLI that hangs is
+ * killed after timeoutMs and fails the test.
+ */
+export function runCLI(args, { home, cwd, env = {}, timeoutMs = 100_000 }) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(E2B_CLI, args, {
+      cwd,
+      env: {
+        PATH: process.env.PATH,
+        HOME: home,
+        E2B_API_URL: process.env.E2B_API_URL,
+        E2B_SANDBOX_URL: process.env.E2B_SANDBOX_URL,
+        E2B_API_KEY: process.env.E2B_API_KEY,
+        NO_UPDATE_NOTIFIER: '1',
+        NO_COLOR: '1',
+        FORCE_COLOR: '0',
+        ...env,
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (d) => (stdout += d))
+    child.stderr.on('data', (d) => (stderr += d))
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL')
+      reject(new Error(`e2b ${args.join(' ')}: no exit after ${timeoutMs} ms\nstdout:\n${stdout}\nstderr:\n${stderr}`))
+    }, timeoutMs)
+    child.on('error', (err) => {
+      clearTimeout(timer)
+      reject(err)
+    })
+    child.on('close', (code, signal) => {
+      clearTimeout(timer)
+      resolve({ code, signal, stdout, stderr, all: `${stdout}\n${stderr}` })
+    })
+  })
+}
+
+/** A CLI run as text, for assertion messages. */
+export const showRun = (r) => `exit ${r.code}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`

@@ -11,59 +11,24 @@
 // and NO_COLOR, as in cli-template.test.mjs.
 
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { after, describe, test } from 'node:test'
 import { CommandExitError, Sandbox } from 'e2b'
-import { api, assertErrorBody, createSandbox, trackCleanup, uniq } from './helpers.mjs'
+import { api, assertErrorBody, createSandbox, runCLI, showRun, trackCleanup, uniq } from './helpers.mjs'
 
 trackCleanup()
 
-const CLI = fileURLToPath(new URL('../node_modules/.bin/e2b', import.meta.url))
 const OTHER = process.env.AIRLOCK_SDK_OTHER_KEY
 if (!OTHER) throw new Error('AIRLOCK_SDK_OTHER_KEY must be set (use tests/sdk/run.sh)')
 
 const home = mkdtempSync(join(tmpdir(), 'airlock-cli-logs-'))
 after(() => rmSync(home, { recursive: true, force: true }))
 
-function e2b(args, timeoutMs = 60_000) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(CLI, args, {
-      env: {
-        PATH: process.env.PATH,
-        HOME: home,
-        E2B_API_URL: process.env.E2B_API_URL,
-        E2B_SANDBOX_URL: process.env.E2B_SANDBOX_URL,
-        E2B_API_KEY: process.env.E2B_API_KEY,
-        NO_UPDATE_NOTIFIER: '1',
-        NO_COLOR: '1',
-        FORCE_COLOR: '0',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => (stdout += d))
-    child.stderr.on('data', (d) => (stderr += d))
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL')
-      reject(new Error(`e2b ${args.join(' ')}: no exit after ${timeoutMs} ms\n${stdout}\n${stderr}`))
-    }, timeoutMs)
-    child.on('error', (err) => {
-      clearTimeout(timer)
-      reject(err)
-    })
-    child.on('close', (code) => {
-      clearTimeout(timer)
-      resolve({ code, stdout, stderr })
-    })
-  })
-}
+const e2b = (args, timeoutMs = 60_000) => runCLI(args, { home, timeoutMs })
 
-const show = (r) => `exit ${r.code}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`
+const show = showRun
 
 /** `e2b sandbox logs --format json`: one JSON object per printed line. */
 async function cliLogs(id, ...opts) {
