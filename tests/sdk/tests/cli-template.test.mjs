@@ -28,7 +28,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, test } from 'node:test'
 import { Sandbox, Template } from 'e2b'
-import { api, meta, runCLI, showRun, track, trackCleanup, uniq } from './helpers.mjs'
+import { meta, runCLI, showRun, track, trackCleanup, trackTemplates, uniq } from './helpers.mjs'
 
 trackCleanup()
 
@@ -38,13 +38,7 @@ after(() => rmSync(work, { recursive: true, force: true }))
 const home = join(work, 'home')
 mkdirSync(home)
 
-const built = new Set()
-after(async () => {
-  for (const name of built) {
-    const res = await api('DELETE', `/templates/${name}`)
-    assert.ok([204, 404].includes(res.status), `delete ${name}: ${res.status} ${res.text}`)
-  }
-})
+const built = trackTemplates()
 
 /** Run the CLI with args in cwd (see helpers.mjs' runCLI). */
 const e2b = (args, { cwd = work, env = {}, timeoutMs = 100_000 } = {}) => runCLI(args, { home, cwd, env, timeoutMs })

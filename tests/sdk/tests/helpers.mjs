@@ -252,3 +252,19 @@ export function runCLI(args, { home, cwd, env = {}, timeoutMs = 100_000 }) {
 
 /** A CLI run as text, for assertion messages. */
 export const showRun = (r) => `exit ${r.code}\n--- stdout\n${r.stdout}\n--- stderr\n${r.stderr}`
+
+/**
+ * The templates a file builds: returns a Set to add their names to; the
+ * file's `after` hook deletes each (gone already is fine). Call once at
+ * module top level.
+ */
+export function trackTemplates() {
+  const built = new Set()
+  after(async () => {
+    for (const name of built) {
+      const res = await api('DELETE', `/templates/${name}`)
+      assert.ok([204, 404].includes(res.status), `delete ${name}: ${res.status} ${res.text}`)
+    }
+  })
+  return built
+}

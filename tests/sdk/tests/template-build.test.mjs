@@ -14,17 +14,11 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, test } from 'node:test'
 import { BuildError, Sandbox, Template, waitForFile } from 'e2b'
-import { api, assertErrorBody, meta, rejectsWith, track, trackCleanup, uniq, waitFor } from './helpers.mjs'
+import { api, assertErrorBody, meta, rejectsWith, track, trackCleanup, trackTemplates, uniq, waitFor } from './helpers.mjs'
 
 trackCleanup()
 
-const built = new Set()
-after(async () => {
-  for (const name of built) {
-    const res = await api('DELETE', `/templates/${name}`)
-    assert.ok([204, 404].includes(res.status), `delete ${name}: ${res.status} ${res.text}`)
-  }
-})
+const built = trackTemplates()
 
 const ctxDir = mkdtempSync(join(tmpdir(), 'airlock-tplbuild-'))
 after(() => rmSync(ctxDir, { recursive: true, force: true }))

@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, test } from 'node:test'
 import { BuildError, Sandbox, Template, waitForTimeout } from 'e2b'
-import { api, meta, rejectsWith, track, trackCleanup, uniq, waitFor } from './helpers.mjs'
+import { api, meta, rejectsWith, track, trackCleanup, trackTemplates, uniq, waitFor } from './helpers.mjs'
 
 trackCleanup()
 
@@ -27,13 +27,7 @@ const REGISTRY = process.env.AIRLOCK_SDK_REGISTRY
 const REGISTRY_AUTH = process.env.AIRLOCK_SDK_REGISTRY_AUTH
 const REGISTRY_CREDS = process.env.AIRLOCK_SDK_REGISTRY_CREDS
 
-const built = new Set()
-after(async () => {
-  for (const name of built) {
-    const res = await api('DELETE', `/templates/${name}`)
-    assert.ok([204, 404].includes(res.status), `delete ${name}: ${res.status} ${res.text}`)
-  }
-})
+const built = trackTemplates()
 function named(prefix) {
   const n = uniq(prefix)
   built.add(n)

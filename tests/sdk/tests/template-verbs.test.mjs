@@ -21,17 +21,11 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox, Template, waitForFile, waitForPort, waitForProcess, waitForTimeout, waitForURL } from 'e2b'
-import { api, meta, track, trackCleanup, uniq } from './helpers.mjs'
+import { meta, track, trackCleanup, trackTemplates, uniq } from './helpers.mjs'
 
 trackCleanup()
 
-const built = new Set()
-after(async () => {
-  for (const name of built) {
-    const res = await api('DELETE', `/templates/${name}`)
-    assert.ok([204, 404].includes(res.status), `delete ${name}: ${res.status} ${res.text}`)
-  }
-})
+const built = trackTemplates()
 
 const ctx = mkdtempSync(join(tmpdir(), 'airlock-verbs-'))
 after(() => rmSync(ctx, { recursive: true, force: true }))
