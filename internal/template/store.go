@@ -319,34 +319,11 @@ func (s *Store) readRecord(name string) (*record, error) {
 // writeRecord replaces template.json atomically: readers see the old or the new
 // template, never half of one.
 func (s *Store) writeRecord(r *record) error {
-	dir := filepath.Join(s.dir, r.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".template-*.json")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(append(data, '\n'))
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), s.recordPath(r.Name)); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return syncDir(dir)
+	return writeFileAtomic(s.recordPath(r.Name), append(data, '\n'), 0o644)
 }
 
 // toTemplate describes build b of r. Aliases and the description are the
