@@ -1,7 +1,6 @@
 package ociimage
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -66,8 +65,6 @@ func (r *Restriction) transport() http.RoundTripper {
 			return nil
 		},
 	}
-	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return d.DialContext(ctx, network, addr)
-	}
+	t.DialContext = d.DialContext
 	return t
 }

@@ -439,9 +439,9 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	j.rec.Started = true // claimed: a second POST must not start it twice
 	n := s.activeLocked(owner)
 	s.mu.Unlock()
-	unclaim := func() { s.drop(j) }
+	refuse := func() { s.drop(j) } // a build refused here never existed
 	if n > s.opts.MaxPerOwner {
-		unclaim()
+		refuse()
 		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n-1, s.opts.MaxPerOwner)
 	}
 
@@ -451,7 +451,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	var sourceUser string
 	from, isTemplate, err := Source(spec)
 	if err != nil {
-		unclaim()
+		refuse()
 		return err
 	}
 	if isTemplate {
@@ -460,7 +460,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 			err = fmt.Errorf("template %q: %w", from, template.ErrNotFound)
 		}
 		if err != nil {
-			unclaim()
+			refuse()
 			return fmt.Errorf("%w: source template %s: %w", ErrInvalid, from, err)
 		}
 		sourceUser = src.Config.User
@@ -470,7 +470,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	}
 	conv, err := Convert(spec, sourceUser)
 	if err != nil {
-		unclaim()
+		refuse()
 		return err
 	}
 	ctxDir := filepath.Join(s.opts.Dir, buildID)
@@ -484,7 +484,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 		ok, size, err := s.files.extract(s.ctx, owner, c, dst, budget)
 		if err != nil {
 			_ = os.RemoveAll(ctxDir)
-			unclaim()
+			refuse()
 			return err
 		}
 		budget -= size
@@ -504,7 +504,7 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 		stop()
 		cancel(nil)
 		_ = os.RemoveAll(ctxDir)
-		unclaim()
+		refuse()
 		return err
 	}
 	for _, src := range unverified {
