@@ -32,8 +32,8 @@ one by one in the same run.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var gate *bench.EventsGate
 			c := benchConfig(dataDir, []string{tpl}, "linux", slog.LevelWarn, true)
-			c.WrapEvents = func(l sandbox.EventLog) sandbox.EventLog {
-				gate = bench.NewEventsGate(l)
+			c.WrapEvents = func(l sandbox.EventLog, records store.Store) sandbox.EventLog {
+				gate = bench.NewEventsGate(l, records)
 				return gate
 			}
 			d, err := startBench(cmd.Context(), c)

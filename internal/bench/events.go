@@ -10,18 +10,25 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // EventsGate stands between the manager and the lifecycle event store so
 // that one server can create with recording on and off in the same run:
-// off, Record returns at once without touching the store.
+// off, Record returns at once without touching the event store, and the
+// writes that carry a record with their event write the record alone, as
+// a manager without an event log does.
 type EventsGate struct {
 	sandbox.EventLog
-	off atomic.Bool
+	records store.Store
+	off     atomic.Bool
 }
 
-// NewEventsGate returns a gate, open (recording), over log.
-func NewEventsGate(log sandbox.EventLog) *EventsGate { return &EventsGate{EventLog: log} }
+// NewEventsGate returns a gate, open (recording), over log; records is the
+// store the manager's sandbox records are in.
+func NewEventsGate(log sandbox.EventLog, records store.Store) *EventsGate {
+	return &EventsGate{EventLog: log, records: records}
+}
 
 // Record implements lifecycle.Recorder.
 func (g *EventsGate) Record(ctx context.Context, e lifecycle.Event) (lifecycle.Event, error) {
@@ -29,6 +36,23 @@ func (g *EventsGate) Record(ctx context.Context, e lifecycle.Event) (lifecycle.E
 		return e, nil
 	}
 	return g.EventLog.Record(ctx, e)
+}
+
+// RecordWithSandbox implements sandbox.EventLog.
+func (g *EventsGate) RecordWithSandbox(ctx context.Context, e lifecycle.Event, rec store.Sandbox) (lifecycle.Event, error) {
+	if g.off.Load() {
+		return e, g.records.Put(ctx, rec)
+	}
+	return g.EventLog.RecordWithSandbox(ctx, e, rec)
+}
+
+// RecordWithSnapshot implements sandbox.EventLog.
+func (g *EventsGate) RecordWithSnapshot(ctx context.Context, e lifecycle.Event, rec store.Snapshot) (lifecycle.Event, string, error) {
+	if g.off.Load() {
+		replaced, err := g.records.PutSnapshot(ctx, rec)
+		return e, replaced, err
+	}
+	return g.EventLog.RecordWithSnapshot(ctx, e, rec)
 }
 
 // EventsConfig configures RunEvents.

@@ -129,8 +129,10 @@ type Config struct {
 	// killed sandboxes alike (default DefaultEventsRetention).
 	EventsRetention time.Duration
 	// WrapEvents, when set, stands between the manager and the lifecycle
-	// event store (the events bench switches recording off through it).
-	WrapEvents func(sandbox.EventLog) sandbox.EventLog
+	// event store (the events bench switches recording off through it);
+	// records is the store of sandbox records the event store writes with
+	// a transition's event.
+	WrapEvents func(events sandbox.EventLog, records store.Store) sandbox.EventLog
 	// Logger gets the server's log (default slog.Default()); BuildOutput the
 	// template builds' progress (default os.Stderr); HTTPErrorLog the HTTP
 	// servers' own errors (default: the standard logger).

@@ -56,7 +56,7 @@ func (d *Daemon) startEvents() {
 // managerEvents is what the manager records through.
 func (d *Daemon) managerEvents() sandbox.EventLog {
 	if d.cfg.WrapEvents != nil {
-		return d.cfg.WrapEvents(d.Events)
+		return d.cfg.WrapEvents(d.Events, d.Store)
 	}
 	return d.Events
 }

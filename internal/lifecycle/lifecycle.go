@@ -121,6 +121,10 @@ const (
 	// KillPauseFailed: a pause's checkpoint failed and the sandbox did not
 	// survive it.
 	KillPauseFailed = "pause_failed"
+	// KillResumeFailed: the sandbox, frozen for a checkpoint (a snapshot's,
+	// a fork's, or a pause's that failed), could not be thawed after it, and
+	// was killed rather than left frozen (E2B's name for the same end).
+	KillResumeFailed = "resume_failed"
 	// KillPausedRetention: the sandbox stayed paused past the retention
 	// period (serve --paused-retention).
 	KillPausedRetention = "paused_retention_expired"

@@ -1,9 +1,12 @@
 package sandbox
 
 // Lifecycle events (internal/lifecycle): the manager records one at every
-// transition, on the operation's path, once the transition is committed (its
-// record written) and before the operation returns, so that a client that
-// got an answer finds the event, and a kill -9 right after loses none.
+// transition, on the operation's path and before the operation returns, so
+// that a client that got an answer finds the event. A transition committed
+// by a sandbox record (created, updated, paused, resumed) or a snapshot's
+// record (checkpointed) writes its event in the same transaction (commit),
+// so a kill -9 at any point leaves both or neither; a kill records its
+// event before its teardown, which Recover finishes.
 //
 // An execution is one run of a sandbox's processes: from a create (or a
 // fork's or snapshot's start) or a resume, to the pause or kill that ends
@@ -14,20 +17,30 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // EventLog is where the manager records lifecycle events and, after a
 // restart, finds the executions of the sandboxes it re-adopts: the store's
-// LifecycleEvents.
+// LifecycleEvents, over the same database as Options.Store.
 type EventLog interface {
 	lifecycle.Recorder
 	lifecycle.Reader
+	// RecordWithSandbox records the event of a transition together with
+	// the sandbox record that commits it, in one transaction, so that no
+	// crash leaves a transition without its event or an event without its
+	// transition.
+	RecordWithSandbox(ctx context.Context, e lifecycle.Event, rec store.Sandbox) (lifecycle.Event, error)
+	// RecordWithSnapshot records a checkpointed event with the snapshot's
+	// record, in one transaction (store.Store.PutSnapshot's semantics).
+	RecordWithSnapshot(ctx context.Context, e lifecycle.Event, rec store.Snapshot) (_ lifecycle.Event, replaced string, err error)
 }
 
 // execution is the current (or, for a paused sandbox, the last) execution
@@ -47,13 +60,58 @@ func (m *Manager) beginExecution(e *entry, buildID string) {
 	e.mu.Unlock()
 }
 
-// record records an event of type typ for e. A failure is logged, not
-// returned: the transition it describes has happened, and failing the
-// operation would tell the client otherwise.
+// record records an event of type typ for e, for the transitions that
+// write no sandbox record (kill, whose event comes before its teardown; a
+// fork's capture). A failure is logged, not returned: the transition it
+// describes has happened, and failing the operation would tell the client
+// otherwise.
 func (m *Manager) record(ctx context.Context, e *entry, typ string, data lifecycle.EventData) {
 	if m.opts.Events == nil {
 		return
 	}
+	ev, err := m.event(e, typ, data)
+	if err != nil {
+		m.log.Error("lifecycle event", "id", e.id, "type", typ, "err", err)
+		return
+	}
+	// The transition is done: its event is recorded even if the client
+	// went away meanwhile.
+	if _, err := m.opts.Events.Record(context.WithoutCancel(ctx), ev); err != nil {
+		m.log.Error("lifecycle event not recorded", "id", e.id, "type", typ, "err", err)
+	}
+}
+
+// commit writes rec, e's record after a transition, and the transition's
+// event of type typ in one transaction; an error means neither is written
+// and the transition did not take. Without an event log it writes rec alone.
+func (m *Manager) commit(ctx context.Context, e *entry, rec store.Sandbox, typ string, data lifecycle.EventData) error {
+	if m.opts.Events == nil {
+		return m.opts.Store.Put(ctx, rec)
+	}
+	ev, err := m.event(e, typ, data)
+	if err != nil {
+		return fmt.Errorf("lifecycle event %s of %s: %w", typ, e.id, err)
+	}
+	_, err = m.opts.Events.RecordWithSandbox(ctx, ev, rec)
+	return err
+}
+
+// commitSnapshot writes rec, a snapshot of e, with e's checkpointed event
+// in one transaction; it returns the snapshot whose name rec took.
+func (m *Manager) commitSnapshot(ctx context.Context, e *entry, rec store.Snapshot, data lifecycle.EventData) (replaced string, err error) {
+	if m.opts.Events == nil {
+		return m.opts.Store.PutSnapshot(ctx, rec)
+	}
+	ev, err := m.event(e, lifecycle.Checkpointed, data)
+	if err != nil {
+		return "", fmt.Errorf("lifecycle event %s of %s: %w", lifecycle.Checkpointed, e.id, err)
+	}
+	_, replaced, err = m.opts.Events.RecordWithSnapshot(ctx, ev, rec)
+	return replaced, err
+}
+
+// event is e's lifecycle event of type typ, carrying data.
+func (m *Manager) event(e *entry, typ string, data lifecycle.EventData) (lifecycle.Event, error) {
 	e.mu.Lock()
 	info, ex := e.info, e.exec
 	e.mu.Unlock()
@@ -63,10 +121,9 @@ func (m *Manager) record(ctx context.Context, e *entry, typ string, data lifecyc
 	}
 	raw, err := json.Marshal(data)
 	if err != nil {
-		m.log.Error("lifecycle event", "id", e.id, "type", typ, "err", err)
-		return
+		return lifecycle.Event{}, err
 	}
-	ev := lifecycle.Event{
+	return lifecycle.Event{
 		Type:               typ,
 		EventData:          raw,
 		SandboxBuildID:     ex.buildID,
@@ -75,12 +132,7 @@ func (m *Manager) record(ctx context.Context, e *entry, typ string, data lifecyc
 		SandboxTeamID:      info.Owner,
 		SandboxTemplateID:  info.TemplateID,
 		Timestamp:          time.Now(),
-	}
-	// The transition is done: its event is recorded even if the client
-	// went away meanwhile.
-	if _, err := m.opts.Events.Record(context.WithoutCancel(ctx), ev); err != nil {
-		m.log.Error("lifecycle event not recorded", "id", e.id, "type", typ, "err", err)
-	}
+	}, nil
 }
 
 // executionData describes e's current execution as it ends: now, or, for a

@@ -381,33 +381,34 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	}
 	e := m.claim(ctx, info, tpl)
 	if e != nil {
-		// Already serving: one write of the record, straight as running.
-		e.info.State = StateRunning
-		err = m.opts.Store.Put(ctx, toRecord(e.info))
-		if err == nil {
-			m.pushRecord(e)
-		}
+		// Already serving: its one record write is the commit below.
+		m.pushRecord(e)
 	} else {
 		e = m.newEntry(info)
 		err = m.createCold(ctx, e, tpl)
 	}
 	if err == nil {
-		// A pooled sandbox's record was written for the pool; this one is
-		// the client's (its timeout and lifecycle), with the envd it booted.
+		// A pooled sandbox's boot record was written for the pool; this one
+		// is the client's (its timeout and lifecycle), with the envd it
+		// booted.
 		var rec bootRecord
 		if rec, err = readBootRecord(e.dir); err == nil {
 			rec.Template, rec.Timeout, rec.Lifecycle = tpl, req.Timeout, req.Lifecycle
 			err = writeBootRecord(e.dir, rec)
 		}
 	}
+	if err == nil {
+		// The commit: the record says running, with the created event.
+		// Before publishing: nothing else can act on the sandbox yet, so no
+		// event of it comes before this one.
+		m.beginExecution(e, tpl.BuildID)
+		e.info.State = StateRunning
+		err = m.commit(context.WithoutCancel(ctx), e, toRecord(e.info), lifecycle.Created, lifecycle.EventData{})
+	}
 	if err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
-	// Before publishing: nothing else can act on the sandbox yet, so no
-	// event of it comes before this one.
-	m.beginExecution(e, tpl.BuildID)
-	m.record(ctx, e, lifecycle.Created, lifecycle.EventData{})
 	return m.publish(e), nil
 }
 
@@ -431,8 +432,9 @@ func (m *Manager) publish(e *entry) Info {
 	return out
 }
 
-// createCold makes e, not yet published, a running sandbox of tpl; on error
-// the caller replays e's cleanup stack.
+// createCold makes e, not yet published, a running sandbox of tpl whose
+// record still says creating (the caller commits it); on error the caller
+// replays e's cleanup stack.
 func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error {
 	// The record exists before the runtime sandbox does, so a crash between
 	// the two leaves something Recover can find and clean.
@@ -445,11 +447,7 @@ func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error 
 	}
 	// The start phase may take seconds and runs the template's code, so
 	// unlike the steps above it stops when the request goes away.
-	if err := m.startPhase(ctx, e, tpl); err != nil {
-		return err
-	}
-	e.info.State = StateRunning
-	return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
+	return m.startPhase(ctx, e, tpl)
 }
 
 // SetMaxPerOwner changes Options.MaxPerOwner; sandboxes already alive are
@@ -786,11 +784,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.info.AllowInternetAccess = info.AllowInternetAccess
 		info = e.info
 		e.mu.Unlock()
-		if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
-			return err
-		}
-		m.record(ctx, e, lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
-		return nil
+		return m.commit(ctx, e, toRecord(info), lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
 	})
 }
 
@@ -974,7 +968,7 @@ func (m *Manager) kill(ctx context.Context, e *entry, reason string) {
 		e.timer.Stop()
 	}
 	e.mu.Unlock()
-	m.keepLogs(e)
+	m.keepLogs(e, reason)
 	m.recordKilled(ctx, e, reason)
 	crashpoint.Hit(crashpoint.KillRecorded)
 	_ = m.destroy(context.WithoutCancel(ctx), e)
@@ -1026,11 +1020,7 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 		m.armTimerLocked(e)
 		rec := toRecord(e.info)
 		e.mu.Unlock()
-		if err := m.opts.Store.Put(ctx, rec); err != nil {
-			return err
-		}
-		m.record(ctx, e, lifecycle.Updated, lifecycle.EventData{SetTimeout: rec.EndAt.UTC().Format(time.RFC3339)})
-		return nil
+		return m.commit(ctx, e, rec, lifecycle.Updated, lifecycle.EventData{SetTimeout: rec.EndAt.UTC().Format(time.RFC3339)})
 	})
 }
 
@@ -1083,11 +1073,14 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 		e.mu.Unlock()
 		m.beginExecution(e, build)
 	}
-	if err := m.opts.Store.Put(ctx, toRecord(info)); err != nil {
-		return Info{}, false, err
-	}
+	var err error
 	if paused {
-		m.record(ctx, e, lifecycle.Resumed, lifecycle.EventData{})
+		err = m.commit(ctx, e, toRecord(info), lifecycle.Resumed, lifecycle.EventData{})
+	} else {
+		err = m.opts.Store.Put(ctx, toRecord(info))
+	}
+	if err != nil {
+		return Info{}, false, err
 	}
 	return info, paused, nil
 }
@@ -1121,7 +1114,7 @@ func (m *Manager) markPaused(ctx context.Context, e *entry, withMemory bool) err
 	}
 	rec := toRecord(e.info)
 	e.mu.Unlock()
-	return m.opts.Store.Put(ctx, rec)
+	return m.commit(ctx, e, rec, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
 }
 
 // Resume is Connect for the older resume endpoint: it fails unless paused.
@@ -1457,7 +1450,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		if !alive {
 			m.log.Info("sandbox did not survive the restart; reported killed", "id", rec.ID, "reason", reason)
-			m.keepLogs(e)
+			m.keepLogs(e, reason)
 			if reported && !killedBefore {
 				m.recordKilled(ctx, e, reason)
 			}
@@ -1511,13 +1504,14 @@ func (m *Manager) Recover(ctx context.Context) error {
 			// began, and its event was not recorded yet.
 			m.beginExecution(e, e.exec.buildID)
 		}
-		if changed {
-			if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
-				m.log.Warn("sandbox re-adopted: record", "id", rec.ID, "err", err)
-			}
-		}
+		var werr error
 		if resumed {
-			m.record(ctx, e, lifecycle.Resumed, lifecycle.EventData{})
+			werr = m.commit(ctx, e, toRecord(e.info), lifecycle.Resumed, lifecycle.EventData{})
+		} else if changed {
+			werr = m.opts.Store.Put(ctx, toRecord(e.info))
+		}
+		if err := werr; err != nil {
+			m.log.Warn("sandbox re-adopted: record", "id", rec.ID, "err", err)
 		}
 		m.log.Info("sandbox re-adopted", "id", rec.ID, "state", e.info.State)
 		// Its timer is armed by Start.

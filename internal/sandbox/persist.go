@@ -234,15 +234,10 @@ func (m *Manager) wakeEnvd(ctx context.Context, e *entry, limit time.Duration) e
 	return nil
 }
 
-// pause is Pause on a running sandbox whose op lock the caller holds. A
-// pause that succeeded (with its memory, or frozen in place, or without)
-// records its event on the way out.
+// pause is Pause on a running sandbox whose op lock the caller holds. Every
+// way a pause succeeds (with its memory, frozen in place, or without) ends
+// in markPaused, which records its event with the record.
 func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err error) {
-	defer func() {
-		if err == nil {
-			m.record(ctx, e, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
-		}
-	}()
 	e.mu.Lock()
 	state := e.info.State
 	e.mu.Unlock()
@@ -296,7 +291,10 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err e
 				return fmt.Errorf("pause %s: the checkpoint failed and the sandbox did not survive it, so it was killed: %w", e.id, err)
 			}
 			if rerr := e.rt.Resume(); rerr != nil {
-				return fmt.Errorf("pause %s: the checkpoint failed (%w) and the sandbox could not be thawed: %w", e.id, err, rerr)
+				// Left frozen, it would stay listed as running and answer
+				// nothing.
+				m.kill(context.WithoutCancel(ctx), e, lifecycle.KillResumeFailed)
+				return fmt.Errorf("pause %s: the checkpoint failed (%w) and the sandbox could not be thawed after it, so it was killed: %w", e.id, err, rerr)
 			}
 			if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil {
 				return fmt.Errorf("pause %s: the checkpoint failed (%w) and envd did not wake after it: %w", e.id, err, werr)
@@ -565,13 +563,14 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 			e.info.PausedAt = fi.ModTime()
 		}
 	}
-	if paused {
-		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
-			m.log.Warn("paused sandbox: record", "id", e.id, "err", err)
-		}
-	}
+	var werr error
 	if unrecorded {
-		m.record(ctx, e, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
+		werr = m.commit(ctx, e, toRecord(e.info), lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
+	} else if paused {
+		werr = m.opts.Store.Put(ctx, toRecord(e.info))
+	}
+	if err := werr; err != nil {
+		m.log.Warn("paused sandbox: record", "id", e.id, "err", err)
 	}
 	e.seenOOM = m.seenOOMOf(ctx, e.id)
 	return true
@@ -639,8 +638,12 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 			m.log.Info("capture: filesystem only", "id", e.id, "why", qerr)
 			canCheckpoint = false
 		} else {
-			// Woken after the thaw below (deferred calls run last-first).
+			// Woken after the thaw below (deferred calls run last-first),
+			// unless the thaw failed and the sandbox is gone.
 			defer func() {
+				if e.gone {
+					return
+				}
 				if werr := m.wakeEnvd(context.WithoutCancel(ctx), e, envdWakeLimit); werr != nil && err == nil {
 					err = fmt.Errorf("capture %s: %w", e.id, werr)
 				}
@@ -651,8 +654,13 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 		return false, fmt.Errorf("capture %s: freeze: %w", e.id, err)
 	}
 	defer func() {
-		if rerr := e.rt.Resume(); rerr != nil && err == nil {
-			err = fmt.Errorf("capture %s: thaw: %w", e.id, rerr)
+		if rerr := e.rt.Resume(); rerr != nil {
+			// Left frozen, it would stay listed as running and answer
+			// nothing: it is lost, and killed (after a failed checkpoint
+			// that did not leave its processes alive, too).
+			m.kill(context.WithoutCancel(ctx), e, lifecycle.KillResumeFailed)
+			withMemory = false
+			err = fmt.Errorf("capture %s: the sandbox could not be thawed after it, so it was killed: %w", e.id, errors.Join(err, rerr))
 		}
 	}()
 	if err := copySandboxDir(e.dir, filepath.Join(dst, captureFS)); err != nil {
@@ -761,15 +769,14 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		// Until the record says running, a crash leaves a sandbox Recover
 		// destroys (a record in creating): the fork did not happen.
 		crashpoint.Hit(crashpoint.StartedFromCapture)
+		m.beginExecution(e, rec.Template.BuildID)
 		e.info.State = StateRunning
-		return m.opts.Store.Put(context.WithoutCancel(ctx), toRecord(e.info))
+		return m.commit(context.WithoutCancel(ctx), e, toRecord(e.info), lifecycle.Created, lifecycle.EventData{})
 	}
 	if err := boot(); err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
 		return Info{}, err
 	}
-	m.beginExecution(e, rec.Template.BuildID)
-	m.record(ctx, e, lifecycle.Created, lifecycle.EventData{})
 	return m.publish(e), nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/sandboxlog"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -175,9 +176,11 @@ func (m *Manager) hostLog(id, level, logger, msg string, fields map[string]strin
 }
 
 // keepLogs moves what envd logged in a sandbox that is being killed into
-// the store, with its owner (the teardown removes the files), and sweeps
-// the logs past the retention off the kill's path. The caller holds e.op.
-func (m *Manager) keepLogs(e *entry) {
+// the store, with its owner (the teardown removes the files), ends it with
+// the host's word on the kill and its reason (a lifecycle.Kill* value), and
+// sweeps the logs past the retention off the kill's path. The caller holds
+// e.op.
+func (m *Manager) keepLogs(e *entry, reason string) {
 	ls, ok := m.opts.Store.(store.LogStore)
 	if !ok {
 		return
@@ -195,6 +198,13 @@ func (m *Manager) keepLogs(e *entry) {
 		kept = append(kept, store.LogEntry{Time: s.Time, Level: s.Level, Logger: s.Logger, Message: s.Message, Fields: s.Fields, Origin: s.Origin})
 	}
 	now, id := time.Now(), e.id
+	level := "info"
+	if reason != lifecycle.KillRequest && reason != lifecycle.KillTimeout && reason != lifecycle.KillShutdown {
+		// The sandbox did not end as its owner asked.
+		level = "warn"
+	}
+	kept = append(kept, store.LogEntry{Time: now, Level: level, Logger: "airlock.lifecycle", Message: "sandbox killed: " + reason,
+		Fields: map[string]string{"reason": reason}, Origin: sandboxlog.OriginHost})
 	// In the kill's path, so that the log reads on without a gap: one
 	// transaction of at most keptAtKill rows (measured in
 	// TestSandboxLogStory).

@@ -38,46 +38,45 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 	}
 	raw := "snap" + newID()
 	dir := filepath.Join(m.snapshotsDir(), raw)
-	var base Info
+	var rec store.Snapshot
+	// Under the sandbox's op lock, so that its events stay in order (a kill
+	// waits): the capture, then the snapshot's record with its
+	// checkpointed event, in one transaction.
 	err := m.with(id, func(e *entry) error {
 		e.mu.Lock()
-		base = e.info
+		base := e.info
 		e.mu.Unlock()
 		if _, err := m.capture(ctx, e, dir); err != nil {
 			return err
 		}
-		// Under the sandbox's op lock, so that its events stay in order
-		// (a kill waits); the snapshot's record follows.
-		m.record(ctx, e, lifecycle.Checkpointed, lifecycle.EventData{SnapshotID: snapshotOf(store.Snapshot{ID: raw, Name: name}).ID})
+		crashpoint.Hit(crashpoint.SnapshotCaptured)
+		spec, err := json.Marshal(base)
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		rec = store.Snapshot{
+			ID: raw, Name: name, SandboxID: id, TemplateID: base.TemplateID, Owner: req.Owner,
+			CreatedAt: time.Now().UTC(), Spec: spec,
+		}
+		m.snapMu.Lock()
+		defer m.snapMu.Unlock()
+		replaced, err := m.commitSnapshot(context.WithoutCancel(ctx), e, rec,
+			lifecycle.EventData{SnapshotID: snapshotOf(rec).ID})
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		crashpoint.Hit(crashpoint.SnapshotWritten)
+		if replaced != "" {
+			// Its record is gone with the name; its files follow.
+			if err := os.RemoveAll(filepath.Join(m.snapshotsDir(), replaced)); err != nil {
+				m.log.Warn("snapshot replaced: files left for the next start", "id", replaced, "err", err)
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return Snapshot{}, err
-	}
-	crashpoint.Hit(crashpoint.SnapshotCaptured)
-	spec, err := json.Marshal(base)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
-	}
-	rec := store.Snapshot{
-		ID: raw, Name: name, SandboxID: id, TemplateID: base.TemplateID, Owner: req.Owner,
-		CreatedAt: time.Now().UTC(), Spec: spec,
-	}
-	m.snapMu.Lock()
-	defer m.snapMu.Unlock()
-	replaced, err := m.opts.Store.PutSnapshot(context.WithoutCancel(ctx), rec)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
-	}
-	crashpoint.Hit(crashpoint.SnapshotWritten)
-	if replaced != "" {
-		// Its record is gone with the name; its files follow.
-		if err := os.RemoveAll(filepath.Join(m.snapshotsDir(), replaced)); err != nil {
-			m.log.Warn("snapshot replaced: files left for the next start", "id", replaced, "err", err)
-		}
 	}
 	m.log.Info("snapshot created", "id", raw, "name", name, "sandbox", id)
 	return snapshotOf(rec), nil

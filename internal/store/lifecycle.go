@@ -58,6 +58,63 @@ func NewLifecycleEvents(s *SQLite) *LifecycleEvents {
 // of the server (a power cut may lose the last commits, as it may the
 // sandbox records').
 func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecycle.Event, error) {
+	e, err := insertEvent(ctx, l.db, e)
+	if err != nil {
+		return e, err
+	}
+	l.signal()
+	return e, nil
+}
+
+// RecordWithSandbox records e and writes sb, the sandbox record of the
+// transition e tells of, in one transaction: a crash leaves both or
+// neither, never a sandbox paused (or resumed, or with a new timeout) whose
+// event is lost. sb goes to the sandboxes table of the database l is over,
+// so l must be over the manager's store.
+func (l *LifecycleEvents) RecordWithSandbox(ctx context.Context, e lifecycle.Event, sb Sandbox) (lifecycle.Event, error) {
+	e, err := l.inTx(ctx, e, func(tx *sql.Tx) error { return putSandbox(ctx, tx, sb) })
+	return e, err
+}
+
+// RecordWithSnapshot records e and writes sn (PutSnapshot's semantics,
+// replaced included) in one transaction: a checkpointed event names a
+// snapshot that exists.
+func (l *LifecycleEvents) RecordWithSnapshot(ctx context.Context, e lifecycle.Event, sn Snapshot) (_ lifecycle.Event, replaced string, err error) {
+	e, err = l.inTx(ctx, e, func(tx *sql.Tx) error {
+		replaced, err = putSnapshot(ctx, tx, sn)
+		return err
+	})
+	return e, replaced, err
+}
+
+func (l *LifecycleEvents) inTx(ctx context.Context, e lifecycle.Event, write func(*sql.Tx) error) (lifecycle.Event, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return e, fmt.Errorf("store: record %s of %s: %w", e.Type, e.SandboxID, err)
+	}
+	defer tx.Rollback()
+	if err := write(tx); err != nil {
+		return e, err
+	}
+	if e, err = insertEvent(ctx, tx, e); err != nil {
+		return e, err
+	}
+	if err := tx.Commit(); err != nil {
+		return e, fmt.Errorf("store: record %s of %s: %w", e.Type, e.SandboxID, err)
+	}
+	l.signal()
+	return e, nil
+}
+
+// signal wakes the feed's reader (Notify) without blocking.
+func (l *LifecycleEvents) signal() {
+	select {
+	case l.notify <- struct{}{}:
+	default:
+	}
+}
+
+func insertEvent(ctx context.Context, db execer, e lifecycle.Event) (lifecycle.Event, error) {
 	if e.Type == "" || e.SandboxID == "" {
 		return e, fmt.Errorf("store: lifecycle event: type and sandbox id are required")
 	}
@@ -77,15 +134,11 @@ func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecy
 	if err != nil {
 		return e, fmt.Errorf("store: lifecycle event %s of %s: %w", e.Type, e.SandboxID, err)
 	}
-	err = l.db.QueryRowContext(ctx, `INSERT INTO lifecycle_events (id, owner, sandbox_id, type, at, payload)
+	err = db.QueryRowContext(ctx, `INSERT INTO lifecycle_events (id, owner, sandbox_id, type, at, payload)
 		VALUES (?, ?, ?, ?, ?, ?) RETURNING seq`,
 		e.ID, e.SandboxTeamID, e.SandboxID, e.Type, e.Timestamp.UnixNano(), string(payload)).Scan(&e.Seq)
 	if err != nil {
 		return e, fmt.Errorf("store: record %s of %s: %w", e.Type, e.SandboxID, err)
-	}
-	select {
-	case l.notify <- struct{}{}:
-	default:
 	}
 	return e, nil
 }

@@ -267,3 +267,85 @@ func TestLifecycleEventsConcurrentRecord(t *testing.T) {
 		seen[e.Seq] = true
 	}
 }
+
+// TestRecordWithRecordsIsOneTransaction: a transition's record and its event
+// are written together or not at all; a failure of either leaves the old
+// state, and the feed is woken only by what was committed.
+func TestRecordWithRecordsIsOneTransaction(t *testing.T) {
+	ctx := context.Background()
+	db, l := openLifecycle(t, filepath.Join(t.TempDir(), "airlock.db"))
+	defer db.Close()
+	now := time.Now()
+	sb := Sandbox{ID: "sb1", TemplateID: "base", State: "running", Owner: "alice", StartedAt: now, EndAt: now.Add(time.Minute)}
+	if err := db.Put(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	countEvents := func() int {
+		evs, err := l.SandboxEvents(ctx, "alice", "sb1", lifecycle.Page{Limit: lifecycle.MaxLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(evs)
+	}
+
+	// Both written.
+	paused := sb
+	paused.State, paused.PausedAt, paused.PausedWithMemory = "paused", now, true
+	e, err := l.RecordWithSandbox(ctx, ev("alice", "sb1", lifecycle.Paused, now), paused)
+	if err != nil || e.Seq == 0 || e.ID == "" {
+		t.Fatalf("RecordWithSandbox = %+v, %v", e, err)
+	}
+	<-l.Notify()
+	if got, err := db.Get(ctx, "sb1"); err != nil || got.State != "paused" || !got.PausedWithMemory {
+		t.Fatalf("record after the transition = %+v, %v", got, err)
+	}
+	if n := countEvents(); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+
+	// A bad event: the record is not written either.
+	bad := ev("alice", "sb1", lifecycle.Resumed, now)
+	bad.EventData = json.RawMessage(`{not json`)
+	running := sb
+	if _, err := l.RecordWithSandbox(ctx, bad, running); err == nil {
+		t.Fatal("an event that is not JSON was recorded")
+	}
+	if got, _ := db.Get(ctx, "sb1"); got.State != "paused" {
+		t.Fatalf("a failed transition wrote its record: state %q", got.State)
+	}
+	// A bad record: the event is not written either.
+	badRec := sb
+	badRec.Lifecycle.OnTimeout = "explode"
+	if _, err := l.RecordWithSandbox(ctx, ev("alice", "sb1", lifecycle.Resumed, now), badRec); err == nil {
+		t.Fatal("a record with an unknown on-timeout action was written")
+	}
+	if n := countEvents(); n != 1 {
+		t.Fatalf("a failed transition recorded its event: %d events, want 1", n)
+	}
+	select {
+	case <-l.Notify():
+		t.Fatal("Notify signalled for transitions that were not committed")
+	default:
+	}
+
+	// A snapshot with its checkpointed event; a name taken moves, and the
+	// snapshot it was on is reported.
+	s1 := Snapshot{ID: "snapA", Name: "n", SandboxID: "sb1", Owner: "alice", CreatedAt: now}
+	if _, replaced, err := l.RecordWithSnapshot(ctx, ev("alice", "sb1", lifecycle.Checkpointed, now), s1); err != nil || replaced != "" {
+		t.Fatalf("RecordWithSnapshot = %q, %v", replaced, err)
+	}
+	s2 := Snapshot{ID: "snapB", Name: "n", SandboxID: "sb1", Owner: "alice", CreatedAt: now}
+	if _, replaced, err := l.RecordWithSnapshot(ctx, ev("alice", "sb1", lifecycle.Checkpointed, now), s2); err != nil || replaced != "snapA" {
+		t.Fatalf("RecordWithSnapshot = %q, %v; want snapA replaced", replaced, err)
+	}
+	// A bad snapshot: no event.
+	if _, _, err := l.RecordWithSnapshot(ctx, ev("alice", "sb1", lifecycle.Checkpointed, now), Snapshot{ID: "bad:id"}); err == nil {
+		t.Fatal("a snapshot id with ':' was written")
+	}
+	if n := countEvents(); n != 3 {
+		t.Fatalf("%d events, want 3 (paused and two checkpointed)", n)
+	}
+	if _, err := db.GetSnapshot(ctx, "snapA"); err == nil {
+		t.Fatal("the replaced snapshot's record is still there")
+	}
+}

@@ -69,11 +69,6 @@ CREATE INDEX IF NOT EXISTS sandbox_log_ends_at ON sandbox_log_ends (ended_at);`
 
 var _ LogStore = (*SQLite)(nil)
 
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
-}
-
 func addLogs(ctx context.Context, db execer, sandboxID string, entries []LogEntry) error {
 	if len(entries) == 0 {
 		return nil

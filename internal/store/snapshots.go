@@ -40,6 +40,22 @@ const defaultTag = ":default"
 const snapshotColumns = `id, name, sandbox_id, template_id, owner, created_at, spec`
 
 func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string, err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+	}
+	defer tx.Rollback()
+	if replaced, err = putSnapshot(ctx, tx, sn); err != nil {
+		return "", err
+	}
+	if err := tx.Commit(); err != nil {
+		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+	}
+	return replaced, nil
+}
+
+// putSnapshot is PutSnapshot inside the caller's transaction.
+func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string, err error) {
 	// A ':' would make "<x>:default" ambiguous between a bare and a tagged
 	// form.
 	if sn.ID == "" || strings.Contains(sn.ID, ":") || strings.Contains(sn.Name, ":") {
@@ -52,11 +68,6 @@ func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string,
 	if sn.Name != "" {
 		name = sn.Name
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
-	}
-	defer tx.Rollback()
 	if sn.Name != "" {
 		err := tx.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE name = ? AND id != ?`, sn.Name, sn.ID).Scan(&replaced)
 		switch {
@@ -71,9 +82,6 @@ func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string,
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, name, sn.SandboxID, sn.TemplateID, sn.Owner, unixNano(sn.CreatedAt), string(sn.Spec)); err != nil {
-		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
-	}
-	if err := tx.Commit(); err != nil {
 		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
 	}
 	return replaced, nil

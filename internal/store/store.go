@@ -252,7 +252,17 @@ func migrate(db *sql.DB) error {
 	return nil
 }
 
-func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
+func (s *SQLite) Put(ctx context.Context, sb Sandbox) error { return putSandbox(ctx, s.db, sb) }
+
+// execer is what a write needs of *sql.DB and *sql.Tx alike, so that one
+// write can run alone or inside a caller's transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 	md, err := json.Marshal(nonNil(sb.Metadata))
 	if err != nil {
 		return fmt.Errorf("store: metadata: %w", err)
@@ -277,7 +287,7 @@ func (s *SQLite) Put(ctx context.Context, sb Sandbox) error {
 	default:
 		return fmt.Errorf("store: put %s: unknown on-timeout action %q", sb.ID, onTimeout)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+	_, err = db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(`+columns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
