@@ -67,6 +67,9 @@ type Options struct {
 	// --webhook-allow-private).
 	Webhooks            WebhookStore
 	WebhookAllowPrivate bool
+	// Volumes keeps the volumes (volumes.go); nil (no disk pool) makes
+	// their endpoints answer 501.
+	Volumes VolumeService
 	Logger              *slog.Logger
 }
 
@@ -135,6 +138,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.routeTemplates()
 	h.routeEvents()
 	h.routeWebhooks()
+	h.routeVolumes()
 	return h
 }
 
