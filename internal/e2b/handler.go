@@ -70,7 +70,7 @@ type Options struct {
 	// Volumes keeps the volumes (volumes.go); nil (no disk pool) makes
 	// their endpoints answer 501.
 	Volumes VolumeService
-	Logger              *slog.Logger
+	Logger  *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
