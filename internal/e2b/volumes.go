@@ -128,6 +128,7 @@ func volumeError(err error, id string) error {
 		{volume.ErrLimit, http.StatusTooManyRequests},
 		{volume.ErrInUse, http.StatusConflict},
 		{volume.ErrNotFound, http.StatusNotFound},
+		{volume.ErrClosed, http.StatusServiceUnavailable},
 	} {
 		if errors.Is(err, m.err) {
 			status, sentinel = m.status, m.err

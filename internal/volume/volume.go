@@ -64,6 +64,7 @@ var (
 	ErrLimit    = errors.New("volume limit reached")
 	ErrInUse    = errors.New("volume is mounted by sandboxes")
 	ErrToken    = errors.New("volume token does not open this volume")
+	ErrClosed   = errors.New("volume service is shutting down")
 )
 
 // InUseError is the refusal to destroy a volume that running sandboxes
@@ -135,6 +136,10 @@ type Service struct {
 	// destroying holds the volumes a destroy is removing: Acquire and the
 	// content API refuse them.
 	destroying map[string]bool
+	// ops are the creates and destroys under way; Close waits for them, so
+	// the store is not closed under one.
+	ops    sync.WaitGroup
+	closed bool
 }
 
 // New returns the service; call Recover before serving.
@@ -184,6 +189,27 @@ func (s *Service) SetMountChecker(mc MountChecker) {
 	s.mu.Unlock()
 }
 
+// begin registers a create or destroy; ErrClosed once Close has begun.
+func (s *Service) begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.ops.Add(1)
+	return nil
+}
+
+// Close refuses new creates and destroys and waits for those under way,
+// which run to their end even when their request was cancelled.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.ops.Wait()
+	return nil
+}
+
 // Limits reports the sizes the service allows, for messages and docs.
 func (s *Service) Limits() (defaultSize, maxSize int64, perOwner store.VolumeLimits) {
 	return s.opts.DefaultSize, s.opts.MaxSize, s.opts.PerOwner
@@ -209,6 +235,10 @@ func (s *Service) Create(ctx context.Context, owner, name string, size int64) (V
 	if err := ValidName(name); err != nil {
 		return Volume{}, err
 	}
+	if err := s.begin(); err != nil {
+		return Volume{}, err
+	}
+	defer s.ops.Done()
 	switch {
 	case size == 0:
 		size = s.opts.DefaultSize
@@ -388,6 +418,10 @@ func (s *Service) Destroy(ctx context.Context, owner, id string, force bool) err
 	if err != nil {
 		return err
 	}
+	if err := s.begin(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
 	s.mu.Lock()
 	if s.destroying[v.ID] {
 		s.mu.Unlock()

@@ -60,7 +60,8 @@ type Handler struct {
 	mux  *http.ServeMux
 }
 
-// New returns the handler; mount it at e2bwire.VolumeContentPrefix.
+// New returns the handler; mount it at e2bwire.VolumeContentPrefix. A nil
+// vols (a server without volumes) answers every request 501.
 func New(vols Opener, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.Default()
@@ -83,7 +84,12 @@ type httpError struct {
 	err    error // the cause, for the log
 }
 
-func (e *httpError) Error() string { return fmt.Sprintf("%d %s: %v", e.status, e.msg, e.err) }
+func (e *httpError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("%d %s", e.status, e.msg)
+	}
+	return fmt.Sprintf("%d %s: %v", e.status, e.msg, e.err)
+}
 
 func fail(status int, format string, args ...any) *httpError {
 	return &httpError{status: status, msg: fmt.Sprintf(format, args...)}
@@ -111,6 +117,9 @@ func (h *Handler) route(pattern string, fn op) {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, fn op) error {
+	if h.vols == nil {
+		return fail(http.StatusNotImplemented, "volumes are not available on this server: they live on the disk pool (serve --disk-quota, the default)")
+	}
 	token, ok := bearer(r)
 	if !ok {
 		return fail(http.StatusUnauthorized, "missing volume token: send \"Authorization: Bearer <token>\" with the token GET /volumes/{volumeID} returns")
@@ -170,7 +179,9 @@ func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.As(err, &he) {
 		he = &httpError{status: http.StatusInternalServerError, msg: err.Error(), err: err}
 	}
-	if he.status >= 500 && he.status != http.StatusInsufficientStorage {
+	// 507 is a full volume and 501 a server without volumes: the client's
+	// to handle, not a server fault.
+	if he.status >= 500 && he.status != http.StatusInsufficientStorage && he.status != http.StatusNotImplemented {
 		h.log.Error("volume content request failed", "method", r.Method, "path", r.URL.Path, "status", he.status, "err", err)
 	} else {
 		h.log.Debug("volume content request rejected", "method", r.Method, "path", r.URL.Path, "status", he.status, "err", err)
