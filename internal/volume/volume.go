@@ -37,6 +37,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/airlock-sandbox/airlock/internal/crashpoint"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -268,6 +269,7 @@ func (s *Service) Create(ctx context.Context, owner, name string, size int64) (V
 		}
 		return Volume{}, fmt.Errorf("volume: %w", err)
 	}
+	crashpoint.Hit(crashpoint.VolumeRecorded)
 	// Not the request's context from here: a client that goes away must
 	// not leave a half-made volume behind until the next start.
 	bg := context.WithoutCancel(ctx)
@@ -291,6 +293,7 @@ func (s *Service) Create(ctx context.Context, owner, name string, size int64) (V
 	if err := os.Chmod(dir, volumeRootMode); err != nil {
 		return undo(fmt.Errorf("volume: %w", err))
 	}
+	crashpoint.Hit(crashpoint.VolumeMade)
 	rec.State = store.VolumeReady
 	if err := s.opts.Store.SetVolumeState(bg, rec.ID, store.VolumeReady); err != nil {
 		return undo(fmt.Errorf("volume: %w", err))
@@ -455,9 +458,11 @@ func (s *Service) Destroy(ctx context.Context, owner, id string, force bool) err
 	if err := s.opts.Store.SetVolumeState(bg, v.ID, store.VolumeDeleting); err != nil {
 		return fmt.Errorf("volume: %w", err)
 	}
+	crashpoint.Hit(crashpoint.VolumeDeleting)
 	if err := s.opts.Pool.RemoveVolume(v.ID); err != nil {
 		return fmt.Errorf("volume: remove %s: %w", v.ID, err)
 	}
+	crashpoint.Hit(crashpoint.VolumeRemoved)
 	if err := s.opts.Store.DeleteVolume(bg, v.ID); err != nil {
 		return fmt.Errorf("volume: %w", err)
 	}
