@@ -345,14 +345,15 @@ func (s *Service) Get(ctx context.Context, owner, id string) (Volume, error) {
 	return s.toVolume(r), nil
 }
 
-// Acquire finds owner's volume by ID or name for a sandbox about to mount
+// Acquire finds owner's volume by name or ID for a sandbox about to mount
 // it, and holds a lease on it: until release is called, a destroy without
 // force is refused even though no MountChecker shows the mount yet. The
 // caller releases once the sandbox is registered as mounting it (or failed).
 func (s *Service) Acquire(ctx context.Context, owner, ref string) (v Volume, release func(), err error) {
-	v, err = s.Get(ctx, owner, ref)
+	// By name first: that is what the SDKs' volumeMounts send.
+	v, err = s.byName(ctx, owner, ref)
 	if errors.Is(err, ErrNotFound) {
-		v, err = s.byName(ctx, owner, ref)
+		v, err = s.Get(ctx, owner, ref)
 	}
 	if err != nil {
 		return Volume{}, nil, err

@@ -225,6 +225,11 @@ func TestDestroyRefusedWhileMounted(t *testing.T) {
 	}
 	release()
 	release() // twice is harmless
+	if got, release, err := e.svc.Acquire(ctx, "k", v.ID); err != nil || got.Path != v.Path {
+		t.Fatalf("Acquire by ID = %+v, %v", got, err)
+	} else {
+		release()
+	}
 	if _, _, err := e.svc.Acquire(ctx, "other", v.ID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Acquire of another owner's volume: %v", err)
 	}

@@ -35,8 +35,11 @@ func (req *request) fsError(err error, shown string) error {
 		return he
 	case isEscape(err):
 		return &httpError{status: http.StatusBadRequest, msg: fmt.Sprintf("path %q leads outside the volume (through a symlink)", shown), err: err}
-	case errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.ENOSPC):
+	case errors.Is(err, syscall.EDQUOT):
 		return &httpError{status: http.StatusInsufficientStorage, msg: fmt.Sprintf("volume %s is full: its quota is %d MiB; remove files to make room", req.vol.ID, req.vol.SizeBytes>>20), err: err}
+	case errors.Is(err, syscall.ENOSPC):
+		// The pool all sandboxes and volumes share, not this volume's quota.
+		return &httpError{status: http.StatusInsufficientStorage, msg: fmt.Sprintf("no space left on the server's disk pool for volume %s (its own quota is %d MiB)", req.vol.ID, req.vol.SizeBytes>>20), err: err}
 	case errors.Is(err, os.ErrNotExist):
 		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("path %q not found", shown), err: err}
 	case errors.Is(err, os.ErrExist), errors.Is(err, syscall.ENOTEMPTY):
