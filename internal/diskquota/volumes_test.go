@@ -88,4 +88,8 @@ func TestVolumeTemporarySwept(t *testing.T) {
 	if names, _ := p2.Volumes(); !slices.Equal(names, []string{"kept"}) {
 		t.Errorf("Volumes() after reopen = %v", names)
 	}
+	// The reopened pool's sweep keeps the volume's qgroup (and so its limit).
+	if _, limit, err := p2.Usage(p2.VolumeDir("kept")); err != nil || limit != 8<<20 {
+		t.Errorf("the kept volume's limit after reopen: %d, %v", limit, err)
+	}
 }
