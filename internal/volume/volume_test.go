@@ -298,3 +298,33 @@ func TestRecoverAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Creates racing for one name: exactly one wins, the rest are told the name
+// is taken, and one directory exists.
+func TestConcurrentCreatesOfOneName(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEnv(t, Options{})
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := e.svc.Create(ctx, "k", "race", 1<<20)
+			errs <- err
+		}()
+	}
+	won := 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			won++
+		case !errors.Is(err, ErrExists):
+			t.Errorf("a losing create: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d creates of one name succeeded", won)
+	}
+	if names, _ := e.pool.Volumes(); len(names) != 1 {
+		t.Fatalf("volume store holds %v", names)
+	}
+}
