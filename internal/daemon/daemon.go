@@ -294,6 +294,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.startManager(ctx, first); err != nil {
 		return err
 	}
+	d.checkVolumeMounts()
 	if err := d.startTemplateBuilds(); err != nil {
 		return err
 	}

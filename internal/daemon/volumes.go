@@ -47,3 +47,17 @@ func (d *Daemon) startVolumes(ctx context.Context) error {
 	d.push("volumes", svc.Close)
 	return nil
 }
+
+// checkVolumeMounts lets a destroy ask the manager which sandboxes mount a
+// volume. The manager needs the volume service (to mount) and the service
+// the manager (to refuse destroying what is mounted), so this is set once
+// both exist; until the manager implements volume.MountChecker (mounting,
+// issue 17 item 2) nothing mounts volumes and a destroy has nothing to ask.
+func (d *Daemon) checkVolumeMounts() {
+	if d.Volumes == nil {
+		return
+	}
+	if mc, ok := any(d.Manager).(volume.MountChecker); ok {
+		d.Volumes.SetMountChecker(mc)
+	}
+}
