@@ -70,6 +70,7 @@ fuzz FuzzUpstreamAnswer ./internal/netpolicy/dnsfilter 50000
 fuzz FuzzTemplatePath ./internal/e2b 20000
 fuzz FuzzParse ./internal/dockerfile 10000
 fuzz FuzzExtract ./internal/buildcontext 5000
+fuzz FuzzVolumePath ./internal/volumecontent 20000
 
 step "first-run test (waiting for it to finish)"
 trap - EXIT

@@ -19,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+	"github.com/airlock-sandbox/airlock/internal/volume"
 	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
@@ -87,6 +88,10 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.BoolVar(&c.Webhooks.AllowPrivate, "webhook-allow-private", false, "let lifecycle webhooks call loopback, private and link-local addresses (refused by default, when a webhook is registered and again at every delivery)")
 	f.DurationVar(&c.Webhooks.RetryMax, "webhook-retry-max", webhook.DefaultRetryMax, "longest wait between two attempts of a failed webhook delivery (the wait doubles from 2 s up to this)")
 	f.DurationVar(&c.Webhooks.GiveUpAfter, "webhook-give-up", webhook.DefaultGiveUpAfter, "how long a webhook delivery is retried before it is marked failed")
+	f.Int64Var(&c.Volumes.DefaultMB, "volume-default-size", volume.DefaultSize>>20, "quota in MiB of a volume whose create names no size (POST /volumes sizeMB, Airlock's extension)")
+	f.Int64Var(&c.Volumes.MaxMB, "volume-max-size", volume.DefaultMaxSize>>20, "largest quota in MiB a volume may be created with")
+	f.IntVar(&c.Volumes.PerKey, "volumes-per-key", volume.DefaultMaxCount, "volumes one API key may have (0: no limit)")
+	f.Int64Var(&c.Volumes.SizePerKeyMB, "volume-size-per-key", volume.DefaultMaxBytes>>20, "total quota in MiB of one API key's volumes (0: no limit)")
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }
@@ -105,6 +110,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	}
 	if w := c.Webhooks; w.RetryMax <= 0 || w.GiveUpAfter <= 0 {
 		return fmt.Errorf("--webhook-retry-max and --webhook-give-up must be positive")
+	}
+	if v := c.Volumes; v.DefaultMB < 1 || v.MaxMB < v.DefaultMB || v.PerKey < 0 || v.SizePerKeyMB < 0 {
+		return fmt.Errorf("--volume-default-size must be at least 1 MiB and at most --volume-max-size; --volumes-per-key and --volume-size-per-key must not be negative")
 	}
 	if b := c.Builds; b.Concurrent < 1 || b.PerKey < 1 || b.MaxContextMB < 1 || b.Timeout <= 0 {
 		return fmt.Errorf("--build-concurrency, --builds-per-key, --build-context-max and --build-timeout must be positive")
@@ -132,8 +140,9 @@ Airlock is serving (%s after start). For the E2B SDKs:
   export E2B_API_URL=%s
   export E2B_SANDBOX_URL=%s
   export E2B_API_KEY=%s
+  export E2B_VOLUME_API_URL=%s
 
-`, template.FormatDuration(time.Since(t0)), d.APIURL, d.SandboxURL, d.APIKeys[0])
+`, template.FormatDuration(time.Since(t0)), d.APIURL, d.SandboxURL, d.APIKeys[0], d.APIURL)
 	if len(d.Pending) > 0 {
 		fmt.Printf("Building in the background: %s. Creates for them answer 503 with Retry-After until they are ready.\n\n",
 			strings.Join(d.Pending, ", "))

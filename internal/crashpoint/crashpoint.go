@@ -1,5 +1,6 @@
 // Package crashpoint lets a crash test kill the server at a named step of a
-// multi-step operation (pause, resume, snapshot, fork, kill), to check that what a
+// multi-step operation (pause, resume, snapshot, fork, kill, a volume's create
+// and destroy), to check that what a
 // restarted server finds is the old state or the new one, never something in
 // between. Timing cannot hit these steps reliably: most last microseconds.
 //
@@ -59,6 +60,18 @@ const (
 	// WebhookDispatched: the deliveries of those events are stored and the
 	// cursor moved past them; none has been attempted.
 	WebhookDispatched = "webhook-dispatched"
+	// VolumeRecorded: a volume's record is written (state creating); its
+	// directory is not made yet.
+	VolumeRecorded = "volume-recorded"
+	// VolumeMade: the volume's directory is made, whole with its quota;
+	// the record still says creating.
+	VolumeMade = "volume-made"
+	// VolumeDeleting: a destroy has marked the record deleting; the
+	// directory is still there.
+	VolumeDeleting = "volume-deleting"
+	// VolumeRemoved: the destroyed volume's directory is gone; its record
+	// is not deleted yet.
+	VolumeRemoved = "volume-removed"
 )
 
 // Hit kills the process at once when name is the armed crash point.

@@ -22,6 +22,8 @@
 //  5. runtimes           every backend, so Recover finds any sandbox's
 //  6. network            netns + veth + firewall + DNS per sandbox
 //  7. disk pool          the btrfs image sandboxes' quotas live on
+//     volumes            on the same pool (a subvolume and quota each); Recover
+//     finishes or undoes a create or destroy a crash interrupted
 //  8. manager            then Recover (re-adopt or clean up what a previous
 //     server left), then the first template's warm pool
 //  9. webhooks           the dispatcher: lifecycle events into the store's
@@ -69,6 +71,8 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
+	"github.com/airlock-sandbox/airlock/internal/volume"
+	"github.com/airlock-sandbox/airlock/internal/volumecontent"
 	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
@@ -120,6 +124,8 @@ type Config struct {
 	AllowRegistries []string
 	// Webhooks configures the delivery of lifecycle webhooks.
 	Webhooks WebhookConfig
+	// Volumes bounds the volumes' sizes and each key's volumes.
+	Volumes VolumeConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -159,6 +165,7 @@ type Daemon struct {
 	Runtimes []runtime.Runtime // every available backend, the default among them
 	Network  *netpolicy.Network
 	Disk     *diskquota.Pool
+	Volumes  *volume.Service // nil without a disk pool
 	Manager  *sandbox.Manager
 	Proxy    *proxy.Proxy
 	Webhooks *webhook.Dispatcher
@@ -283,9 +290,13 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return d.Disk.Close(false)
 		})
 	}
+	if err := d.startVolumes(ctx); err != nil {
+		return err
+	}
 	if err := d.startManager(ctx, first); err != nil {
 		return err
 	}
+	d.checkVolumeMounts()
 	if err := d.startTemplateBuilds(); err != nil {
 		return err
 	}
@@ -451,7 +462,7 @@ func (d *Daemon) startListeners() error {
 		}
 		lns = append(lns, ln)
 	}
-	api := e2b.NewHandler(d.Manager, e2b.Options{
+	opts := e2b.Options{
 		Authenticate: d.authenticate,
 		MaxTimeout:   d.cfg.MaxTimeout,
 		Domain:       d.cfg.Domain,
@@ -463,13 +474,22 @@ func (d *Daemon) startListeners() error {
 
 		Webhooks:            d.Store,
 		WebhookAllowPrivate: d.cfg.Webhooks.AllowPrivate,
-	})
+	}
+	var contentVolumes volumecontent.Opener // nil: the content API answers 501
+	if d.Volumes != nil {                   // never a typed nil in an interface
+		opts.Volumes = d.Volumes
+		contentVolumes = d.Volumes
+	}
+	api := e2b.NewHandler(d.Manager, opts)
 	d.Proxy = proxy.New(d.Manager, d.log)
 	// The API listener also serves MCP (/mcp), whose tools call this
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()
 	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.authenticate))
 	apiMux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
+	// The volume content API, authorised by volume tokens rather than API
+	// keys (E2B_VOLUME_API_URL is the API URL).
+	apiMux.Handle(e2bwire.VolumeContentPrefix, volumecontent.New(contentVolumes, d.log))
 	apiMux.Handle("/", api)
 	servers := []*http.Server{
 		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},

@@ -26,6 +26,9 @@
 // sweeps of the sandboxes directory can tell it apart (Reserved). Without a
 // pool, Clone copies instead (reflinks where the filesystem can).
 //
+// Volumes: the volume store, VolumesDir beside the snapshot store, holds one
+// quota-limited subvolume per volume (CreateVolume), for internal/volume.
+//
 // btrfs has no ioctls in golang.org/x/sys/unix, and the Go btrfs libraries
 // either need cgo and libbtrfs headers (containerd/btrfs) or lack qgroups, so
 // the handful of ioctls used here are issued directly (see ioctl.go).
@@ -350,8 +353,8 @@ func readInt(path string) (int64, error) {
 
 // key names a directory of the pool in ids: its path relative to the mount
 // point. Subvolumes live only directly under the mount point (sandboxes,
-// temporaries) and directly under the snapshot store, the two places sweep
-// looks, so any other path is refused.
+// temporaries) and directly under the snapshot and volume stores, the places
+// sweep looks, so any other path is refused.
 func (p *Pool) key(dir string) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -362,12 +365,12 @@ func (p *Pool) key(dir string) (string, error) {
 		parent, name := filepath.Split(rel)
 		parent = strings.TrimSuffix(parent, "/")
 		ok := name != "" && name != "." && name != ".." &&
-			(parent == "" && name != SnapshotsDir || parent == SnapshotsDir)
+			(parent == "" && !isStore(name) || isStore(parent))
 		if ok {
 			return rel, nil
 		}
 	}
-	return "", fmt.Errorf("diskquota: %s is neither directly under %s nor under its %s", dir, p.mountPoint, SnapshotsDir)
+	return "", fmt.Errorf("diskquota: %s is neither directly under %s nor under its %s or %s", dir, p.mountPoint, SnapshotsDir, VolumesDir)
 }
 
 // id returns the subvolume id of a directory of the pool.
@@ -506,11 +509,11 @@ func (p *Pool) sweep() {
 }
 
 // subvolIDs returns the ids of the subvolumes, by key, directly under the
-// mount point and the snapshot store (the only places the pool makes them),
-// and the paths of the temporaries there.
+// mount point and the snapshot and volume stores (the only places the pool
+// makes them), and the paths of the temporaries there.
 func (p *Pool) subvolIDs() (ids map[string]uint64, temps []string, err error) {
 	ids = map[string]uint64{}
-	for _, sub := range []string{"", SnapshotsDir} {
+	for _, sub := range []string{"", SnapshotsDir, VolumesDir} {
 		entries, err := os.ReadDir(filepath.Join(p.mountPoint, sub))
 		if errors.Is(err, os.ErrNotExist) && sub != "" {
 			continue
@@ -519,7 +522,7 @@ func (p *Pool) subvolIDs() (ids map[string]uint64, temps []string, err error) {
 			return nil, nil, fmt.Errorf("diskquota: %w", err)
 		}
 		for _, e := range entries {
-			if !e.IsDir() || sub == "" && e.Name() == SnapshotsDir {
+			if !e.IsDir() || sub == "" && isStore(e.Name()) {
 				continue
 			}
 			path := filepath.Join(p.mountPoint, sub, e.Name())

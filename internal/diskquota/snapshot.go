@@ -130,13 +130,13 @@ func (p *Pool) Clone(src, dst string, limit int64) error {
 	return p.place(parent, tmp, dst, limit, func() error { return copyInto(src, tmp) })
 }
 
-// prepare checks that dst is free and makes the snapshot store when dst is in
-// it.
+// prepare checks that dst is free and makes the snapshot or volume store when
+// dst is in it.
 func (p *Pool) prepare(dst string) error {
 	if _, err := os.Lstat(dst); err == nil {
 		return fmt.Errorf("diskquota: %s: %w", dst, os.ErrExist)
 	}
-	if dir := filepath.Dir(filepath.Clean(dst)); dir == filepath.Join(p.mountPoint, SnapshotsDir) {
+	if dir := filepath.Dir(filepath.Clean(dst)); filepath.Dir(dir) == p.mountPoint && isStore(filepath.Base(dir)) {
 		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("diskquota: %w", err)
 		}

@@ -67,7 +67,10 @@ type Options struct {
 	// --webhook-allow-private).
 	Webhooks            WebhookStore
 	WebhookAllowPrivate bool
-	Logger              *slog.Logger
+	// Volumes keeps the volumes (volumes.go); nil (no disk pool) makes
+	// their endpoints answer 501.
+	Volumes VolumeService
+	Logger  *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
@@ -135,6 +138,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.routeTemplates()
 	h.routeEvents()
 	h.routeWebhooks()
+	h.routeVolumes()
 	return h
 }
 

@@ -209,6 +209,8 @@ log "airlock serve is healthy; running the SDK suite (run id $run_id)"
 export E2B_API_URL="http://127.0.0.1:$api_port"
 export E2B_SANDBOX_URL="http://127.0.0.1:$sandbox_port"
 export E2B_API_KEY="$api_key"
+# The volume content API is served on the API listener (serve prints the same).
+export E2B_VOLUME_API_URL="http://127.0.0.1:$api_port"
 export AIRLOCK_SDK_OTHER_KEY="$other_key"
 export AIRLOCK_SDK_BUILDS_PER_KEY="$builds_per_key"
 export AIRLOCK_SDK_RUN_ID="$run_id"
