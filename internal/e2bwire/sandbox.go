@@ -44,6 +44,15 @@ type NewSandbox struct {
 	// DiskSizeMB is an Airlock extension: the size limit of the sandbox's
 	// writable layer (the template's, by default).
 	DiskSizeMB *int `json:"diskSizeMB,omitempty"`
+	// VolumeMounts mount the key's volumes (by name) at absolute paths.
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// SandboxVolumeMount is the `SandboxVolumeMount` schema: the volume's name
+// and where in the sandbox it is mounted.
+type SandboxVolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // Strings is m as NewSandbox's Metadata and EnvVars hold it; nil when m is
@@ -156,6 +165,8 @@ type ListedSandbox struct {
 	State       string            `json:"state"`
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
+	// VolumeMounts is never null (the SDKs iterate it).
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts"`
 }
 
 // SandboxDetail is the `SandboxDetail` schema (GET /sandboxes/{id}).
