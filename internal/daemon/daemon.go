@@ -417,6 +417,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		// A killed sandbox's log is kept as long as its lifecycle events.
 		LogRetention: cmp.Or(d.cfg.EventsRetention, DefaultEventsRetention),
 		Events:       d.managerEvents(),
+		Volumes:      d.managerVolumes(),
 	})
 	d.push("sandbox manager", func() error {
 		if d.cfg.KillOnClose {

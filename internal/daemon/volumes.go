@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/volume"
 )
@@ -51,13 +52,18 @@ func (d *Daemon) startVolumes(ctx context.Context) error {
 // checkVolumeMounts lets a destroy ask the manager which sandboxes mount a
 // volume. The manager needs the volume service (to mount) and the service
 // the manager (to refuse destroying what is mounted), so this is set once
-// both exist; until the manager implements volume.MountChecker (mounting,
-// issue 17 item 2) nothing mounts volumes and a destroy has nothing to ask.
+// both exist, before the API listener serves a destroy.
 func (d *Daemon) checkVolumeMounts() {
+	if d.Volumes != nil {
+		d.Volumes.SetMountChecker(d.Manager)
+	}
+}
+
+// managerVolumes is what the manager mounts volumes from: nil (not a typed
+// nil) without the volume service.
+func (d *Daemon) managerVolumes() sandbox.Volumes {
 	if d.Volumes == nil {
-		return
+		return nil
 	}
-	if mc, ok := any(d.Manager).(volume.MountChecker); ok {
-		d.Volumes.SetMountChecker(mc)
-	}
+	return d.Volumes
 }

@@ -72,6 +72,10 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		Secure:              v2 || (body.Secure != nil && *body.Secure),
 		Owner:               ownerFrom(r.Context()),
 	}
+	for _, vm := range body.VolumeMounts {
+		// The manager checks each (path, volume) and lists every bad one.
+		req.VolumeMounts = append(req.VolumeMounts, sandbox.VolumeMount{Name: vm.Name, Path: vm.Path})
+	}
 	if body.DiskSizeMB != nil {
 		if *body.DiskSizeMB <= 0 {
 			return badRequest("diskSizeMB must be positive, got %d", *body.DiskSizeMB)

@@ -59,19 +59,29 @@ func (h *Handler) listedJSON(info sandbox.Info) e2bwire.ListedSandbox {
 		md = map[string]string{}
 	}
 	return e2bwire.ListedSandbox{
-		SandboxID:   info.ID,
-		TemplateID:  info.TemplateID,
-		Alias:       info.Alias,
-		ClientID:    h.clientID(info),
-		StartedAt:   info.StartedAt.UTC(),
-		EndAt:       info.EndAt.UTC(),
-		CPUCount:    info.CPUCount,
-		MemoryMB:    info.MemoryMB,
-		DiskSizeMB:  info.DiskSizeMB,
-		State:       wireState(info.State),
-		EnvdVersion: h.envdVersion(info),
-		Metadata:    md,
+		SandboxID:    info.ID,
+		TemplateID:   info.TemplateID,
+		Alias:        info.Alias,
+		ClientID:     h.clientID(info),
+		StartedAt:    info.StartedAt.UTC(),
+		EndAt:        info.EndAt.UTC(),
+		CPUCount:     info.CPUCount,
+		MemoryMB:     info.MemoryMB,
+		DiskSizeMB:   info.DiskSizeMB,
+		State:        wireState(info.State),
+		EnvdVersion:  h.envdVersion(info),
+		Metadata:     md,
+		VolumeMounts: volumeMountsJSON(info.VolumeMounts),
 	}
+}
+
+// volumeMountsJSON is a sandbox's volumeMounts: never null.
+func volumeMountsJSON(in []sandbox.VolumeMount) []e2bwire.SandboxVolumeMount {
+	out := make([]e2bwire.SandboxVolumeMount, 0, len(in))
+	for _, vm := range in {
+		out = append(out, e2bwire.SandboxVolumeMount{Name: vm.Name, Path: vm.Path})
+	}
+	return out
 }
 
 func (h *Handler) detailJSON(info sandbox.Info) e2bwire.SandboxDetail {

@@ -220,6 +220,12 @@ type Mount struct {
 	Source   string
 	Target   string
 	ReadOnly bool
+	// IDMapped says the files under Source carry the ids the sandbox sees
+	// (uid 1000 is the sandbox's uid 1000), not the host ids a backend that
+	// shifts ids gives them (a volume, shared by sandboxes and written by
+	// the host without one): such a backend mounts it through the
+	// sandbox's id map, and leaves its owner as it is.
+	IDMapped bool
 }
 
 // Process is a command to start in the sandbox.

@@ -60,6 +60,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -155,7 +156,10 @@ type Options struct {
 	// Events records a lifecycle event at every transition (events.go);
 	// nil records none.
 	Events EventLog
-	Logger *slog.Logger
+	// Volumes finds the volumes sandboxes mount (volumes.go); nil refuses
+	// creates that name any.
+	Volumes Volumes
+	Logger  *slog.Logger
 }
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
@@ -379,7 +383,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if _, err := templateEnv(tpl, info.EnvVars); err != nil {
 		return Info{}, err
 	}
-	e := m.claim(ctx, info, tpl)
+	mounts, releaseVolumes, err := m.leaseVolumes(ctx, req.Owner, req.VolumeMounts)
+	if err != nil {
+		return Info{}, err
+	}
+	defer releaseVolumes()
+	info.VolumeMounts = mounts
+	var e *entry
+	if len(mounts) == 0 {
+		// A warm sandbox runs already, without any volume.
+		e = m.claim(ctx, info, tpl)
+	}
 	if e != nil {
 		// Already serving: its one record write is the commit below.
 		m.pushRecord(e)
@@ -565,6 +579,10 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if err != nil {
 		return fmt.Errorf("sandbox %s: envd config: %w", info.ID, err)
 	}
+	volumes, err := m.volumeRuntimeMounts(ctx, info)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", info.ID, err)
+	}
 	spec := runtime.Spec{
 		ID:       info.ID,
 		Hostname: "airlock",
@@ -587,6 +605,7 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 			PidsMax:  m.opts.PidsMax,
 		},
 	}
+	spec.Mounts = append(spec.Mounts, volumes...)
 	backend, err := m.runtimeFor(tpl.Runtime)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
@@ -1689,6 +1708,7 @@ func toRecord(i Info) store.Sandbox {
 			OnTimeout: string(i.Lifecycle.OnTimeout), DropMemory: i.Lifecycle.DropMemory, AutoResume: i.Lifecycle.AutoResume,
 		},
 		PausedWithMemory: i.PausedWithMemory, PausedAt: i.PausedAt,
+		VolumeMounts: slices.Clone(i.VolumeMounts),
 		Network: store.Network{
 			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
 			AllowPublicTraffic: i.Network.AllowPublicTraffic, TrafficAccessToken: i.TrafficAccessToken,
@@ -1707,6 +1727,7 @@ func fromRecord(r store.Sandbox) Info {
 			OnTimeout: OnTimeout(r.Lifecycle.OnTimeout), DropMemory: r.Lifecycle.DropMemory, AutoResume: r.Lifecycle.AutoResume,
 		},
 		PausedWithMemory: r.PausedWithMemory, PausedAt: r.PausedAt,
+		VolumeMounts: r.VolumeMounts,
 		Network: NetworkConfig{
 			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
 		},

@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -723,6 +724,14 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		return Info{}, err
 	}
 	defer release()
+	// The same volumes as the captured sandbox, held until this one is
+	// published (volumes.go).
+	mounts, releaseVolumes, err := m.leaseVolumes(ctx, info.Owner, info.VolumeMounts)
+	if err != nil {
+		return Info{}, err
+	}
+	defer releaseVolumes()
+	info.VolumeMounts = mounts
 	now := time.Now()
 	info.ID = newID()
 	info.StartedAt, info.EndAt = now, now.Add(timeout)
@@ -810,6 +819,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 	crashpoint.Hit(crashpoint.ForkCaptured)
 	base.Owner = req.Owner
 	base.Metadata, base.EnvVars = copyMap(base.Metadata), copyMap(base.EnvVars)
+	base.VolumeMounts = slices.Clone(base.VolumeMounts)
 	base.Lifecycle = Lifecycle{}
 	out := make([]ForkResult, req.Count)
 	for i := range out {

@@ -156,6 +156,10 @@ func (m *Manager) createFromSnapshot(ctx context.Context, req CreateRequest) (in
 	if err := checkLifecycle(base.Lifecycle); err != nil {
 		return Info{}, true, err
 	}
+	if len(req.VolumeMounts) > 0 {
+		// Its processes were saved with the snapshot's mounts.
+		return Info{}, true, fmt.Errorf("%w: a sandbox from a snapshot mounts the snapshot's volumes; volumeMounts cannot be given", ErrInvalid)
+	}
 	info, err = m.startFrom(ctx, filepath.Join(m.snapshotsDir(), r.ID), base, req.Timeout)
 	return info, true, err
 }

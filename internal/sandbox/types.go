@@ -57,6 +57,8 @@ type Info struct {
 	PausedWithMemory bool
 	// PausedAt is when a paused sandbox was paused (retention counts from it).
 	PausedAt time.Time
+	// VolumeMounts are the volumes the sandbox mounts (volumes.go).
+	VolumeMounts []VolumeMount
 }
 
 // Lifecycle is E2B's sandbox lifecycle: on the wire autoPause,
@@ -177,6 +179,9 @@ type CreateRequest struct {
 	// Lifecycle is what happens at the timeout (E2B's autoPause,
 	// autoPauseMemory and autoResume); the zero value kills.
 	Lifecycle Lifecycle
+	// VolumeMounts are the Owner's volumes to mount, by Name (or ID), each
+	// at its Path.
+	VolumeMounts []VolumeMount
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.

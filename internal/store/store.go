@@ -54,6 +54,16 @@ type Sandbox struct {
 	// HostKey is the secret the host presents to envd to initialise it again
 	// after a restore, stored as AccessToken is.
 	HostKey string
+	// VolumeMounts are the volumes the sandbox mounts, found again by ID at
+	// every boot.
+	VolumeMounts []VolumeMount
+}
+
+// VolumeMount is a volume mounted in a sandbox at Path.
+type VolumeMount struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // Lifecycle is the persisted form of a sandbox's lifecycle settings.
@@ -155,7 +165,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	auto_resume   INTEGER NOT NULL DEFAULT 0,
 	paused_with_memory INTEGER NOT NULL DEFAULT 0,
 	paused_at     INTEGER NOT NULL DEFAULT 0,
-	host_key      TEXT NOT NULL DEFAULT ''
+	host_key      TEXT NOT NULL DEFAULT '',
+	volume_mounts TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS events (
 	sandbox_id TEXT NOT NULL,
@@ -196,6 +207,7 @@ var migrations = []struct{ column, ddl string }{
 	{"paused_with_memory", `ALTER TABLE sandboxes ADD COLUMN paused_with_memory INTEGER NOT NULL DEFAULT 0`},
 	{"paused_at", `ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER NOT NULL DEFAULT 0`},
 	{"host_key", `ALTER TABLE sandboxes ADD COLUMN host_key TEXT NOT NULL DEFAULT ''`},
+	{"volume_mounts", `ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]'`},
 }
 
 // OpenSQLite opens (creating if needed) the database file at path.
@@ -279,6 +291,14 @@ func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 	if err != nil {
 		return fmt.Errorf("store: network: %w", err)
 	}
+	mounts := sb.VolumeMounts
+	if mounts == nil {
+		mounts = []VolumeMount{}
+	}
+	mountsJSON, err := json.Marshal(mounts)
+	if err != nil {
+		return fmt.Errorf("store: volume mounts: %w", err)
+	}
 	var allow any
 	if sb.AllowInternet != nil {
 		allow = *sb.AllowInternet
@@ -293,10 +313,10 @@ func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 	}
 	_, err = db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
 		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner, string(netJSON),
-		onTimeout, sb.Lifecycle.DropMemory, sb.Lifecycle.AutoResume, sb.PausedWithMemory, unixNano(sb.PausedAt), sb.HostKey)
+		onTimeout, sb.Lifecycle.DropMemory, sb.Lifecycle.AutoResume, sb.PausedWithMemory, unixNano(sb.PausedAt), sb.HostKey, string(mountsJSON))
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
@@ -304,7 +324,7 @@ func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 }
 
 const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner, network,
-	on_timeout, drop_memory, auto_resume, paused_with_memory, paused_at, host_key`
+	on_timeout, drop_memory, auto_resume, paused_with_memory, paused_at, host_key, volume_mounts`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -380,10 +400,11 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 		allow          sql.NullBool
 		netJSON        string
 		pausedAt       int64
+		mountsJSON     string
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
 		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner, &netJSON,
-		&sb.Lifecycle.OnTimeout, &sb.Lifecycle.DropMemory, &sb.Lifecycle.AutoResume, &sb.PausedWithMemory, &pausedAt, &sb.HostKey); err != nil {
+		&sb.Lifecycle.OnTimeout, &sb.Lifecycle.DropMemory, &sb.Lifecycle.AutoResume, &sb.PausedWithMemory, &pausedAt, &sb.HostKey, &mountsJSON); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
@@ -394,6 +415,12 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	}
 	if err := json.Unmarshal([]byte(netJSON), &sb.Network); err != nil {
 		return Sandbox{}, fmt.Errorf("store: network of %s: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(mountsJSON), &sb.VolumeMounts); err != nil {
+		return Sandbox{}, fmt.Errorf("store: volume mounts of %s: %w", sb.ID, err)
+	}
+	if len(sb.VolumeMounts) == 0 {
+		sb.VolumeMounts = nil
 	}
 	sb.StartedAt = time.Unix(0, started)
 	sb.EndAt = time.Unix(0, endAt)

@@ -231,8 +231,11 @@ func (s *sandbox) stageDir() string { return s.rootfs + ".src" }
 // which cannot traverse the private directories most sources live in (the
 // data dir, a test's temp dir). Create does not need this: libcontainer
 // opens the sources from the host. The staged binds are needed only while
-// CRIU mounts; unstageBindSources removes them.
-func stageBindSources(cfg *configs.Config, dir string) error {
+// CRIU mounts; unstageBindSources removes them. An idmapped bind (a
+// volume's, runtime.Mount.IDMapped) is staged as an idmapped clone of its
+// source through idmaps' user namespace: CRIU binds what it is given, so the
+// restored mount maps ids as the one checkpointed did.
+func stageBindSources(cfg *configs.Config, dir string, idmaps *idmapStore) error {
 	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("linux runtime: restore: %w", err)
 	}
@@ -253,7 +256,12 @@ func stageBindSources(cfg *configs.Config, dir string) error {
 		if err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("linux runtime: restore: %w", err)
 		}
-		if err := unix.Mount(m.Source, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if m.IDMapping != nil {
+			err = idmaps.mountIDMappedRW(m.Source, target)
+		} else {
+			err = unix.Mount(m.Source, target, "", unix.MS_BIND|unix.MS_REC, "")
+		}
+		if err != nil {
 			return fmt.Errorf("linux runtime: restore: stage %s: %w", m.Source, err)
 		}
 		cfg.Mounts[i].Source = target

@@ -198,6 +198,15 @@ func (s *idmapStore) prune(stateRoot string) error {
 // shifted by the id map: a file owned by host uid 0 in the template shows as
 // HostID, i.e. as root to the sandbox.
 func (s *idmapStore) mountIDMapped(lower, target string) error {
+	return s.cloneIDMapped(lower, target, unix.MOUNT_ATTR_RDONLY)
+}
+
+// mountIDMappedRW is mountIDMapped, writable (a volume's staged source).
+func (s *idmapStore) mountIDMappedRW(src, target string) error {
+	return s.cloneIDMapped(src, target, 0)
+}
+
+func (s *idmapStore) cloneIDMapped(lower, target string, attrs uint64) error {
 	nsfd, err := s.cachedUserNS()
 	if err != nil {
 		return err
@@ -207,7 +216,7 @@ func (s *idmapStore) mountIDMapped(lower, target string) error {
 		return fmt.Errorf("open_tree %s: %w", lower, err)
 	}
 	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(nsfd)}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs, Userns_fd: uint64(nsfd)}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mount_setattr idmap %s: %w", lower, err)
 	}

@@ -264,7 +264,7 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		bootIDHook(cfg, s.rootfs)
 	}
 	if restoring {
-		if err := stageBindSources(cfg, s.stageDir()); err != nil {
+		if err := stageBindSources(cfg, s.stageDir(), r.idmaps); err != nil {
 			return nil, err
 		}
 		defer unstageBindSources(s.stageDir())
@@ -413,7 +413,7 @@ func mountOverlay(lower, dir, upper, rootfs string, ids IDMap) error {
 // Only the directory itself is chowned, not what may already be inside.
 func (r *Runtime) chownWritableMounts(mounts []runtime.Mount) error {
 	for _, m := range mounts {
-		if m.ReadOnly {
+		if m.ReadOnly || m.IDMapped {
 			continue
 		}
 		if err := os.Chown(m.Source, int(r.ids.HostID), int(r.ids.HostID)); err != nil {
@@ -497,6 +497,18 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 	idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.HostID, Size: ids.Size}}
 	s.Linux.UIDMappings, s.Linux.GIDMappings = idm, idm
 	runtime.ApplyToOCI(s, spec)
+	for _, m := range spec.Mounts {
+		if !m.IDMapped {
+			continue
+		}
+		// libcontainer makes it an idmapped bind mount: a file of uid n
+		// under Source is uid n in the sandbox (HostID+n to the host).
+		for i := range s.Mounts {
+			if s.Mounts[i].Destination == m.Target && s.Mounts[i].Source == m.Source {
+				s.Mounts[i].UIDMappings, s.Mounts[i].GIDMappings = idm, idm
+			}
+		}
+	}
 	if viewDir != "" {
 		// After /proc and /sys (and a netns's sysfs) are mounted.
 		s.Mounts = append(s.Mounts, viewMounts(viewDir)...)
