@@ -6,6 +6,7 @@ package daemon
 // stays taken. Each case arms one crash point (internal/crashpoint).
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -127,4 +128,51 @@ func TestVolumeCrashMidOperation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVolumeMountSurvivesKill9: a sandbox's volume and its files outlive a
+// kill -9 of the server (the re-adopted sandbox still writes through its
+// mount, and a destroy is still refused while it does) and a reboot of the
+// host (a new sandbox mounts the volume and finds every file).
+func TestVolumeMountSurvivesKill9(t *testing.T) {
+	h := newHost(t, "linux")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	h.start()
+	vol := h.createVolume("mounted")
+	mount := func() string {
+		timeout := int64(600)
+		s, err := h.client().Create(ctx, e2bwire.NewSandbox{TemplateID: "base", Timeout: &timeout,
+			VolumeMounts: []e2bwire.SandboxVolumeMount{{Name: "mounted", Path: "/data"}}})
+		if err != nil {
+			t.Fatalf("create with a volume: %v", err)
+		}
+		h.ids[s.SandboxID] = true
+		return s.SandboxID
+	}
+	id := mount()
+	b := h.backend()
+	run(ctx, t, b, id, "echo before > /data/before.txt")
+
+	h.kill9()
+	h.start()
+	b = h.backend() // the new server's ports
+	if got := run(ctx, t, b, id, "cat /data/before.txt && echo after > /data/after.txt && cat /data/after.txt"); got != "before\nafter\n" {
+		t.Fatalf("the re-adopted sandbox's volume: %q", got)
+	}
+	if code, body := h.volumeCall("DELETE", "/volumes/"+vol.VolumeID, "", nil); code != http.StatusConflict || !strings.Contains(string(body), id) {
+		t.Fatalf("destroy of a volume a re-adopted sandbox mounts: %d %s", code, body)
+	}
+	if code, body := h.volumeCall("GET", "/volumecontent/"+vol.VolumeID+"/file?path=/after.txt", "Bearer "+vol.Token, nil); code != http.StatusOK || string(body) != "after\n" {
+		t.Fatalf("the content API after the crash: %d %s", code, body)
+	}
+
+	h.stop()
+	h.reboot(true)
+	h.start()
+	next := mount()
+	if got := run(ctx, t, h.backend(), next, "cat /data/before.txt /data/after.txt"); got != "before\nafter\n" {
+		t.Fatalf("after a reboot the volume holds %q", got)
+	}
+	h.stop()
 }
