@@ -34,6 +34,15 @@ type CreateSandboxRequest struct {
 	Metadata      map[string]string
 	Envs          map[string]string
 	AllowInternet *bool
+	// VolumeMounts mount the API key's volumes (by name) into the sandbox.
+	VolumeMounts []VolumeMount
+}
+
+// VolumeMount is a volume (by name) and the absolute path in the sandbox it
+// is mounted at.
+type VolumeMount struct {
+	Name string
+	Path string
 }
 
 // SandboxInfo describes one sandbox. CPUPct and MemUsed/MemTotal are the latest metrics
@@ -51,6 +60,9 @@ type SandboxInfo struct {
 	CPUPct     float64
 	MemUsed    int64
 	MemTotal   int64
+
+	// VolumeMounts are the volumes the server reports mounted.
+	VolumeMounts []VolumeMount
 }
 
 // ListSandboxesRequest filters the list: State is "running" or "paused" (empty: both),

@@ -71,8 +71,12 @@ func info(w e2bwire.ListedSandbox) SandboxInfo {
 	if tpl == "" {
 		tpl = w.TemplateID
 	}
-	return SandboxInfo{SandboxID: w.SandboxID, Template: tpl, State: w.State, StartedAt: w.StartedAt, EndAt: w.EndAt,
+	i := SandboxInfo{SandboxID: w.SandboxID, Template: tpl, State: w.State, StartedAt: w.StartedAt, EndAt: w.EndAt,
 		Metadata: w.Metadata, CPUCount: w.CPUCount, MemoryMB: w.MemoryMB}
+	for _, m := range w.VolumeMounts {
+		i.VolumeMounts = append(i.VolumeMounts, VolumeMount{Name: m.Name, Path: m.Path})
+	}
+	return i
 }
 
 // CreateSandbox creates a sandbox and returns its details (state, start and expiry
@@ -85,6 +89,7 @@ func (h *HTTPBackend) CreateSandbox(ctx context.Context, r CreateSandboxRequest)
 		Metadata:            e2bwire.Strings(r.Metadata),
 		EnvVars:             e2bwire.Strings(r.Envs),
 		AllowInternetAccess: r.AllowInternet,
+		VolumeMounts:        wireMounts(r.VolumeMounts),
 	})
 	if err != nil {
 		return SandboxInfo{}, notReady(err)
@@ -97,6 +102,16 @@ func (h *HTTPBackend) CreateSandbox(ctx context.Context, r CreateSandboxRequest)
 		return SandboxInfo{}, fmt.Errorf("sandbox %s created, but: %w", sb.SandboxID, err)
 	}
 	return info(detail.ListedSandbox), nil
+}
+
+// wireMounts is ms as NewSandbox holds them; nil when there are none, so that
+// the field is left out as the SDKs leave it.
+func wireMounts(ms []VolumeMount) []e2bwire.SandboxVolumeMount {
+	var out []e2bwire.SandboxVolumeMount
+	for _, m := range ms {
+		out = append(out, e2bwire.SandboxVolumeMount{Name: m.Name, Path: m.Path})
+	}
+	return out
 }
 
 // KillSandbox kills a sandbox.

@@ -38,6 +38,14 @@ type createSandboxIn struct {
 	Metadata      map[string]string `json:"metadata,omitempty" jsonschema:"labels to find the sandbox again with list_sandboxes"`
 	Envs          map[string]string `json:"envs,omitempty" jsonschema:"environment variables for every command and kernel in the sandbox"`
 	AllowInternet *bool             `json:"allow_internet,omitempty" jsonschema:"whether the sandbox may reach the internet (default: the server's policy, normally allowed)"`
+	VolumeMounts  []volumeMount     `json:"volume_mounts,omitempty" jsonschema:"volumes (made with create_volume) to mount into the sandbox; their files outlive it and can be mounted again by later sandboxes"`
+}
+
+// volumeMount is one entry of create_sandbox's volume_mounts, and of a
+// sandbox's as tools report it.
+type volumeMount struct {
+	Name string `json:"name" jsonschema:"the volume's name, as create_volume or list_volumes show it"`
+	Path string `json:"path" jsonschema:"absolute path in the sandbox to mount the volume at, e.g. /mnt/data"`
 }
 
 // sandboxOut is one sandbox as tools report it.
@@ -51,6 +59,8 @@ type sandboxOut struct {
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	CPUCount  int               `json:"cpu_count,omitempty"`
 	MemoryMB  int               `json:"memory_mb,omitempty"`
+	// VolumeMounts are the volumes the server reports mounted in the sandbox.
+	VolumeMounts []volumeMount `json:"volume_mounts,omitempty"`
 	// Latest metrics sample; absent when none was available.
 	CPUPercent    *float64 `json:"cpu_percent,omitempty" jsonschema:"CPU use in percent of the sandbox's CPUs (latest sample)"`
 	MemoryUsedMB  *float64 `json:"memory_used_mb,omitempty" jsonschema:"memory in use in MiB (latest sample)"`
@@ -232,12 +242,18 @@ func registerTools(s *mcp.Server, b Backend) {
 		Description: "Create an isolated Linux sandbox (a small machine of its own) and return its sandbox_id. " +
 			"Use the id with run_command, run_code, read_file, write_file and list_files. " +
 			"For running Python/JS snippets with state kept between calls, prefer run_code, which can create a code-interpreter-v1 sandbox itself. " +
+			"To keep files beyond the sandbox's life, mount volumes (create_volume, list_volumes) with volume_mounts. " +
 			"The sandbox is killed automatically after timeout seconds; call kill_sandbox as soon as you are done with it. " +
 			"Right after a server's first start a template may still be building: the call then waits for it (up to 10 minutes, with progress notifications).",
 		InputSchema: schemaFor[createSandboxIn](func(p map[string]*jsonschema.Schema) {
 			setDefault(p["template"], defaultTemplate)
 			p["template"].Examples = []any{"base", "python3", "node", interpreterTemplate}
 			timeoutBounds(p["timeout"], true)
+			// A list, not "null or a list" as a Go slice infers.
+			p["volume_mounts"].Types, p["volume_mounts"].Type = nil, "array"
+			for _, f := range []string{"name", "path"} {
+				p["volume_mounts"].Items.Properties[f].MinLength = jsonschema.Ptr(1)
+			}
 		}),
 	}, t.createSandbox)
 	mcp.AddTool(s, &mcp.Tool{
@@ -312,6 +328,9 @@ func registerTools(s *mcp.Server, b Backend) {
 	if eb, ok := b.(EventsBackend); ok {
 		registerEventsTool(s, eb)
 	}
+	if vb, ok := b.(VolumesBackend); ok {
+		registerVolumeTools(s, vb)
+	}
 }
 
 // --- handlers -----------------------------------------------------------------
@@ -338,6 +357,9 @@ func toSandboxOut(i SandboxInfo) sandboxOut {
 		Metadata:  i.Metadata,
 		CPUCount:  i.CPUCount,
 		MemoryMB:  i.MemoryMB,
+	}
+	for _, m := range i.VolumeMounts {
+		o.VolumeMounts = append(o.VolumeMounts, volumeMount{Name: m.Name, Path: m.Path})
 	}
 	if i.HasMetrics {
 		o.CPUPercent = jsonschema.Ptr(i.CPUPct)
@@ -403,19 +425,32 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, r CreateSa
 }
 
 func (t *tools) createSandbox(ctx context.Context, req *mcp.CallToolRequest, in createSandboxIn) (*mcp.CallToolResult, sandboxOut, error) {
+	var mounts []VolumeMount
+	for _, m := range in.VolumeMounts {
+		mounts = append(mounts, VolumeMount{Name: m.Name, Path: m.Path})
+	}
 	info, err := t.create(ctx, req, CreateSandboxRequest{
 		Template:      in.Template,
 		Timeout:       seconds(in.Timeout),
 		Metadata:      in.Metadata,
 		Envs:          in.Envs,
 		AllowInternet: in.AllowInternet,
+		VolumeMounts:  mounts,
 	})
 	if err != nil {
 		return nil, sandboxOut{}, fmt.Errorf("create sandbox from template %q: %w", in.Template, err)
 	}
 	out := toSandboxOut(info)
-	return textResult("Created sandbox %s from template %s (%s). It expires at %s; call kill_sandbox when done.",
-		out.SandboxID, out.Template, out.Status, out.Expires), out, nil
+	var vols string
+	if len(out.VolumeMounts) > 0 {
+		parts := make([]string, 0, len(out.VolumeMounts))
+		for _, m := range out.VolumeMounts {
+			parts = append(parts, fmt.Sprintf("%s at %s", m.Name, m.Path))
+		}
+		vols = " Volumes mounted: " + strings.Join(parts, ", ") + "."
+	}
+	return textResult("Created sandbox %s from template %s (%s). It expires at %s; call kill_sandbox when done.%s",
+		out.SandboxID, out.Template, out.Status, out.Expires, vols), out, nil
 }
 
 func (t *tools) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in sandboxIDIn) (*mcp.CallToolResult, killOut, error) {

@@ -199,6 +199,7 @@ func TestToolSchemas(t *testing.T) {
 		{"list_sandboxes", "state", "enum", `["running","paused"]`},
 		{"write_file", "encoding", "enum", `["utf8","base64"]`},
 		{"set_timeout", "timeout", "minimum", `1`},
+		{"create_sandbox", "volume_mounts", "type", `"array"`},
 	}
 	for _, c := range checks {
 		if got := js(prop(c.tool, c.prop)[c.key]); got != c.want {

@@ -3,12 +3,12 @@
 // a bearer token (and refused without one).
 
 import assert from 'node:assert/strict'
-import { describe, test } from 'node:test'
+import { after, describe, test } from 'node:test'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { Sandbox } from 'e2b'
-import { API_KEY, API_URL, SANDBOX_URL, meta, track, trackCleanup } from './helpers.mjs'
+import { Sandbox, Volume } from 'e2b'
+import { API_KEY, API_URL, SANDBOX_URL, api, meta, track, trackCleanup, uniq } from './helpers.mjs'
 
 trackCleanup()
 
@@ -115,6 +115,96 @@ describe('MCP', () => {
       const again = await client.callTool({ name: 'run_code', arguments: { sandbox_id: id, code: 'print("same sandbox")' } })
       assert.match(JSON.stringify(again.content), /same sandbox/)
       await Sandbox.kill(id)
+    } finally {
+      await client.close()
+    }
+  })
+})
+
+// Volumes through MCP (issue 17): the tools an agent manages volumes with, and
+// create_sandbox's volume_mounts input. Mounting itself is tested with the
+// sandboxes.
+describe('MCP volumes', () => {
+  const made = new Set()
+  after(async () => {
+    await Promise.allSettled([...made].map((id) => Volume.destroy(id).catch(() => false)))
+  })
+
+  test('the volume tools are listed, and create_sandbox takes volume_mounts', async () => {
+    const client = await connectStdio()
+    try {
+      const tools = (await client.listTools()).tools
+      const names = tools.map((t) => t.name)
+      for (const name of ['create_volume', 'list_volumes', 'delete_volume']) {
+        assert.ok(names.includes(name), `tool ${name} missing from ${names}`)
+      }
+      const create = tools.find((t) => t.name === 'create_sandbox')
+      const mounts = create.inputSchema.properties.volume_mounts
+      assert.equal(mounts?.type, 'array', JSON.stringify(create.inputSchema))
+      assert.deepEqual([...mounts.items.required].sort(), ['name', 'path'])
+    } finally {
+      await client.close()
+    }
+  })
+
+  test('create_volume, list_volumes, delete_volume; the token is never shown', async () => {
+    const client = await connectHTTP(API_KEY)
+    try {
+      const name = uniq('mcpvol')
+      const created = await client.callTool({ name: 'create_volume', arguments: { name, size_mb: 16 } })
+      assert.ok(!created.isError, JSON.stringify(created.content))
+      const vol = structured(created)
+      assert.ok(vol.volume_id, JSON.stringify(vol))
+      made.add(vol.volume_id)
+      assert.equal(vol.name, name)
+      assert.equal(vol.size_mb, 16)
+
+      // The SDK sees the same volume; its token stays out of every tool answer.
+      const info = await Volume.getInfo(vol.volume_id)
+      assert.equal(info.name, name)
+      const res = await api('GET', `/volumes/${vol.volume_id}`)
+      assert.equal(res.status, 200)
+      const { token } = res.json
+      assert.ok(token)
+      assert.ok(!JSON.stringify(created).includes(token), 'create_volume shows the volume token')
+
+      const listed = await client.callTool({ name: 'list_volumes', arguments: {} })
+      assert.ok(!listed.isError, JSON.stringify(listed.content))
+      const entry = structured(listed).volumes.find((v) => v.volume_id === vol.volume_id)
+      assert.deepEqual(entry, { volume_id: vol.volume_id, name })
+      assert.ok(listed.content[0].text.includes(name), listed.content[0].text)
+      assert.ok(!JSON.stringify(listed).includes(token), 'list_volumes shows the volume token')
+
+      // A second volume of the same name is refused, saying so.
+      const again = await client.callTool({ name: 'create_volume', arguments: { name } })
+      assert.equal(again.isError, true, JSON.stringify(again.content))
+      assert.match(again.content[0].text, /already exists/)
+
+      const deleted = await client.callTool({ name: 'delete_volume', arguments: { volume_id: vol.volume_id } })
+      assert.ok(!deleted.isError, JSON.stringify(deleted.content))
+      made.delete(vol.volume_id)
+      const afterDelete = await client.callTool({ name: 'list_volumes', arguments: {} })
+      assert.ok(!structured(afterDelete).volumes.some((v) => v.volume_id === vol.volume_id), 'a deleted volume is listed')
+      const gone = await client.callTool({ name: 'delete_volume', arguments: { volume_id: vol.volume_id } })
+      assert.equal(gone.isError, true, JSON.stringify(gone.content))
+      assert.match(gone.content[0].text, /not found/)
+    } finally {
+      await client.close()
+    }
+  })
+
+  test('a bad volume name is a tool error that says why', async () => {
+    const client = await connectStdio()
+    try {
+      const bad = await client.callTool({ name: 'create_volume', arguments: { name: 'no spaces/or slashes' } })
+      assert.equal(bad.isError, true, JSON.stringify(bad.content))
+      assert.match(bad.content[0].text, /letters, digits, '_' and '-'/)
+      const listed = await client.callTool({ name: 'list_volumes', arguments: {} })
+      assert.ok(!structured(listed).volumes.some((v) => v.name === 'no spaces/or slashes'))
+
+      const noSize = await client.callTool({ name: 'create_volume', arguments: { name: uniq('mcpvol'), size_mb: 0 } })
+      assert.equal(noSize.isError, true, JSON.stringify(noSize.content))
+      assert.match(noSize.content[0].text, /size_mb/)
     } finally {
       await client.close()
     }
