@@ -193,6 +193,36 @@ describe('MCP volumes', () => {
     }
   })
 
+  test('create_sandbox mounts a volume; an unknown one is a tool error naming it', async () => {
+    const client = await connectHTTP(API_KEY)
+    try {
+      const vol = structured(await client.callTool({ name: 'create_volume', arguments: { name: uniq('mcpmnt'), size_mb: 16 } }))
+      made.add(vol.volume_id)
+      const created = await client.callTool({
+        name: 'create_sandbox',
+        arguments: { template: 'base', timeout: 120, metadata: meta({ file: 'mcp' }), volume_mounts: [{ name: vol.name, path: '/data' }] },
+      })
+      assert.ok(!created.isError, JSON.stringify(created.content))
+      const id = structured(created).sandbox_id
+      track(id)
+      assert.deepEqual(structured(created).volume_mounts, [{ name: vol.name, path: '/data' }], JSON.stringify(structured(created)))
+      const ran = await client.callTool({ name: 'run_command', arguments: { sandbox_id: id, command: 'echo via-mcp > /data/mcp.txt' } })
+      assert.ok(!ran.isError, JSON.stringify(ran.content))
+      assert.equal(await (await Volume.connect(vol.volume_id)).readFile('/mcp.txt'), 'via-mcp\n')
+      await client.callTool({ name: 'kill_sandbox', arguments: { sandbox_id: id } })
+
+      const missing = uniq('nosuchvol')
+      const bad = await client.callTool({
+        name: 'create_sandbox',
+        arguments: { template: 'base', metadata: meta({ file: 'mcp' }), volume_mounts: [{ name: missing, path: '/mnt/x' }] },
+      })
+      assert.equal(bad.isError, true, JSON.stringify(bad.content))
+      assert.match(bad.content[0].text, new RegExp(`volume '${missing}' not found`))
+    } finally {
+      await client.close()
+    }
+  })
+
   test('a bad volume name is a tool error that says why', async () => {
     const client = await connectStdio()
     try {
