@@ -176,3 +176,47 @@ func TestVolumeMountSurvivesKill9(t *testing.T) {
 	}
 	h.stop()
 }
+
+// TestVolumeMountGVisor: on the gvisor runtime, which shows a sandbox the
+// host's ids unshifted, a volume mounts as a plain bind: the default user
+// writes it, the content API reads it, and a pause with memory (runsc
+// checkpoint) and its resume keep the mount.
+func TestVolumeMountGVisor(t *testing.T) {
+	h := newHost(t, "gvisor")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	h.start()
+	defer h.stop()
+	vol := h.createVolume("gv")
+	timeout := int64(600)
+	s, err := h.client().Create(ctx, e2bwire.NewSandbox{TemplateID: "base", Timeout: &timeout,
+		VolumeMounts: []e2bwire.SandboxVolumeMount{{Name: "gv", Path: "/data"}}})
+	if err != nil {
+		t.Fatalf("create with a volume: %v", err)
+	}
+	h.ids[s.SandboxID] = true
+	b := h.backend()
+	if got := run(ctx, t, b, s.SandboxID, "echo hi > /data/a.txt && stat -c %U:%u /data/a.txt"); got != "user:1000\n" {
+		t.Fatalf("a file the default user wrote on the volume: %q", got)
+	}
+	if code, body := h.volumeCall("GET", "/volumecontent/"+vol.VolumeID+"/file?path=/a.txt", "Bearer "+vol.Token, nil); code != http.StatusOK || string(body) != "hi\n" {
+		t.Fatalf("the content API: %d %s", code, body)
+	}
+	paused := &sbx{id: s.SandboxID}
+	h.pause(ctx, paused, true)
+	if paused.inRAM != nil {
+		t.Fatalf("the pause froze the sandbox in RAM instead of saving it with its mount: %v", paused.inRAM)
+	}
+	if code, body := h.volumeCall("PUT", "/volumecontent/"+vol.VolumeID+"/file?path=/b.txt", "Bearer "+vol.Token, strings.NewReader("while paused")); code != http.StatusCreated {
+		t.Fatalf("write while paused: %d %s", code, body)
+	}
+	if _, _, err := h.client().Connect(ctx, s.SandboxID, 5*time.Minute); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got := run(ctx, t, b, s.SandboxID, "cat /data/a.txt /data/b.txt && echo again >> /data/a.txt"); got != "hi\nwhile paused" {
+		t.Fatalf("after resume the volume reads %q", got)
+	}
+	if err := h.client().Kill(ctx, s.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+}

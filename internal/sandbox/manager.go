@@ -383,10 +383,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if _, err := templateEnv(tpl, info.EnvVars); err != nil {
 		return Info{}, err
 	}
-	if b, err := m.runtimeFor(tpl.Runtime); err == nil && b.Name() == "gvisor" && len(req.VolumeMounts) > 0 {
-		// Untested there: refused rather than served unchecked.
-		return Info{}, fmt.Errorf("%w: volume mounts are not served on the gvisor runtime yet (template %s); use a template on the linux runtime", ErrInvalid, tpl.Alias)
-	}
 	mounts, releaseVolumes, err := m.leaseVolumes(ctx, req.Owner, req.VolumeMounts)
 	if err != nil {
 		return Info{}, err
