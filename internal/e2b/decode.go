@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"reflect"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -196,6 +199,41 @@ func validateNetwork(n *e2bwire.SandboxNetworkConfig) error {
 		if !isDomainPattern(domain) {
 			return badRequest("network: rules key %q is not a domain", domain)
 		}
+	}
+	if n.MaskRequestHost != nil {
+		if err := checkMaskHost(*n.MaskRequestHost); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maskHostName is what the host part of a maskRequestHost may hold: a DNS
+// name or an IPv4 address, in ASCII (upstream refuses what IDNA would
+// change).
+var maskHostName = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$`)
+
+// checkMaskHost checks a maskRequestHost: host or host:port, where
+// e2bwire.MaskPortPlaceholder may stand for the port (or in the host).
+func checkMaskHost(mask string) error {
+	probe := strings.ReplaceAll(mask, e2bwire.MaskPortPlaceholder, "1")
+	for _, r := range probe {
+		if r > 0x7e || r < 0x21 {
+			return badRequest("network: mask request host '%s' is not ASCII (or holds spaces). Please use ASCII characters only.", mask)
+		}
+	}
+	host := probe
+	if h, port, err := net.SplitHostPort(probe); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return badRequest("network: mask request host is not valid: %s (port %q)", mask, port)
+		}
+		host = h
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is6() {
+		return nil // [::1]:port
+	}
+	if !maskHostName.MatchString(host) {
+		return badRequest("network: mask request host is not valid: %s", mask)
 	}
 	return nil
 }

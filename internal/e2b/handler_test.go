@@ -335,6 +335,11 @@ func TestCreateValidation(t *testing.T) {
 		{"allowOut garbage", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["not a host!"],"denyOut":["0.0.0.0/0"]}}`, 400, `network: allowOut entry "not a host!" is not an IP address, CIDR or domain`},
 		{"allowOut domain needs deny all", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["example.com"]}}`, 400, `network: allowing domains in allowOut requires "0.0.0.0/0" (ALL_TRAFFIC) in denyOut`},
 		{"egress proxy without address", "/v2/sandboxes", `{"templateID":"base","network":{"egressProxy":{"username":"u"}}}`, 400, "network: egressProxy.address is required"},
+		{"mask host with a path", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":"example.com/x"}}`, 400, "network: mask request host is not valid: example.com/x"},
+		{"mask host not ASCII", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":"bücher.example"}}`, 400, "network: mask request host 'bücher.example' is not ASCII (or holds spaces). Please use ASCII characters only."},
+		{"mask host with a space", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":"a b"}}`, 400, "network: mask request host 'a b' is not ASCII (or holds spaces). Please use ASCII characters only."},
+		{"mask host bad port", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":"localhost:99999"}}`, 400, `network: mask request host is not valid: localhost:99999 (port "99999")`},
+		{"mask host empty", "/v2/sandboxes", `{"templateID":"base","network":{"maskRequestHost":""}}`, 400, "network: mask request host is not valid: "},
 		{"manager ErrInvalid", "/v2/sandboxes", `{"templateID":"invalid"}`, 400, `create sandbox from "invalid": sandbox invalid cannot do that: invalid request`},
 		{"manager plain error", "/v2/sandboxes", `{"templateID":"boom"}`, 500, `create sandbox from "boom": disk on fire`},
 	}

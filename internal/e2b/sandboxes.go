@@ -92,6 +92,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 			DenyOut:            body.Network.DenyOut,
 			AllowPublicTraffic: body.Network.AllowPublicTraffic,
 		}
+		if body.Network.MaskRequestHost != nil {
+			req.Network.MaskRequestHost = *body.Network.MaskRequestHost
+		}
 		h.warnUnenforced(body.Network)
 	}
 	if req.Lifecycle, err = lifecycleOf(&body); err != nil {
@@ -171,9 +174,6 @@ func (h *Handler) warnUnenforced(n *e2bwire.SandboxNetworkConfig) {
 	}
 	if len(n.Rules) > 0 {
 		h.log.Warn("network.rules (request transforms) are not supported; ignored")
-	}
-	if n.MaskRequestHost != nil {
-		h.log.Warn("network.maskRequestHost is not supported; ignored")
 	}
 }
 

@@ -107,10 +107,14 @@ func lifecycleJSON(l sandbox.Lifecycle) *e2bwire.SandboxLifecycle {
 }
 
 func networkOf(n sandbox.NetworkConfig) *e2bwire.SandboxNetworkConfig {
-	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil {
+	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil && n.MaskRequestHost == "" {
 		return nil
 	}
-	return &e2bwire.SandboxNetworkConfig{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
+	out := &e2bwire.SandboxNetworkConfig{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
+	if n.MaskRequestHost != "" {
+		out.MaskRequestHost = &n.MaskRequestHost
+	}
+	return out
 }
 
 func metricJSON(m sandbox.Metric) e2bwire.SandboxMetric {

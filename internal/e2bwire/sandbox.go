@@ -128,6 +128,10 @@ type SandboxNetworkConfig struct {
 	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
 }
 
+// MaskPortPlaceholder in SandboxNetworkConfig.MaskRequestHost stands for
+// the port each request to the sandbox is for ("localhost:${PORT}").
+const MaskPortPlaceholder = "${PORT}"
+
 // EgressProxy is SandboxNetworkConfig's egressProxy.
 type EgressProxy struct {
 	Address  string  `json:"address"`

@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
 
@@ -35,9 +36,11 @@ type Sandboxes interface {
 	// MatchToken returns the running sandboxes whose access token accept takes.
 	MatchToken(accept func(token string) bool) []string
 	// UserPortTarget returns the address a running sandbox's user ports are
-	// reached at (invalid when it has no network) and the traffic access
-	// token they require ("" for none).
-	UserPortTarget(id string) (netip.Addr, string, error)
+	// reached at (invalid when it has no network), the traffic access
+	// token they require ("" for none) and the Host header their requests
+	// carry (E2B's network.maskRequestHost, e2bwire.MaskPortPlaceholder standing
+	// for the port; "" keeps the client's).
+	UserPortTarget(id string) (addr netip.Addr, token, maskHost string, err error)
 	// InterpTransport returns the transport to a running sandbox's code
 	// interpreter (in-sandbox port 49999), which envd serves on a unix
 	// socket so it is reachable whatever the sandbox's network mode.
@@ -92,6 +95,11 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 				r.Out.URL.Scheme = "http"
 				r.Out.URL.Host = netip.AddrPortFrom(rt.addr, uint16(rt.port)).String()
 				r.Out.Host = r.In.Host
+				if rt.host != "" {
+					// Unless the sandbox asked for another
+					// (network.maskRequestHost).
+					r.Out.Host = rt.host
+				}
 				r.Out.Header.Del(trafficTokenHeader)
 				r.SetXForwarded()
 				return
@@ -164,6 +172,7 @@ type route struct {
 	id        string
 	port      int
 	addr      netip.Addr // set for user ports
+	host      string     // the Host a user port's request carries, when masked
 	interp    bool       // the code interpreter (port 49999)
 	transport http.RoundTripper
 	body      *proxyBody // nil when the request has no body
@@ -200,7 +209,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case envdapi.InterpPort:
 		// A user port as far as the traffic token goes (E2B routes it like
 		// any other), but served by envd over its own socket.
-		_, token, err := p.sandboxes.UserPortTarget(id)
+		_, token, _, err := p.sandboxes.UserPortTarget(id)
 		if err != nil {
 			sandboxGone(w, id)
 			return
@@ -216,7 +225,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rt = route{id: id, port: port, transport: tr, interp: true}
 	default:
-		addr, token, err := p.sandboxes.UserPortTarget(id)
+		addr, token, mask, err := p.sandboxes.UserPortTarget(id)
 		if err != nil {
 			sandboxGone(w, id)
 			return
@@ -231,6 +240,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rt = route{id: id, port: port, addr: addr, transport: p.ports}
+		if mask != "" {
+			rt.host = strings.ReplaceAll(mask, e2bwire.MaskPortPlaceholder, strconv.Itoa(port))
+		}
 	}
 	// envd often answers (and flushes) before the proxy has forwarded the end of
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
@@ -589,7 +601,7 @@ func (p *Proxy) endWithSandbox(id string, body io.ReadCloser) io.ReadCloser {
 			case <-b.stop:
 				return
 			case <-t.C:
-				if _, _, err := p.sandboxes.UserPortTarget(id); err != nil {
+				if _, _, _, err := p.sandboxes.UserPortTarget(id); err != nil {
 					// The transport's bodies may be closed while a Read
 					// waits: the Read then fails and the copy ends.
 					_ = body.Close()

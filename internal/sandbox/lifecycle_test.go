@@ -364,7 +364,7 @@ func TestLifecycleStress(t *testing.T) {
 			for _, id := range ids {
 				_, _ = m.Get(ctx, id)
 				_, _ = m.EnvdTransport(id)
-				_, _, _ = m.UserPortTarget(id)
+				_, _, _, _ = m.UserPortTarget(id)
 				_, _ = m.Metrics(ctx, id, time.Time{}, time.Time{})
 			}
 		}

@@ -765,8 +765,9 @@ func policyOf(info Info) netpolicy.Policy {
 
 func copyNetwork(n NetworkConfig) NetworkConfig {
 	out := NetworkConfig{
-		AllowOut: append([]string(nil), n.AllowOut...),
-		DenyOut:  append([]string(nil), n.DenyOut...),
+		AllowOut:        append([]string(nil), n.AllowOut...),
+		DenyOut:         append([]string(nil), n.DenyOut...),
+		MaskRequestHost: n.MaskRequestHost,
 	}
 	if n.AllowPublicTraffic != nil {
 		v := *n.AllowPublicTraffic
@@ -864,13 +865,14 @@ func (m *Manager) reachable(id string) (*entry, Info, error) {
 }
 
 // UserPortTarget returns where the proxy reaches a running sandbox's user
-// ports, and the traffic access token they require ("" for none).
-func (m *Manager) UserPortTarget(id string) (netip.Addr, string, error) {
+// ports, the traffic access token they require ("" for none) and the Host
+// their requests carry (network.maskRequestHost; "" for the client's).
+func (m *Manager) UserPortTarget(id string) (addr netip.Addr, token, maskHost string, err error) {
 	_, info, err := m.reachable(id)
 	if err != nil {
-		return netip.Addr{}, "", err
+		return netip.Addr{}, "", "", err
 	}
-	return info.Addr, info.TrafficAccessToken, nil
+	return info.Addr, info.TrafficAccessToken, info.Network.MaskRequestHost, nil
 }
 
 // Get returns a sandbox's current info.
@@ -1712,6 +1714,7 @@ func toRecord(i Info) store.Sandbox {
 		Network: store.Network{
 			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
 			AllowPublicTraffic: i.Network.AllowPublicTraffic, TrafficAccessToken: i.TrafficAccessToken,
+			MaskRequestHost: i.Network.MaskRequestHost,
 		},
 	}
 }
@@ -1730,6 +1733,7 @@ func fromRecord(r store.Sandbox) Info {
 		VolumeMounts: r.VolumeMounts,
 		Network: NetworkConfig{
 			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
+			MaskRequestHost: r.Network.MaskRequestHost,
 		},
 		TrafficAccessToken: r.Network.TrafficAccessToken,
 	}

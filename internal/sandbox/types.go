@@ -150,6 +150,10 @@ type NetworkConfig struct {
 	// AllowPublicTraffic false makes user ports require the traffic access
 	// token (header E2B-Traffic-Access-Token); nil means true.
 	AllowPublicTraffic *bool
+	// MaskRequestHost is the Host header requests to the sandbox's user
+	// ports carry instead of the client's ("${PORT}" stands for the port);
+	// "" keeps the client's.
+	MaskRequestHost string
 }
 
 // NetworkUpdate is E2B's SandboxNetworkUpdateConfig: it replaces the egress

@@ -87,6 +87,7 @@ type Network struct {
 	DenyOut            []string `json:"denyOut,omitempty"`
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 	TrafficAccessToken string   `json:"trafficAccessToken,omitempty"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 }
 
 // Store holds sandbox records, snapshot records and the operation journal.

@@ -32,6 +32,33 @@ describe('sandbox network', { concurrency: true }, () => {
     assert.match(err.message, /port is not open/)
   })
 
+  test('maskRequestHost: the server in the sandbox sees the masked Host, ${PORT} filled in; getInfo shows it', async () => {
+    const sbx = await createSandbox({ network: { maskRequestHost: 'localhost:${PORT}' } })
+    // A server that answers with the Host header it got.
+    const server = 'import http.server as h\n' +
+      'class H(h.BaseHTTPRequestHandler):\n' +
+      '    def do_GET(self):\n' +
+      '        b = self.headers.get("Host", "").encode()\n' +
+      '        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)\n' +
+      'h.HTTPServer(("0.0.0.0", 8000), H).serve_forever()\n'
+    await sbx.files.write('/tmp/echo_host.py', server)
+    await sbx.commands.run('python3 /tmp/echo_host.py', { background: true })
+    const host = sbx.getHost(8000)
+    await waitFor(async () => (await get(host)).status === 200, { timeoutMs: 15_000, what: 'the Host echo server' })
+    assert.equal((await get(host)).body, 'localhost:8000')
+    const info = await sbx.getInfo()
+    assert.equal(info.network?.maskRequestHost, 'localhost:${PORT}', JSON.stringify(info.network))
+    // envd's own traffic keeps working: the mask is for user ports.
+    assert.equal((await sbx.commands.run('echo ok')).stdout, 'ok\n')
+
+    // Without a mask the server sees the Host the client used.
+    const plain = await createSandbox()
+    await plain.files.write('/tmp/echo_host.py', server)
+    await plain.commands.run('python3 /tmp/echo_host.py', { background: true })
+    await waitFor(async () => (await get(plain.getHost(8000))).status === 200, { timeoutMs: 15_000, what: 'the Host echo server' })
+    assert.equal((await get(plain.getHost(8000))).body, plain.getHost(8000))
+  })
+
   test('allowPublicTraffic=false requires the traffic access token', async () => {
     const sbx = await createSandbox({ network: { allowPublicTraffic: false } })
     assert.ok(sbx.trafficAccessToken, 'create must return trafficAccessToken')
