@@ -80,6 +80,8 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringSliceVar(&c.Network.DNSUpstreams, "dns-upstream", nil, "DNS servers (ip:port) the sandboxes' DNS forwarder asks (default: the host's /etc/resolv.conf nameservers)")
 	f.StringSliceVar(&c.Network.AllowPrivate, "allow-private", nil, "private IPv4 ranges (CIDR or IP, comma-separated) every sandbox may reach; 10/8, 172.16/12, 192.168/16 and 100.64/10 are closed by default unless a sandbox's network.allowOut names them (169.254/16 stays closed)")
 	f.StringVar(&c.Network.DNSListen, "dns-listen", "0.0.0.0:0", "where the sandboxes' DNS forwarder listens; sandbox DNS to the gateway is redirected there, other sources get REFUSED")
+	f.StringVar(&c.Network.EgressListen, "egress-listen", "0.0.0.0:0", "where the egress proxy (network.rules, egressProxy) listens; the firewall redirects sandbox connections there and only sandbox interfaces reach it")
+	f.StringVar(&c.Network.EgressUpstreamCA, "egress-upstream-ca", "", "PEM file of extra root certificates for verifying the real servers of hosts whose HTTPS the egress intercepts (network.rules); the host's roots are always used")
 	f.IntVar(&c.Builds.Concurrent, "build-concurrency", 1, "template builds asked for through the E2B API that run at once; the others wait (status waiting)")
 	f.IntVar(&c.Builds.PerKey, "builds-per-key", tplbuild.DefaultMaxPerOwner, "template builds one API key may have waiting or building at once (more answer 429)")
 	f.Int64Var(&c.Builds.MaxContextMB, "build-context-max", tplbuild.DefaultMaxContext>>20, "MiB the uploaded files of one template build may unpack to (more answer 413)")

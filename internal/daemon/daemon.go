@@ -61,6 +61,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
@@ -164,6 +165,10 @@ type Daemon struct {
 	Runtime  runtime.Runtime   // the default backend
 	Runtimes []runtime.Runtime // every available backend, the default among them
 	Network  *netpolicy.Network
+	// Egress is the egress proxy (network.rules, egressProxy) and EgressCA
+	// the CA whose certificates it presents to sandboxes; nil without Network.
+	Egress   *egress.Proxy
+	EgressCA *egress.CA
 	Disk     *diskquota.Pool
 	Volumes  *volume.Service // nil without a disk pool
 	Manager  *sandbox.Manager
@@ -255,11 +260,14 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if d.Runtime, d.Runtimes, err = openRuntimes(d.cfg.Runtime, d.Layout, d.log); err != nil {
 		return err
 	}
-	if d.Network, err = startNetwork(d.cfg.Network, d.Layout, d.log); err != nil {
+	var eg *egressParts
+	if d.Network, eg, err = startNetwork(d.cfg.Network, d.Layout, d.fillSecrets, d.log); err != nil {
 		return err
 	}
 	if d.Network != nil {
 		nw := d.Network
+		d.Egress, d.EgressCA = eg.proxy, eg.ca
+		d.push("egress proxy", d.Egress.Close)
 		d.push("network", func() error {
 			// The nftables table stays: sandboxes that outlive the server
 			// keep their isolation and egress policy until a new server
@@ -412,6 +420,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		MaxTimeout:      d.cfg.MaxTimeout,
 		MaxPerOwner:     d.cfg.MaxPerKey,
 		Network:         d.Network,
+		EgressTrust:     d.egressTrust(),
 		Logger:          d.log,
 		PausedRetention: d.cfg.PausedRetention,
 		// A killed sandbox's log is kept as long as its lifecycle events.

@@ -1,14 +1,22 @@
 package daemon
 
 import (
+	"cmp"
+	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"strings"
 
+	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // NetworkConfig is how sandboxes are networked (serve's --sandbox-* flags).
@@ -29,15 +37,73 @@ type NetworkConfig struct {
 	// AllowPrivate are private ranges (CIDR or IP) every sandbox may reach;
 	// they are closed by default.
 	AllowPrivate []string
+	// EgressListen is where the egress proxy listens (default a free port
+	// on every address; only sandbox interfaces may reach it). It serves
+	// network.rules and egressProxy.
+	EgressListen string
+	// EgressUpstreamCA is a PEM file of extra roots for verifying the real
+	// servers of hosts the egress intercepts (the host's roots always).
+	EgressUpstreamCA string
+}
+
+// egressParts is the egress proxy and its CA, started with the network.
+type egressParts struct {
+	proxy *egress.Proxy
+	ca    *egress.CA
 }
 
 // startNetwork sets up sandbox networking unless it is disabled. Egress needs
 // IPv4 forwarding, a host-wide setting: it is turned on only with egress and
 // never turned off (other software may rely on it by then).
-func startNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpolicy.Network, error) {
+func startNetwork(c NetworkConfig, dir layout.DataDir, fill egress.FillFunc, log *slog.Logger) (*netpolicy.Network, *egressParts, error) {
 	if !c.Enabled {
+		return nil, nil, nil
+	}
+	nw, ln, err := openNetwork(c, dir, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	roots, err := upstreamRoots(c.EgressUpstreamCA)
+	if err != nil {
+		ln.Close()
+		nw.Close()
+		return nil, nil, err
+	}
+	ca, err := egress.LoadOrCreateCA(dir.Egress())
+	if err != nil {
+		ln.Close()
+		nw.Close()
+		return nil, nil, err
+	}
+	px := egress.New(egress.Config{Directory: nw, CA: ca, Fill: fill, Roots: roots, Logger: log})
+	go func() {
+		if err := px.Serve(ln); err != nil {
+			log.Error("egress proxy stopped", "err", err)
+		}
+	}()
+	return nw, &egressParts{proxy: px, ca: ca}, nil
+}
+
+// upstreamRoots are the host's roots plus the operator's extra file.
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
 		return nil, nil
 	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-upstream-ca: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--egress-upstream-ca %s: no PEM certificate in it", file)
+	}
+	return pool, nil
+}
+
+func openNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpolicy.Network, net.Listener, error) {
 	inst := netInstanceOf(dir.Root)
 	cidrStr := c.CIDR
 	if cidrStr == "" {
@@ -45,18 +111,23 @@ func startNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpo
 	}
 	cidr, err := netip.ParsePrefix(cidrStr)
 	if err != nil {
-		return nil, fmt.Errorf("--sandbox-cidr: %w", err)
+		return nil, nil, fmt.Errorf("--sandbox-cidr: %w", err)
 	}
 	allowPrivate, err := netpolicy.ParseAllowPrivate(c.AllowPrivate)
 	if err != nil {
-		return nil, fmt.Errorf("--allow-private: %w", err)
+		return nil, nil, fmt.Errorf("--allow-private: %w", err)
 	}
 	if c.Egress {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
-			return nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
+			return nil, nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
 		}
 	}
+	ln, err := egress.Listen(cmp.Or(c.EgressListen, "0.0.0.0:0"))
+	if err != nil {
+		return nil, nil, err
+	}
 	nw, err := netpolicy.New(netpolicy.Config{
+		EgressPort:   uint16(ln.Addr().(*net.TCPAddr).Port),
 		CIDR:         cidr,
 		StateDir:     dir.Network(),
 		Table:        inst.table,
@@ -68,11 +139,13 @@ func startNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpo
 		Logger:       log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sandbox network: %w", err)
+		ln.Close()
+		return nil, nil, fmt.Errorf("sandbox network: %w", err)
 	}
 	log.Info("sandbox network ready", "cidr", cidr, "egress", c.Egress, "dns_port", nw.DNSPort(),
+		"egress_proxy", ln.Addr().String(),
 		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix, "allow_private", allowPrivate)
-	return nw, nil
+	return nw, ln, nil
 }
 
 // netInstance names what one server owns in the host's shared network state.
@@ -100,4 +173,22 @@ func netInstanceOf(dataDir string) netInstance {
 		prefix: "a" + tag,
 		cidr:   fmt.Sprintf("10.%d.0.0/16", 100+(v>>16)%100),
 	}
+}
+
+// egressTrust is the manager's EgressTrust: nil (not a nil *egress.CA)
+// without a network.
+func (d *Daemon) egressTrust() sandbox.TrustStore {
+	if d.EgressCA == nil {
+		return nil
+	}
+	return d.EgressCA
+}
+
+// fillSecrets fills the secret markers of a rule's header value for the
+// egress proxy.
+func (d *Daemon) fillSecrets(ctx context.Context, owner, value string) (string, error) {
+	if !strings.Contains(value, "${e2b.secrets.") {
+		return value, nil
+	}
+	return "", errors.New("this server has no secret store")
 }

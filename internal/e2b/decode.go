@@ -195,9 +195,9 @@ func validateNetwork(n *e2bwire.SandboxNetworkConfig) error {
 	if n.EgressProxy != nil && strings.TrimSpace(n.EgressProxy.Address) == "" {
 		return badRequest("network: egressProxy.address is required")
 	}
-	for domain := range n.Rules {
-		if !isDomainPattern(domain) {
-			return badRequest("network: rules key %q is not a domain", domain)
+	for host := range n.Rules {
+		if !isDomainPattern(host) && !isIPOrCIDR(host) {
+			return badRequest("network: rules key %q is not a domain, IP address or CIDR", host)
 		}
 	}
 	if n.MaskRequestHost != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
@@ -95,7 +96,8 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 		if body.Network.MaskRequestHost != nil {
 			req.Network.MaskRequestHost = *body.Network.MaskRequestHost
 		}
-		h.warnUnenforced(body.Network)
+		req.Network.Rules = rulesFromWire(body.Network.Rules)
+		req.Network.EgressProxy = egressProxyFromWire(body.Network.EgressProxy)
 	}
 	if req.Lifecycle, err = lifecycleOf(&body); err != nil {
 		return err
@@ -166,15 +168,38 @@ func (h *Handler) egressFromNetwork(n *e2bwire.SandboxNetworkConfig, explicit *b
 	return &deny
 }
 
-// warnUnenforced makes the parts of a network config Airlock accepts but does
-// not apply visible to operators.
-func (h *Handler) warnUnenforced(n *e2bwire.SandboxNetworkConfig) {
-	if n.EgressProxy != nil {
-		h.log.Warn("network.egressProxy is not supported; egress goes direct", "address", n.EgressProxy.Address)
+// rulesFromWire converts network.rules; the manager validates them.
+func rulesFromWire(in map[string][]e2bwire.SandboxNetworkRule) map[string][]netpolicy.Rule {
+	if len(in) == 0 {
+		return nil
 	}
-	if len(n.Rules) > 0 {
-		h.log.Warn("network.rules (request transforms) are not supported; ignored")
+	out := make(map[string][]netpolicy.Rule, len(in))
+	for host, rules := range in {
+		rs := make([]netpolicy.Rule, 0, len(rules))
+		for _, r := range rules {
+			var nr netpolicy.Rule
+			if r.Transform != nil {
+				nr.Transform = &netpolicy.Transform{Headers: r.Transform.Headers}
+			}
+			rs = append(rs, nr)
+		}
+		out[host] = rs
 	}
+	return out
+}
+
+func egressProxyFromWire(p *e2bwire.EgressProxy) *netpolicy.EgressProxy {
+	if p == nil {
+		return nil
+	}
+	out := &netpolicy.EgressProxy{Address: strings.TrimSpace(p.Address)}
+	if p.Username != nil {
+		out.Username = *p.Username
+	}
+	if p.Password != nil {
+		out.Password = *p.Password
+	}
+	return out
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) error {
@@ -413,8 +438,10 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err := validateNetwork(&body); err != nil {
 		return err
 	}
-	h.warnUnenforced(&body)
-	upd := sandbox.NetworkUpdate{AllowOut: body.AllowOut, DenyOut: body.DenyOut, AllowInternetAccess: body.AllowInternetAccess}
+	upd := sandbox.NetworkUpdate{
+		AllowOut: body.AllowOut, DenyOut: body.DenyOut, AllowInternetAccess: body.AllowInternetAccess,
+		Rules: rulesFromWire(body.Rules), EgressProxy: egressProxyFromWire(body.EgressProxy),
+	}
 	if err := h.m.UpdateNetwork(r.Context(), id, upd); err != nil {
 		return managerError(fmt.Errorf("update sandbox network: %w", err), id, "")
 	}

@@ -107,12 +107,35 @@ func lifecycleJSON(l sandbox.Lifecycle) *e2bwire.SandboxLifecycle {
 }
 
 func networkOf(n sandbox.NetworkConfig) *e2bwire.SandboxNetworkConfig {
-	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil && n.MaskRequestHost == "" {
+	if len(n.AllowOut) == 0 && len(n.DenyOut) == 0 && n.AllowPublicTraffic == nil && n.MaskRequestHost == "" &&
+		len(n.Rules) == 0 && n.EgressProxy == nil {
 		return nil
 	}
 	out := &e2bwire.SandboxNetworkConfig{AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic}
 	if n.MaskRequestHost != "" {
 		out.MaskRequestHost = &n.MaskRequestHost
+	}
+	if len(n.Rules) > 0 {
+		out.Rules = make(map[string][]e2bwire.SandboxNetworkRule, len(n.Rules))
+		for host, rules := range n.Rules {
+			rs := make([]e2bwire.SandboxNetworkRule, 0, len(rules))
+			for _, r := range rules {
+				var wr e2bwire.SandboxNetworkRule
+				if r.Transform != nil {
+					wr.Transform = &e2bwire.SandboxNetworkTransform{Headers: r.Transform.Headers}
+				}
+				rs = append(rs, wr)
+			}
+			out.Rules[host] = rs
+		}
+	}
+	if p := n.EgressProxy; p != nil {
+		// The password is write-only, as upstream's info leaves it out.
+		out.EgressProxy = &e2bwire.EgressProxy{Address: p.Address}
+		if p.Username != "" {
+			u := p.Username
+			out.EgressProxy.Username = &u
+		}
 	}
 	return out
 }

@@ -1,7 +1,6 @@
 package e2bwire
 
 import (
-	"encoding/json"
 	"time"
 )
 
@@ -118,12 +117,12 @@ type SnapshotRequest struct {
 // /sandboxes/{id}/network). Every field is omitted when unset, so a detail
 // shows only what the client set.
 type SandboxNetworkConfig struct {
-	AllowOut           []string                     `json:"allowOut,omitempty"`
-	DenyOut            []string                     `json:"denyOut,omitempty"`
-	AllowPublicTraffic *bool                        `json:"allowPublicTraffic,omitempty"`
-	MaskRequestHost    *string                      `json:"maskRequestHost,omitempty"`
-	EgressProxy        *EgressProxy                 `json:"egressProxy,omitempty"`
-	Rules              map[string][]json.RawMessage `json:"rules,omitempty"`
+	AllowOut           []string                        `json:"allowOut,omitempty"`
+	DenyOut            []string                        `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool                           `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    *string                         `json:"maskRequestHost,omitempty"`
+	EgressProxy        *EgressProxy                    `json:"egressProxy,omitempty"`
+	Rules              map[string][]SandboxNetworkRule `json:"rules,omitempty"`
 	// AllowInternetAccess is only in SandboxNetworkUpdateConfig.
 	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
 }
@@ -131,6 +130,16 @@ type SandboxNetworkConfig struct {
 // MaskPortPlaceholder in SandboxNetworkConfig.MaskRequestHost stands for
 // the port each request to the sandbox is for ("localhost:${PORT}").
 const MaskPortPlaceholder = "${PORT}"
+
+// SandboxNetworkRule is a transform applied to egress requests to one host.
+type SandboxNetworkRule struct {
+	Transform *SandboxNetworkTransform `json:"transform,omitempty"`
+}
+
+// SandboxNetworkTransform sets headers on matching egress requests.
+type SandboxNetworkTransform struct {
+	Headers map[string]string `json:"headers,omitempty"`
+}
 
 // EgressProxy is SandboxNetworkConfig's egressProxy.
 type EgressProxy struct {

@@ -78,6 +78,10 @@ func (d DataDir) Envd() string { return filepath.Join(d.Root, "envd") }
 // Network is the sandbox network's state directory.
 func (d DataDir) Network() string { return filepath.Join(d.Root, "network") }
 
+// Egress holds the egress CA (ca.pem with its key, 0600; ca.crt) and the
+// sandbox trust stores that include it (bundles/).
+func (d DataDir) Egress() string { return filepath.Join(d.Root, "egress") }
+
 // Runtime is the state directory of the isolation backend name.
 func (d DataDir) Runtime(name string) string { return filepath.Join(d.Root, "runtime", name) }
 

@@ -59,7 +59,12 @@ type Config struct {
 	// ParseAllowPrivate); the build box opens all of them. Without it, no
 	// sandbox reaches a private address its own allowOut does not name.
 	AllowPrivate []netip.Prefix
-	Logger       *slog.Logger
+	// EgressPort is the port of Airlock's egress proxy (internal/egress),
+	// listening on every address, to which the firewall redirects the TCP
+	// connections of sandboxes with network rules or an egress proxy. 0: no
+	// egress proxy, and such policies are refused.
+	EgressPort uint16
+	Logger     *slog.Logger
 }
 
 // Sandbox is one sandbox's network, as the runtime needs it.
@@ -102,6 +107,11 @@ type state struct {
 	policy  Policy
 	c       compiled
 	learned map[netip.Addr]learned
+	// ruleLearned are addresses rule hosts resolved to: the firewall sends
+	// the sandbox's HTTP(S) connections to them to the egress proxy.
+	ruleLearned map[netip.Addr]learned
+	// intercepting: the firewall holds interception state for it.
+	intercepting bool
 }
 
 type learned struct {
@@ -160,7 +170,7 @@ func New(cfg Config) (*Network, error) {
 		return nil, err
 	}
 	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
+	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.EgressPort, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
 	if err != nil {
 		pc.Close()
 		l.Close()
@@ -285,7 +295,7 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 		return nil, err
 	}
 	start := time.Now()
-	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}}
+	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}, ruleLearned: map[netip.Addr]learned{}}
 	st.ID = id
 	// Addresses the kernel already has in the range (another server
 	// misconfigured onto the same range, or links this one does not know)
@@ -331,6 +341,9 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
 		return fail(err)
 	}
+	if err := n.applyIntercept(st, nil); err != nil {
+		return fail(err)
+	}
 	n.mu.Lock()
 	n.sbx[id] = st
 	n.byIP[st.Addr] = st
@@ -359,7 +372,7 @@ func (n *Network) Adopt(id string, p Policy) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}}
+	st := &state{policy: p, c: c, hostIf: n.HostIf(id), learned: map[netip.Addr]learned{}, ruleLearned: map[netip.Addr]learned{}}
 	st.ID = id
 	dir := n.dir(id)
 	st.NetNS = filepath.Join(dir, "netns")
@@ -376,6 +389,10 @@ func (n *Network) Adopt(id string, p Policy) (*Sandbox, error) {
 	st.slot = n.slotOf(gw)
 	st.Gateway, st.Addr = n.slotAddrs(st.slot)
 	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
+		return nil, err
+	}
+	if err := n.applyIntercept(st, nil); err != nil {
+		_ = n.fw.removeSandbox(id, st.Addr)
 		return nil, err
 	}
 	n.mu.Lock()
@@ -409,9 +426,37 @@ func (n *Network) Update(id string, p Policy) error {
 			delete(st.learned, a)
 		}
 	}
+	var keepRule []learnedElem
+	for a, l := range st.ruleLearned {
+		if l.expires.After(now) && matchDomain(c.egress.ruleDomains(), l.name) {
+			keepRule = append(keepRule, learnedElem{a, l.expires})
+		} else {
+			delete(st.ruleLearned, a)
+		}
+	}
 	st.policy, st.c = p, c
 	n.mu.Unlock()
-	return n.fw.updateSandbox(id, c, keep)
+	if err := n.fw.updateSandbox(id, c, keep); err != nil {
+		return err
+	}
+	return n.applyIntercept(st, keepRule)
+}
+
+// applyIntercept brings the firewall's interception for a sandbox in line
+// with its compiled policy (nothing to do for a sandbox that neither had
+// nor needs it, which is most of them).
+func (n *Network) applyIntercept(st *state, learned []learnedElem) error {
+	need := st.c.egress.intercepts()
+	if !need && !st.intercepting {
+		return nil
+	}
+	if err := n.fw.setIntercept(st.ID, st.Addr, st.c.egress, learned); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	st.intercepting = need
+	n.mu.Unlock()
+	return nil
 }
 
 // Policy returns a sandbox's current policy.
@@ -463,6 +508,11 @@ func (n *Network) Teardown(id string) error {
 func (n *Network) teardown(st *state) error {
 	var errs []error
 	if st.Addr.IsValid() {
+		if st.intercepting {
+			n.fw.mu.Lock()
+			n.fw.clearIntercept(st.ID, st.Addr) // it jumps to s_<id>: first
+			n.fw.mu.Unlock()
+		}
 		if err := n.fw.removeSandbox(st.ID, st.Addr); err != nil {
 			errs = append(errs, err)
 		}
@@ -545,7 +595,11 @@ func (n *Network) dnsRules(src netip.Addr) (dnsfilter.Rules, bool) {
 	for _, d := range st.c.denyNets {
 		denyAll = denyAll || d.Bits() == 0
 	}
-	return dnsfilter.Rules{Allow: append([]string(nil), st.c.allowDomains...), DenyAll: denyAll}, true
+	r := dnsfilter.Rules{Allow: append([]string(nil), st.c.allowDomains...), DenyAll: denyAll}
+	if st.intercepting && st.c.egress.proxy == nil {
+		r.Watch = st.c.egress.ruleDomains()
+	}
+	return r, true
 }
 
 // onAnswer opens the answered addresses of an allowed domain for the sandbox
@@ -553,6 +607,9 @@ func (n *Network) dnsRules(src netip.Addr) (dnsfilter.Rules, bool) {
 // lookup is not dropped.
 func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) error {
 	ttl = max(ttl, minLearnTTL)
+	if err := n.learnRuleHost(src, name, addrs, ttl); err != nil {
+		return err
+	}
 	n.mu.Lock()
 	st, ok := n.byIP[src.Unmap()]
 	if !ok || !matchDomain(st.c.allowDomains, name) {
@@ -606,6 +663,47 @@ func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs
 	if err != nil && len(present) > 0 {
 		// An element expired in the kernel between our check and the delete.
 		err = n.fw.learn(id, add, nil)
+	}
+	return err
+}
+
+// learnRuleHost sends the sandbox's HTTP(S) connections to the addresses a
+// rule host resolved to through the egress proxy, before the answer is
+// released. Whether the sandbox may reach them at all is the policy's
+// business (the interception judges the real destination first).
+func (n *Network) learnRuleHost(src netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) error {
+	n.mu.Lock()
+	st, ok := n.byIP[src.Unmap()]
+	if !ok || !st.intercepting || st.c.egress.proxy != nil || !matchDomain(st.c.egress.ruleDomains(), name) {
+		// With an egress proxy every connection is intercepted already.
+		n.mu.Unlock()
+		return nil
+	}
+	now := time.Now()
+	expires := now.Add(ttl)
+	var add []learnedElem
+	var present []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			continue
+		}
+		if old, ok := st.ruleLearned[a]; ok && old.expires.After(expires) {
+			continue
+		} else if ok && old.expires.After(now) {
+			present = append(present, a)
+		}
+		st.ruleLearned[a] = learned{name: strings.TrimSuffix(strings.ToLower(name), "."), expires: expires}
+		add = append(add, learnedElem{a, expires})
+	}
+	id := st.ID
+	n.mu.Unlock()
+	if len(add) == 0 {
+		return nil
+	}
+	err := n.fw.learnIntercept(id, add, present)
+	if err != nil && len(present) > 0 {
+		err = n.fw.learnIntercept(id, add, nil)
 	}
 	return err
 }

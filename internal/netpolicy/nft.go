@@ -66,24 +66,29 @@ type firewall struct {
 	prefix  string
 	cidr    netip.Prefix
 	dnsPort uint16
+	// egressPort is the egress proxy's port (0: none); see intercept.go.
+	egressPort uint16
+	// ipolicy and imap are intercept.go's maps.
+	ipolicy, imap *nftables.Set
 	// noEgress drops all forwarded sandbox traffic whatever the policy
 	// (serve --sandbox-egress=false).
 	noEgress bool
 }
 
-func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
+func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	fw := &firewall{
-		conn:     conn,
-		table:    &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
-		prefix:   prefix,
-		cidr:     cidr,
-		dnsPort:  dnsPort,
-		noEgress: noEgress,
-		closed:   closed,
+		conn:       conn,
+		table:      &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
+		prefix:     prefix,
+		cidr:       cidr,
+		dnsPort:    dnsPort,
+		egressPort: egressPort,
+		noEgress:   noEgress,
+		closed:     closed,
 	}
 	return fw, fw.install()
 }
@@ -128,6 +133,9 @@ func (fw *firewall) install() error {
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(proto, fw.dnsPort), verdict(expr.VerdictAccept))})
 	}
+	if fw.egressPort != 0 {
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(unix.IPPROTO_TCP, fw.egressPort), verdict(expr.VerdictAccept))})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop))})
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
@@ -166,6 +174,11 @@ func (fw *firewall) install() error {
 		ipv4(), prefixMatch(12, fw.cidr), fw.ifMatch(expr.MetaKeyOIFNAME, false),
 		[]expr.Any{&expr.Masq{}})})
 
+	if fw.egressPort != 0 {
+		if err := fw.installIntercept(c, t); err != nil {
+			return err
+		}
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables: install table %s: %w", fw.table.Name, err)
 	}

@@ -33,6 +33,15 @@ const AllTraffic = "0.0.0.0/0"
 type Policy struct {
 	AllowOut []string `json:"allowOut,omitempty"`
 	DenyOut  []string `json:"denyOut,omitempty"`
+	// Rules are per-host request transforms (headers, secrets filled in on
+	// the host) that Airlock's egress applies to HTTP and HTTPS requests.
+	Rules map[string][]Rule `json:"rules,omitempty"`
+	// EgressProxy, when set, carries every TCP connection the policy allows
+	// through a SOCKS5 proxy.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+	// Owner is the API key the sandbox belongs to: its secrets fill the
+	// rules' markers. Not part of the policy's wire form.
+	Owner string `json:"-"`
 }
 
 // PrivateRanges are the destinations a sandbox cannot reach unless its
@@ -128,6 +137,7 @@ type compiled struct {
 	allowNets    []netip.Prefix
 	allowDomains []string // lower case, without trailing dot; "*.x" kept as is
 	denyNets     []netip.Prefix
+	egress       egressCompiled
 }
 
 // Validate reports the first entry that is not acceptable.
@@ -156,6 +166,11 @@ func (p Policy) compile() (compiled, error) {
 		}
 		c.denyNets = append(c.denyNets, pfx)
 	}
+	e, err := p.compileEgress(c)
+	if err != nil {
+		return compiled{}, err
+	}
+	c.egress = e
 	return c, nil
 }
 

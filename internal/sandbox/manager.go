@@ -147,6 +147,13 @@ type Options struct {
 	// Network gives every sandbox its own netns, veth, firewall policy and
 	// DNS; nil keeps the runtime's private, loopback-only namespace.
 	Network *netpolicy.Network
+	// EgressTrust, with Network, gives each sandbox a trust store that
+	// includes the egress CA (bound over egress.SystemBundle), so that TLS
+	// the egress terminates for rule hosts verifies inside; nil binds none.
+	EgressTrust TrustStore
+	// Secrets checks that the secrets network rules name exist; nil
+	// refuses rules that name any.
+	Secrets SecretChecker
 	// PausedRetention is how long a paused sandbox is kept before it is
 	// deleted with its disk (retention.go); 0 keeps them forever.
 	PausedRetention time.Duration
@@ -380,6 +387,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := policyOf(info).Validate(); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if err := m.checkEgress(ctx, policyOf(info)); err != nil {
+		return Info{}, err
+	}
 	if _, err := templateEnv(tpl, info.EnvVars); err != nil {
 		return Info{}, err
 	}
@@ -541,6 +551,15 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
+	trust := ""
+	if m.opts.Network != nil && m.opts.EgressTrust != nil {
+		if trust, err = m.opts.EgressTrust.Bundle(tpl.Rootfs); err != nil {
+			return fmt.Errorf("sandbox %s: %w", info.ID, err)
+		}
+		if trust != "" {
+			env = trustEnv(env)
+		}
+	}
 	envd, err := m.envdForBoot(mode)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
@@ -631,6 +650,9 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		spec.Mounts = append(spec.Mounts,
 			runtime.Mount{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
 			runtime.Mount{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true})
+		if trust != "" {
+			spec.Mounts = append(spec.Mounts, runtime.Mount{Source: trust, Target: TrustBundlePath, ReadOnly: true})
+		}
 		e.info.Addr = ns.Addr
 	}
 	if !mode.existingDir {
@@ -754,8 +776,11 @@ func (m *Manager) netTeardown(id string) {
 // policyOf is the egress policy a sandbox's info asks for.
 func policyOf(info Info) netpolicy.Policy {
 	p := netpolicy.Policy{
-		AllowOut: append([]string(nil), info.Network.AllowOut...),
-		DenyOut:  append([]string(nil), info.Network.DenyOut...),
+		AllowOut:    append([]string(nil), info.Network.AllowOut...),
+		DenyOut:     append([]string(nil), info.Network.DenyOut...),
+		Rules:       info.Network.Rules,
+		EgressProxy: info.Network.EgressProxy,
+		Owner:       info.Owner,
 	}
 	if a := info.AllowInternetAccess; a != nil && !*a {
 		p.DenyOut = append(p.DenyOut, netpolicy.AllTraffic)
@@ -768,6 +793,11 @@ func copyNetwork(n NetworkConfig) NetworkConfig {
 		AllowOut:        append([]string(nil), n.AllowOut...),
 		DenyOut:         append([]string(nil), n.DenyOut...),
 		MaskRequestHost: n.MaskRequestHost,
+		Rules:           copyRules(n.Rules),
+	}
+	if n.EgressProxy != nil {
+		ep := *n.EgressProxy
+		out.EgressProxy = &ep
 	}
 	if n.AllowPublicTraffic != nil {
 		v := *n.AllowPublicTraffic
@@ -785,6 +815,12 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.mu.Unlock()
 		info.Network.AllowOut = append([]string(nil), u.AllowOut...)
 		info.Network.DenyOut = append([]string(nil), u.DenyOut...)
+		info.Network.Rules = copyRules(u.Rules)
+		info.Network.EgressProxy = nil
+		if u.EgressProxy != nil {
+			ep := *u.EgressProxy
+			info.Network.EgressProxy = &ep
+		}
 		if u.AllowInternetAccess != nil {
 			v := *u.AllowInternetAccess
 			info.AllowInternetAccess = &v
@@ -795,6 +831,9 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		}
 		if m.opts.Network == nil {
 			return fmt.Errorf("%w: sandbox networking is off on this server (serve --sandbox-network)", ErrInvalid)
+		}
+		if err := m.checkEgress(ctx, p); err != nil {
+			return err
 		}
 		if err := m.opts.Network.Update(id, p); err != nil {
 			return fmt.Errorf("update network of %s: %w", id, err)
@@ -1715,8 +1754,31 @@ func toRecord(i Info) store.Sandbox {
 			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
 			AllowPublicTraffic: i.Network.AllowPublicTraffic, TrafficAccessToken: i.TrafficAccessToken,
 			MaskRequestHost: i.Network.MaskRequestHost,
+			Rules:           rawJSON(i.Network.Rules),
+			EgressProxy:     rawJSON(i.Network.EgressProxy),
 		},
 	}
+}
+
+// rawJSON encodes the egress parts of a network config for the record; nil
+// and empty values are left out.
+func rawJSON[T any](v T) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil || string(b) == "null" || string(b) == "{}" {
+		return nil
+	}
+	return b
+}
+
+func copyRules(r map[string][]netpolicy.Rule) map[string][]netpolicy.Rule {
+	if len(r) == 0 {
+		return nil
+	}
+	out := make(map[string][]netpolicy.Rule, len(r))
+	for k, v := range r {
+		out[k] = slices.Clone(v)
+	}
+	return out
 }
 
 func fromRecord(r store.Sandbox) Info {
@@ -1730,13 +1792,27 @@ func fromRecord(r store.Sandbox) Info {
 			OnTimeout: OnTimeout(r.Lifecycle.OnTimeout), DropMemory: r.Lifecycle.DropMemory, AutoResume: r.Lifecycle.AutoResume,
 		},
 		PausedWithMemory: r.PausedWithMemory, PausedAt: r.PausedAt,
-		VolumeMounts: r.VolumeMounts,
-		Network: NetworkConfig{
-			AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut, AllowPublicTraffic: r.Network.AllowPublicTraffic,
-			MaskRequestHost: r.Network.MaskRequestHost,
-		},
+		VolumeMounts:       r.VolumeMounts,
+		Network:            networkFromRecord(r.Network),
 		TrafficAccessToken: r.Network.TrafficAccessToken,
 	}
+}
+
+func networkFromRecord(n store.Network) NetworkConfig {
+	out := NetworkConfig{
+		AllowOut: n.AllowOut, DenyOut: n.DenyOut, AllowPublicTraffic: n.AllowPublicTraffic,
+		MaskRequestHost: n.MaskRequestHost,
+	}
+	// Written by rawJSON from these types: a record that does not decode
+	// was not written by Airlock, and its egress parts are left out (the
+	// sandbox then has no rules rather than a failed adoption).
+	if len(n.Rules) > 0 {
+		_ = json.Unmarshal(n.Rules, &out.Rules)
+	}
+	if len(n.EgressProxy) > 0 {
+		_ = json.Unmarshal(n.EgressProxy, &out.EgressProxy)
+	}
+	return out
 }
 
 // later returns the later of two times.

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
+	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
@@ -45,6 +47,13 @@ type netRig struct {
 	// allowPrivate is the network's Config.AllowPrivate (serve
 	// --allow-private) at the next start.
 	allowPrivate []netip.Prefix
+	// egress is the rig's egress proxy; egressRoots verify the servers it
+	// intercepts (tests add the stand-in's CA); secrets stand in for the
+	// secret store (name -> value) behind its rules.
+	egress      *egress.Proxy
+	egressCA    *egress.CA
+	egressRoots *x509.CertPool
+	secrets     *fakeSecrets
 	// stop closes the manager and network as a server stop does (sandboxes
 	// keep running).
 	stop func()
@@ -60,7 +69,7 @@ func newNetRig(t *testing.T) *netRig {
 	table := "airlock_test_" + hex.EncodeToString(b)
 	// A /24 of its own per run keeps parallel test binaries apart.
 	cidr := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, b[1]))
-	nr := &netRig{rig: r, inet: inet, table: table, cidr: cidr}
+	nr := &netRig{rig: r, inet: inet, table: table, cidr: cidr, egressRoots: x509.NewCertPool(), secrets: &fakeSecrets{m: map[string]string{}}}
 	nr.start(t)
 	return nr
 }
@@ -69,7 +78,12 @@ func newNetRig(t *testing.T) *netRig {
 // one left, as a server start does.
 func (nr *netRig) start(t *testing.T) {
 	t.Helper()
+	ln, err := egress.Listen("0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	n, err := netpolicy.New(netpolicy.Config{
+		EgressPort:   uint16(ln.Addr().(*net.TCPAddr).Port),
 		CIDR:         nr.cidr,
 		StateDir:     filepath.Join(nr.dataDir, "network"),
 		Table:        nr.table,
@@ -84,9 +98,17 @@ func (nr *netRig) start(t *testing.T) {
 		n.Close()
 		_ = n.RemoveTable()
 	})
+	ca, err := egress.LoadOrCreateCA(filepath.Join(nr.dataDir, "egress"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := egress.New(egress.Config{Directory: n, CA: ca, Fill: nr.secrets.fill, Roots: nr.egressRoots})
+	go func() { _ = px.Serve(ln) }()
+	t.Cleanup(func() { px.Close() })
+	nr.egress, nr.egressCA = px, ca
 	m := sandbox.New(sandbox.Options{
 		Runtime: nr.rt, Store: nr.db, Templates: nr, DataDir: nr.dataDir, EnvdPath: nr.envd,
-		MaxTimeout: time.Hour, Network: n,
+		MaxTimeout: time.Hour, Network: n, EgressTrust: ca, Secrets: nr.secrets,
 	})
 	stopped := false
 	t.Cleanup(func() {
@@ -96,7 +118,7 @@ func (nr *netRig) start(t *testing.T) {
 		}
 	})
 	nr.m, nr.net = m, n
-	nr.stop = func() { stopped = true; m.Close(); n.Close() }
+	nr.stop = func() { stopped = true; m.Close(); n.Close(); px.Close() }
 	if err := m.Recover(context.Background()); err != nil {
 		t.Fatalf("Recover: %v", err)
 	}

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+
 	"errors"
 	"net/netip"
 	"time"
@@ -154,14 +156,21 @@ type NetworkConfig struct {
 	// ports carry instead of the client's ("${PORT}" stands for the port);
 	// "" keeps the client's.
 	MaskRequestHost string
+	// Rules are per-host request transforms applied by Airlock's egress
+	// (headers, with secret markers filled in on the host).
+	Rules map[string][]netpolicy.Rule
+	// EgressProxy carries every TCP connection through a SOCKS5 proxy.
+	EgressProxy *netpolicy.EgressProxy
 }
 
 // NetworkUpdate is E2B's SandboxNetworkUpdateConfig: it replaces the egress
-// rules of a running sandbox.
+// rules of a running sandbox (omitted fields are cleared).
 type NetworkUpdate struct {
 	AllowOut            []string
 	DenyOut             []string
 	AllowInternetAccess *bool
+	Rules               map[string][]netpolicy.Rule
+	EgressProxy         *netpolicy.EgressProxy
 }
 
 // CreateRequest is what a client asks for.

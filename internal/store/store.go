@@ -88,6 +88,10 @@ type Network struct {
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 	TrafficAccessToken string   `json:"trafficAccessToken,omitempty"`
 	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+	// Rules and EgressProxy are the sandbox's netpolicy.Rule map and
+	// netpolicy.EgressProxy, kept as the sandbox package encodes them.
+	Rules       json.RawMessage `json:"rules,omitempty"`
+	EgressProxy json.RawMessage `json:"egressProxy,omitempty"`
 }
 
 // Store holds sandbox records, snapshot records and the operation journal.

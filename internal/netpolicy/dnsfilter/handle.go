@@ -85,7 +85,8 @@ func (s *Server) resolve(ctx context.Context, src netip.Addr, req *dns.Msg) *dns
 		return reply(req, dns.RcodeServerFailure)
 	}
 	ans := sanitize(resp, q)
-	if v == verdictAllowed && len(ans.addrs) > 0 && s.cfg.OnAnswer != nil {
+	watched := v == verdictDefaultAllowed && len(rules.Watch) > 0 && matchAny(rules.Watch, q.Name)
+	if (v == verdictAllowed || watched) && len(ans.addrs) > 0 && s.cfg.OnAnswer != nil {
 		name := strings.ToLower(strings.TrimSuffix(q.Name, "."))
 		actx, cancel := context.WithTimeout(ctx, onAnswerTimeout)
 		err := s.cfg.OnAnswer(actx, src, name, ans.addrs, ans.ttl)

@@ -60,6 +60,11 @@ type Rules struct {
 	// DenyAll reports that the sandbox's denyOut contains 0.0.0.0/0
 	// (ALL_TRAFFIC) or that internet access is off: only Allow names resolve.
 	DenyAll bool
+	// Watch are patterns whose answers go to Config.OnAnswer even when the
+	// name is only default-allowed (case 4): the hosts of network.rules,
+	// whose addresses the egress proxy must see. OnAnswer decides what an
+	// answer opens; Watch never makes a name resolvable.
+	Watch []string
 }
 
 // verdict is the outcome of matching a name, finer than Decide's bool
@@ -205,4 +210,19 @@ func ValidPattern(p string) error {
 		}
 	}
 	return nil
+}
+
+// matchAny reports whether name matches one of the patterns (label-exact,
+// as Allow and Deny are).
+func matchAny(patterns []string, name string) bool {
+	labels, ok := nameLabels(name)
+	if !ok {
+		return false
+	}
+	for _, p := range patterns {
+		if patternMatches(p, labels) {
+			return true
+		}
+	}
+	return false
 }
