@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -29,9 +30,11 @@ func TestSecretsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var logBuf bytes.Buffer // what the handler logs, at debug level
 	h, _ := newTestHandler(t, func(o *Options) {
 		o.Authenticate = func(k string) bool { return k == testKey || k == otherKey }
 		o.Secrets = svc
+		o.Logger = slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 	// Every value sent, and every answer, to check at the end.
 	var values []string
@@ -181,14 +184,20 @@ func TestSecretsAPI(t *testing.T) {
 	checkError(t, do("DELETE", "/secrets/"+id, ""), http.StatusNotFound, fmt.Sprintf("secret %q not found", id))
 	checkError(t, do("GET", "/secrets/openai-key", ""), http.StatusNotFound, `secret "openai-key" not found`)
 
-	for _, rec := range answers {
-		for _, v := range values {
-			for _, part := range []string{v, v[:min(len(v), 8)]} {
-				if strings.Contains(rec.Body.String(), part) {
-					t.Fatalf("an answer holds (part of) a value %q: %s", part, rec.Body)
+	for _, v := range values {
+		for _, part := range []string{v, v[:min(len(v), 8)]} {
+			for _, rec := range answers {
+				if strings.Contains(rec.Body.String(), part) || strings.Contains(fmt.Sprint(rec.Header()), part) {
+					t.Fatalf("an answer holds (part of) a value %q: %v %s", part, rec.Header(), rec.Body)
 				}
 			}
+			if strings.Contains(logBuf.String(), part) {
+				t.Fatalf("the log holds (part of) a value %q: %s", part, logBuf.String())
+			}
 		}
+	}
+	if !strings.Contains(logBuf.String(), "e2b api request rejected") {
+		t.Fatalf("nothing was logged at debug level: %s", logBuf.String())
 	}
 }
 

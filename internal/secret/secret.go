@@ -148,7 +148,7 @@ func New(ctx context.Context, opts Options) (*Service, error) {
 			return nil, fmt.Errorf("secret: %w", err)
 		}
 		if created {
-			opts.Logger.Info("secrets: made a new key; back it up with the database, which is useless without it", "file", opts.KeyFile)
+			opts.Logger.Info("secrets: made a new key; back it up with the database: the secrets stored in it cannot be read without it", "file", opts.KeyFile)
 		}
 	}
 	sl, err := newSealer(key)
