@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 	"github.com/airlock-sandbox/airlock/internal/volume"
@@ -94,6 +95,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.Int64Var(&c.Volumes.MaxMB, "volume-max-size", volume.DefaultMaxSize>>20, "largest quota in MiB a volume may be created with")
 	f.IntVar(&c.Volumes.PerKey, "volumes-per-key", volume.DefaultMaxCount, "volumes one API key may have (0: no limit)")
 	f.Int64Var(&c.Volumes.SizePerKeyMB, "volume-size-per-key", volume.DefaultMaxBytes>>20, "total quota in MiB of one API key's volumes (0: no limit)")
+	f.IntVar(&c.Secrets.PerKey, "secrets-per-key", secret.DefaultMaxCount, "secrets one API key may have (POST /secrets past it answers 429; 0: no limit)")
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }
@@ -115,6 +117,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	}
 	if v := c.Volumes; v.DefaultMB < 1 || v.MaxMB < v.DefaultMB || v.PerKey < 0 || v.SizePerKeyMB < 0 {
 		return fmt.Errorf("--volume-default-size must be at least 1 MiB and at most --volume-max-size; --volumes-per-key and --volume-size-per-key must not be negative")
+	}
+	if c.Secrets.PerKey < 0 {
+		return fmt.Errorf("--secrets-per-key must not be negative (0: no limit)")
 	}
 	if b := c.Builds; b.Concurrent < 1 || b.PerKey < 1 || b.MaxContextMB < 1 || b.Timeout <= 0 {
 		return fmt.Errorf("--build-concurrency, --builds-per-key, --build-context-max and --build-timeout must be positive")

@@ -19,6 +19,8 @@
 //     must be able to serve it when it answers); the rest queued
 //  4. store              the sandboxes' records (SQLite)
 //     lifecycle events   over the same database; pruned for age until Close
+//     secrets            over the same database, values sealed with the
+//     data dir's secrets.key (made once)
 //  5. runtimes           every backend, so Recover finds any sandbox's
 //  6. network            netns + veth + firewall + DNS per sandbox
 //  7. disk pool          the btrfs image sandboxes' quotas live on
@@ -69,6 +71,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
@@ -127,6 +130,8 @@ type Config struct {
 	Webhooks WebhookConfig
 	// Volumes bounds the volumes' sizes and each key's volumes.
 	Volumes VolumeConfig
+	// Secrets bounds each key's secrets.
+	Secrets SecretConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -171,6 +176,10 @@ type Daemon struct {
 	EgressCA *egress.CA
 	Disk     *diskquota.Pool
 	Volumes  *volume.Service // nil without a disk pool
+	// Secrets keeps the API keys' secrets (the /secrets API). It is the
+	// secret.Resolver the egress proxy fills ${e2b.secrets.<name>} with;
+	// nothing else reads values.
+	Secrets  *secret.Service
 	Manager  *sandbox.Manager
 	Proxy    *proxy.Proxy
 	Webhooks *webhook.Dispatcher
@@ -257,6 +266,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 	d.push("store", d.Store.Close)
 	d.startEvents()
+	if err := d.startSecrets(ctx); err != nil {
+		return err
+	}
 	if d.Runtime, d.Runtimes, err = openRuntimes(d.cfg.Runtime, d.Layout, d.log); err != nil {
 		return err
 	}
@@ -480,6 +492,7 @@ func (d *Daemon) startListeners() error {
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
 		Events:       d.Events,
+		Secrets:      d.Secrets,
 		Logger:       d.log,
 
 		Webhooks:            d.Store,

@@ -70,6 +70,9 @@ type Options struct {
 	// Volumes keeps the volumes (volumes.go); nil (no disk pool) makes
 	// their endpoints answer 501.
 	Volumes VolumeService
+	// Secrets keeps the secrets (secrets.go); nil makes their endpoints
+	// answer 501.
+	Secrets SecretService
 	Logger  *slog.Logger
 }
 
@@ -139,6 +142,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.routeEvents()
 	h.routeWebhooks()
 	h.routeVolumes()
+	h.routeSecrets()
 	return h
 }
 

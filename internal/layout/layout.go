@@ -6,6 +6,7 @@
 //	  serve.lock          flock of the one server using this data dir
 //	  api-key             the generated API key (when AIRLOCK_API_KEY is unset)
 //	  airlock.db          SQLite: the sandboxes' records
+//	  secrets.key         the key secrets' values are sealed with in airlock.db
 //	  sandboxes.img       btrfs image of the sandbox disk pool (--disk-quota)
 //	  sandboxes/          one directory per sandbox (on the pool's mount), and
 //	  sandboxes/<id>.log  its console log
@@ -40,6 +41,10 @@ func (d DataDir) APIKey() string { return filepath.Join(d.Root, "api-key") }
 
 // DB is the SQLite database of sandbox records.
 func (d DataDir) DB() string { return filepath.Join(d.Root, "airlock.db") }
+
+// SecretsKey holds the AES-256 key the secrets' values in the database are
+// sealed with (made once, 0600; internal/secret).
+func (d DataDir) SecretsKey() string { return filepath.Join(d.Root, "secrets.key") }
 
 // SandboxImage is the btrfs image file of the disk-quota pool.
 func (d DataDir) SandboxImage() string { return filepath.Join(d.Root, "sandboxes.img") }

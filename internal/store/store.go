@@ -240,6 +240,10 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: volume schema: %w", err)
 	}
+	if _, err := db.Exec(secretSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: secret schema: %w", err)
+	}
 	if err := migrate(db); err != nil {
 		db.Close()
 		return nil, err
