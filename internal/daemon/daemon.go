@@ -433,6 +433,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		MaxPerOwner:     d.cfg.MaxPerKey,
 		Network:         d.Network,
 		EgressTrust:     d.egressTrust(),
+		Secrets:         d.managerSecrets(),
 		Logger:          d.log,
 		PausedRetention: d.cfg.PausedRetention,
 		// A killed sandbox's log is kept as long as its lifecycle events.

@@ -17,6 +17,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/secret"
 )
 
 // NetworkConfig is how sandboxes are networked (serve's --sandbox-* flags).
@@ -185,10 +186,47 @@ func (d *Daemon) egressTrust() sandbox.TrustStore {
 }
 
 // fillSecrets fills the secret markers of a rule's header value for the
-// egress proxy.
+// egress proxy, with the owner's current values. A value that would break
+// the header (a line break or NUL in the secret) is refused rather than
+// sent: it could smuggle headers or a second request.
 func (d *Daemon) fillSecrets(ctx context.Context, owner, value string) (string, error) {
-	if !strings.Contains(value, "${e2b.secrets.") {
+	if len(secret.Placeholders(value)) == 0 {
 		return value, nil
 	}
-	return "", errors.New("this server has no secret store")
+	if d.Secrets == nil {
+		return "", errors.New("this server has no secret store")
+	}
+	out, err := secret.Fill(ctx, d.Secrets, owner, value)
+	if err != nil {
+		return "", err
+	}
+	if strings.ContainsAny(out, "\r\n\x00") {
+		return "", errors.New("a secret's value holds a line break or NUL, which a header cannot carry")
+	}
+	return out, nil
+}
+
+// secretChecker is the manager's Secrets over the secret store.
+type secretChecker struct{ r secret.Resolver }
+
+func (c secretChecker) Missing(ctx context.Context, owner string, values []string) (string, error) {
+	for _, v := range values {
+		for _, name := range secret.Placeholders(v) {
+			ok, err := c.r.Exists(ctx, owner, name)
+			if err != nil {
+				return "", err
+			}
+			if !ok {
+				return name, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+func (d *Daemon) managerSecrets() sandbox.SecretChecker {
+	if d.Secrets == nil {
+		return nil
+	}
+	return secretChecker{d.Secrets}
 }

@@ -780,7 +780,7 @@ func TestUpdateNetwork(t *testing.T) {
 	}
 	checkError(t, request(t, h, "PUT", "/sandboxes/abc/network", `{"denyOut":["evil.com"]}`), 400, `network: denyOut entry "evil.com" is not an IP address or CIDR`)
 	checkError(t, request(t, h, "PUT", "/sandboxes/abc/network", `{"allowOut":"1.1.1.1"}`), 400, `malformed JSON body: field "allowOut" must be an array, got string`)
-	checkError(t, request(t, h, "PUT", "/sandboxes/abc/network", `{"rules":{"bad domain":[]}}`), 400, `network: rules key "bad domain" is not a domain`)
+	checkError(t, request(t, h, "PUT", "/sandboxes/abc/network", `{"rules":{"bad domain":[]}}`), 400, `network: rules key "bad domain" is not a domain, IP address or CIDR`)
 }
 
 func TestRecoverWritesJSON(t *testing.T) {

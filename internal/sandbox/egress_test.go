@@ -274,6 +274,10 @@ func TestEgressProxySOCKS(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustReach(t, nr.m, dead, web1, "hello from 198.51.100.10")
+
+	// Killing them leaves no interception behind.
+	nr.m.KillAll(context.Background())
+	nr.assertClean(t, []string{info.ID, dom.ID, w.ID, dead.ID})
 }
 
 func hasPath(reqs []netpolicytest.Request, p string) bool {

@@ -466,7 +466,7 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == nr.table && strings.HasPrefix(ch.Name, "s_") {
+		if ch.Table.Name == nr.table && (strings.HasPrefix(ch.Name, "s_") || strings.HasPrefix(ch.Name, "i_")) {
 			t.Errorf("chain %s survived", ch.Name)
 		}
 	}
@@ -478,12 +478,12 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		if s.Name == "private" {
 			continue // table-wide: the closed private ranges
 		}
-		if s.Name != "sandboxes" {
+		if s.Name != "sandboxes" && s.Name != "intercept" && s.Name != "intercept_policy" {
 			t.Errorf("set %s survived", s.Name)
 			continue
 		}
 		if el, _ := c.GetSetElements(s); len(el) != 0 {
-			t.Errorf("sandboxes map still has %d entries", len(el))
+			t.Errorf("%s map still has %d entries", s.Name, len(el))
 		}
 	}
 }
