@@ -78,6 +78,7 @@ server_log="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-serve.XXXXXX.log")"
 server_pid=""
 registry_pid=""
 registry_dir=""
+egress_ca_dir=""
 tail_pid=""
 node_pid=""
 status=1
@@ -132,6 +133,7 @@ cleanup() {
     log "server log: $server_log"
   fi
   [ -n "$registry_dir" ] && rm -rf "$registry_dir"
+  [ -n "$egress_ca_dir" ] && rm -rf "$egress_ca_dir"
   exit "$status"
 }
 trap cleanup EXIT
@@ -170,6 +172,18 @@ if [ "${AIRLOCK_SDK_REGISTRY:-1}" != 0 ]; then
   # (loopback) address API builds may not otherwise reach.
   extra_args+=(--registry-mirror "docker.io=http://$registry_addr" --allow-registry "$registry_auth_addr")
   export AIRLOCK_SDK_REGISTRY="$registry_addr" AIRLOCK_SDK_REGISTRY_AUTH="$registry_auth_addr" AIRLOCK_SDK_REGISTRY_CREDS="$registry_creds"
+fi
+
+# --- a CA of the run's own for egress tests: their HTTPS servers (in network
+# namespaces the tests create) get certificates from it, and the server
+# trusts it for the hosts whose HTTPS its egress intercepts.
+egress_ca_dir="$(mktemp -d "${TMPDIR:-/tmp}/airlock-sdk-egress-ca.XXXXXX")"
+if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj "/CN=airlock sdk egress test CA" -keyout "$egress_ca_dir/ca.key" -out "$egress_ca_dir/ca.crt" >/dev/null 2>&1; then
+  extra_args+=(--egress-upstream-ca "$egress_ca_dir/ca.crt")
+  export AIRLOCK_SDK_EGRESS_CA_DIR="$egress_ca_dir"
+else
+  log "openssl could not make the egress test CA; egress tests will skip"
 fi
 
 # Webhook tests run their receivers on loopback.
