@@ -19,7 +19,10 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // fakeSecrets stands in for the secret store (internal/secret, tested on
@@ -403,4 +406,58 @@ func isMountPoint(p string) bool {
 		}
 	}
 	return false
+}
+
+// TestEgressRulesAcrossPauseAndGVisor: the trust store and the interception
+// hold on both runtimes and through a pause with memory (the restored
+// sandbox keeps its mounts and its network).
+func TestEgressRulesAcrossPauseAndGVisor(t *testing.T) {
+	nr := newNetRig(t)
+	testenv.NeedRunsc(t)
+	es := nr.inet.StartEgress(t)
+	nr.egressRoots.AppendCertsFromPEM(es.CAPEM)
+	secret := randomSecret(t)
+	nr.secrets.set("tok", secret)
+	gv, err := gvisor.New(filepath.Join(nr.dataDir, "runtime-gvisor"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := sandbox.New(sandbox.Options{
+		Runtime: nr.rt, Runtimes: []runtime.Runtime{gv}, Store: nr.db, Templates: twoRuntimes{nr.tpl},
+		DataDir: nr.dataDir, EnvdPath: nr.envd, MaxTimeout: time.Hour,
+		Network: nr.net, EgressTrust: nr.egressCA, Secrets: nr.secrets,
+	})
+	m.Start()
+	t.Cleanup(func() { m.KillAll(ctx); m.Close() })
+	for _, tpl := range []string{"base", "base-gvisor"} {
+		info, err := m.Create(ctx, sandbox.CreateRequest{Template: tpl, Timeout: 5 * time.Minute, Secure: true,
+			Network: &sandbox.NetworkConfig{Rules: authRules(netpolicytest.RulesHost, "Bearer ${e2b.secrets.tok}")}})
+		if err != nil {
+			t.Fatalf("%s: Create: %v", tpl, err)
+		}
+		get := func(path string) {
+			t.Helper()
+			out, code := run(t, m, info, "curl -sS --max-time 5 https://"+netpolicytest.RulesHost+path)
+			if code != 0 || !strings.Contains(out, "recorded request") {
+				t.Fatalf("%s: %s: %q (exit %d)", tpl, path, out, code)
+			}
+			for _, r := range es.Requests() {
+				if r.Path == path && r.Header.Get("Authorization") != "Bearer "+secret {
+					t.Errorf("%s: %s arrived with Authorization %q", tpl, path, r.Header.Get("Authorization"))
+				}
+			}
+			if !hasPath(es.Requests(), path) {
+				t.Errorf("%s: %s never arrived", tpl, path)
+			}
+		}
+		get("/" + tpl + "-before")
+		if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
+			t.Fatalf("%s: Pause: %v", tpl, err)
+		}
+		if _, resumed, err := m.Connect(ctx, info.ID, time.Minute); err != nil || !resumed {
+			t.Fatalf("%s: Connect: resumed=%v err=%v", tpl, resumed, err)
+		}
+		get("/" + tpl + "-after")
+	}
 }
