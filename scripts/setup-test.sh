@@ -17,11 +17,13 @@ RUNSC=/usr/local/bin/runsc
 # R's backend tests run Debian's IRkernel (kernelspec "ir"), as code-interpreter-v1 does.
 # protobuf-compiler: scripts/gen-proto.sh.
 # default-jdk-headless: the java backend's tests compile and run its JShell kernel.
+# openssl: the SDK suite's egress tests make a CA and a server certificate with it.
 PACKAGES=(
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
 	r-base-core r-cran-irkernel
 	protobuf-compiler
 	default-jdk-headless
+	openssl
 )
 
 SETUP_NAME=setup-test
