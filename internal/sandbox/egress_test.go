@@ -171,6 +171,18 @@ c.request("GET", "/ka2"); r = c.getresponse(); r.read(); print(r.status, flush=T
 	if findInSandboxMemory(t, info.ID, planted) == "" {
 		t.Error("the memory search does not find a planted value: it proves nothing")
 	}
+
+	// A server restart: the re-adopted sandbox keeps its rules (from its
+	// record) and its trust (the CA is the data dir's).
+	nr.stop()
+	nr.start(t)
+	out, code = run(t, nr.m, info, "curl -sS --max-time 5 https://"+netpolicytest.RulesHost+"/after-restart")
+	if code != 0 || !strings.Contains(out, "recorded request") {
+		t.Fatalf("after a restart: %q (exit %d)", out, code)
+	}
+	if reqs := es.Requests(); reqs[len(reqs)-1].Path != "/after-restart" || reqs[len(reqs)-1].Header.Get("Authorization") != "Token "+secret2 {
+		t.Errorf("after a restart the server got %+v", reqs[len(reqs)-1])
+	}
 }
 
 // TestEgressRuleErrors: what cannot work is refused at create and update
