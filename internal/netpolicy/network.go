@@ -507,6 +507,16 @@ func (n *Network) Addr(id string) (netip.Addr, bool) {
 	return st.Addr, true
 }
 
+// Addr6 returns the sandbox's IPv6 address (invalid without IPv6).
+func (n *Network) Addr6(id string) netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if st, ok := n.sbx[id]; ok {
+		return st.Addr6
+	}
+	return netip.Addr{}
+}
+
 // Teardown removes a sandbox's firewall state, veth, netns and files. Call it
 // after the runtime destroyed the sandbox. It takes tens of milliseconds (the
 // veth delete waits for an RCU grace period), so callers run it off the

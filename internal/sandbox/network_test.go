@@ -25,6 +25,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
@@ -45,6 +46,8 @@ type netRig struct {
 	// allowPrivate is the network's Config.AllowPrivate (serve
 	// --allow-private) at the next start.
 	allowPrivate []netip.Prefix
+	// gv, when set, serves the "base-gvisor" template (twoRuntimes).
+	gv runtime.Runtime
 	// stop closes the manager and network as a server stop does (sandboxes
 	// keep running).
 	stop func()
@@ -76,6 +79,9 @@ func (nr *netRig) start(t *testing.T) {
 		IfPrefix:     testIfPrefix,
 		DNSUpstreams: []string{nr.inet.DNSUpstream()},
 		AllowPrivate: nr.allowPrivate,
+		// Every network test runs with IPv6 on (the stand-in internet has
+		// IPv6 hosts; enableForwarding turns IPv6 forwarding on too).
+		IPv6: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,10 +90,14 @@ func (nr *netRig) start(t *testing.T) {
 		n.Close()
 		_ = n.RemoveTable()
 	})
-	m := sandbox.New(sandbox.Options{
+	opts := sandbox.Options{
 		Runtime: nr.rt, Store: nr.db, Templates: nr, DataDir: nr.dataDir, EnvdPath: nr.envd,
 		MaxTimeout: time.Hour, Network: n,
-	})
+	}
+	if nr.gv != nil {
+		opts.Runtimes, opts.Templates = []runtime.Runtime{nr.gv}, twoRuntimes{nr.tpl}
+	}
+	m := sandbox.New(opts)
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -144,18 +154,19 @@ func TestNetworkSurvivesRestart(t *testing.T) {
 	nr.assertClean(t, []string{info.ID, other.ID, orphan})
 }
 
-// enableForwarding turns on IPv4 forwarding (sandbox egress is routed) and
-// restores the previous value at cleanup.
+// enableForwarding turns on IPv4 and IPv6 forwarding (sandbox egress is
+// routed) and restores the previous values at cleanup.
 func enableForwarding(t *testing.T) {
-	const p = "/proc/sys/net/ipv4/ip_forward"
-	old, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		old, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(p, old, 0o644) })
 	}
-	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.WriteFile(p, old, 0o644) })
 }
 
 func (nr *netRig) create(t *testing.T, req sandbox.CreateRequest) sandbox.Info {
