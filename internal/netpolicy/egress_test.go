@@ -47,6 +47,13 @@ func newEgressRig(t *testing.T) *egressRig {
 	inet := netpolicytest.Start(t)
 	setSysctl(t, "/proc/sys/net/ipv4/ip_forward", "1")
 	setSysctl(t, "/proc/sys/net/ipv6/conf/all/forwarding", "1")
+	return &egressRig{n: newEgressNetwork(t, inet, "ale", nil), inet: inet}
+}
+
+// newEgressNetwork is a Network with IPv6 over the stand-in internet, with
+// its own interface prefix, table and range.
+func newEgressNetwork(t *testing.T, inet *netpolicytest.Internet, prefix string, allowPrivate []netip.Prefix) *netpolicy.Network {
+	t.Helper()
 	b := make([]byte, 2)
 	_, _ = rand.Read(b)
 	n, err := netpolicy.New(netpolicy.Config{
@@ -54,9 +61,10 @@ func newEgressRig(t *testing.T) *egressRig {
 		CIDR:         netip.MustParsePrefix(fmt.Sprintf("10.198.%d.0/24", b[0])),
 		StateDir:     filepath.Join(t.TempDir(), "network"),
 		Table:        "airlock_egress_" + hex.EncodeToString(b),
-		IfPrefix:     "ale",
+		IfPrefix:     prefix,
 		DNSUpstreams: []string{inet.DNSUpstream()},
 		IPv6:         true,
+		AllowPrivate: allowPrivate,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +75,7 @@ func newEgressRig(t *testing.T) *egressRig {
 			t.Error(err)
 		}
 	})
-	return &egressRig{n: n, inet: inet}
+	return n
 }
 
 // setSysctl sets a sysctl for the test and puts the old value back after.
@@ -294,6 +302,28 @@ func TestIPv6Egress(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectReach(t, "after update back", def, all, web1, web6, web6b, allowed6, blocked6)
+	})
+
+	t.Run("--allow-private opens a unique-local range and, with 10/8, its NAT64 form", func(t *testing.T) {
+		open, err := netpolicy.ParseAllowPrivate([]string{"fdaa:a1c0:251::/64", "10.251.0.0/16"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n2 := newEgressNetwork(t, r.inet, "alf", open)
+		sb, err := n2.Setup(context.Background(), "v6allowpriv00000000", netpolicy.Policy{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n2.Teardown(sb.ID)
+		expectReach(t, "--allow-private "+strings.Join([]string{"fdaa:a1c0:251::/64", "10.251.0.0/16"}, ","), sb, all,
+			web1, web6, web6b, allowed6, blocked6, p6b, nat64, netpolicytest.Private10)
+		sb2, err := n2.Setup(context.Background(), "v6allowprivdeny0000", netpolicy.Policy{DenyOut: []string{p6b.String()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n2.Teardown(sb2.ID)
+		expectReach(t, "--allow-private, denyOut "+p6b.String(), sb2, all,
+			web1, web6, web6b, allowed6, blocked6, nat64, netpolicytest.Private10)
 	})
 }
 
