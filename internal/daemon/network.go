@@ -13,6 +13,9 @@ import (
 	"os"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
@@ -45,12 +48,30 @@ type NetworkConfig struct {
 	// EgressUpstreamCA is a PEM file of extra roots for verifying the real
 	// servers of hosts the egress intercepts (the host's roots always).
 	EgressUpstreamCA string
+	// IPv6 is "auto" (the default: on when the host has an IPv6 default
+	// route), "on" or "off": whether sandboxes get IPv6 egress too. It needs
+	// Egress.
+	IPv6 string
 }
 
 // egressParts is the egress proxy and its CA, started with the network.
 type egressParts struct {
 	proxy *egress.Proxy
 	ca    *egress.CA
+}
+
+// ipv6Enabled decides serve --sandbox-ipv6. Without egress there is nothing
+// for IPv6 to reach.
+func ipv6Enabled(c NetworkConfig) (bool, error) {
+	switch c.IPv6 {
+	case "", "auto":
+		return c.Egress && netpolicy.HostHasIPv6(), nil
+	case "on":
+		return c.Egress, nil
+	case "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("--sandbox-ipv6 %q: want auto, on or off", c.IPv6)
 }
 
 // startNetwork sets up sandbox networking unless it is disabled. Egress needs
@@ -118,10 +139,24 @@ func openNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpol
 	if err != nil {
 		return nil, nil, fmt.Errorf("--allow-private: %w", err)
 	}
+	ipv6, err := ipv6Enabled(c)
+	if err != nil {
+		return nil, nil, err
+	}
 	if c.Egress {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return nil, nil, fmt.Errorf("enable IPv4 forwarding for sandbox egress (or pass --sandbox-egress=false): %w", err)
 		}
+	}
+	if ipv6 {
+		// Like ip_forward, never turned off again. Note for hosts that take
+		// their IPv6 default route from router advertisements: with
+		// forwarding on, the kernel stops accepting them unless the uplink
+		// has accept_ra=2; that is the operator's to set (we warn).
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644); err != nil {
+			return nil, nil, fmt.Errorf("enable IPv6 forwarding for sandbox IPv6 egress (or pass --sandbox-ipv6=off): %w", err)
+		}
+		warnAcceptRA(log)
 	}
 	ln, err := egress.Listen(cmp.Or(c.EgressListen, "0.0.0.0:0"))
 	if err != nil {
@@ -137,16 +172,47 @@ func openNetwork(c NetworkConfig, dir layout.DataDir, log *slog.Logger) (*netpol
 		DNSListen:    c.DNSListen,
 		NoEgress:     !c.Egress,
 		AllowPrivate: allowPrivate,
+		IPv6:         ipv6,
 		Logger:       log,
 	})
 	if err != nil {
 		ln.Close()
 		return nil, nil, fmt.Errorf("sandbox network: %w", err)
 	}
-	log.Info("sandbox network ready", "cidr", cidr, "egress", c.Egress, "dns_port", nw.DNSPort(),
+	var cidr6 any = "off"
+	if ipv6 {
+		cidr6 = netpolicy.DefaultCIDR6(inst.table)
+	}
+	log.Info("sandbox network ready", "cidr", cidr, "ipv6", cidr6, "egress", c.Egress, "dns_port", nw.DNSPort(),
 		"egress_proxy", ln.Addr().String(),
 		"nft_table", "inet "+inst.table, "veth_prefix", inst.prefix, "allow_private", allowPrivate)
 	return nw, ln, nil
+}
+
+// warnAcceptRA warns about interfaces that hold an IPv6 default route learned
+// from router advertisements (proto ra) while accept_ra is below 2: with
+// forwarding on, the kernel stops accepting advertisements there and the
+// route expires.
+func warnAcceptRA(log *slog.Logger) {
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		return
+	}
+	for _, r := range routes {
+		if r.Protocol != unix.RTPROT_RA {
+			continue
+		}
+		l, err := netlink.LinkByIndex(r.LinkIndex)
+		if err != nil {
+			continue
+		}
+		name := l.Attrs().Name
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + name + "/accept_ra")
+		if err == nil && strings.TrimSpace(string(b)) != "2" {
+			log.Warn("IPv6 forwarding is on for sandbox egress: this interface's routes come from router advertisements, which the kernel now ignores unless accept_ra=2",
+				"interface", name, "fix", "sysctl net.ipv6.conf."+name+".accept_ra=2")
+		}
+	}
 }
 
 // netInstance names what one server owns in the host's shared network state.

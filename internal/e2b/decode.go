@@ -247,9 +247,12 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
+// isIPOrCIDR accepts IPv4 and IPv6 addresses and CIDRs (sandboxes have IPv6
+// egress under the same policy), but no zone ("fe80::1%eth0"): a zone names
+// an interface of the host, which means nothing in a sandbox's policy.
 func isIPOrCIDR(s string) bool {
-	if _, err := netip.ParseAddr(s); err == nil {
-		return true
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Zone() == ""
 	}
 	_, err := netip.ParsePrefix(s)
 	return err == nil

@@ -332,6 +332,8 @@ func TestCreateValidation(t *testing.T) {
 		{"secure not bool", "/sandboxes", `{"templateID":"base","secure":"yes"}`, 400, `malformed JSON body: field "secure" must be a boolean, got string`},
 		{"unknown template", "/v2/sandboxes", `{"templateID":"nope"}`, 404, `template "nope" not found`},
 		{"denyOut domain", "/v2/sandboxes", `{"templateID":"base","network":{"denyOut":["example.com"]}}`, 400, `network: denyOut entry "example.com" is not an IP address or CIDR`},
+		{"denyOut zoned IPv6", "/v2/sandboxes", `{"templateID":"base","network":{"denyOut":["fe80::1%eth0"]}}`, 400, `network: denyOut entry "fe80::1%eth0" is not an IP address or CIDR`},
+		{"allowOut bad IPv6 CIDR", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["fd00::/129"]}}`, 400, `network: allowOut entry "fd00::/129" is not an IP address, CIDR or domain`},
 		{"allowOut garbage", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["not a host!"],"denyOut":["0.0.0.0/0"]}}`, 400, `network: allowOut entry "not a host!" is not an IP address, CIDR or domain`},
 		{"allowOut domain needs deny all", "/v2/sandboxes", `{"templateID":"base","network":{"allowOut":["example.com"]}}`, 400, `network: allowing domains in allowOut requires "0.0.0.0/0" (ALL_TRAFFIC) in denyOut`},
 		{"egress proxy without address", "/v2/sandboxes", `{"templateID":"base","network":{"egressProxy":{"username":"u"}}}`, 400, "network: egressProxy.address is required"},

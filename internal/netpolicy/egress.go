@@ -104,14 +104,19 @@ func (p Policy) compileEgress(allow compiled) (egressCompiled, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	// Rule hosts are reached over IPv4 (interception is IPv4): what counts
+	// is whether all IPv4 traffic is denied.
 	denyAll := false
 	for _, d := range allow.denyNets {
-		denyAll = denyAll || d.Bits() == 0
+		denyAll = denyAll || d.Bits() == 0 && d.Addr().Is4()
 	}
 	for _, k := range keys {
 		rules := p.Rules[k]
 		h := RuleHost{Key: k, Rules: rules}
 		if pfx, ok := parseNet(k); ok {
+			if !pfx.Addr().Is4() {
+				return e, fmt.Errorf("%w: rules key %q: rules apply to IPv4 destinations (name the host, or its IPv4 address)", ErrInvalidPolicy, k)
+			}
 			h.Net = pfx
 		} else if d, ok := normalizeDomain(k); ok && d != "*" {
 			h.Domain = d

@@ -32,7 +32,13 @@ import (
 //	    otherwise:            ip daddr @r_<id>/@q_<id> tcp dport {80, 443} redirect to :<egress port>
 //
 // and in the input chain, the egress port is open to sandbox interfaces
-// (the proxy refuses a connection that was not redirected).
+// (the proxy refuses a connection that was not redirected). Interception is
+// IPv4: an intercepting sandbox's IPv6 TCP is refused with a reset, so
+// that clients fall back to IPv4 at once and nothing leaves unproxied:
+//
+//	chain intercept_forward (filter, forward, filter-1)
+//	    iifname "alk*" ip6 saddr @intercept6 meta l4proto tcp reject with tcp reset
+//	set intercept6: the intercepting sandboxes' IPv6 addresses
 //
 // So with rules only, the connections that may carry a rule host's
 // requests reach the proxy, which still passes through (without reading
@@ -66,6 +72,17 @@ func (fw *firewall) installIntercept(c *nftables.Conn, t *nftables.Table) error 
 	if err := c.AddSet(fw.imap, nil); err != nil {
 		return fmt.Errorf("nftables: intercept map: %w", err)
 	}
+	fw.i6 = &nftables.Set{Table: t, Name: "intercept6", KeyType: nftables.TypeIP6Addr}
+	if err := c.AddSet(fw.i6, nil); err != nil {
+		return fmt.Errorf("nftables: intercept6 set: %w", err)
+	}
+	fwd := c.AddChain(&nftables.Chain{Name: "intercept_forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 1), Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv6(), l4proto(unix.IPPROTO_TCP), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
+		&expr.Lookup{SourceRegister: 1, SetName: fw.i6.Name, SetID: fw.i6.ID},
+		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
+	})})
 	filt := c.AddChain(&nftables.Chain{Name: "intercept_filter", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityMangle + 1), Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(unix.IPPROTO_TCP, 53), verdict(expr.VerdictAccept))})
@@ -139,6 +156,11 @@ func (fw *firewall) setIntercept(id string, addr netip.Addr, e egressCompiled, l
 	}}); err != nil {
 		return fmt.Errorf("nftables: intercept %s: %w", addr, err)
 	}
+	if a6 := fw.addr6(addr); a6.IsValid() {
+		if err := cn.SetAddElements(fw.i6, []nftables.SetElement{{Key: a6.AsSlice()}}); err != nil {
+			return fmt.Errorf("nftables: intercept6 %s: %w", a6, err)
+		}
+	}
 	if err := cn.Flush(); err != nil {
 		return fmt.Errorf("nftables: intercept for sandbox %s: %w", id, err)
 	}
@@ -156,6 +178,11 @@ func (fw *firewall) clearIntercept(id string, addr netip.Addr) {
 	s := fw.interceptSets(id)
 	ch := &nftables.Chain{Name: "i_" + id, Table: fw.table}
 	for _, st := range []func(){
+		func() {
+			if a6 := fw.addr6(addr); a6.IsValid() {
+				_ = cn.SetDeleteElements(fw.i6, []nftables.SetElement{{Key: a6.AsSlice()}})
+			}
+		},
 		func() { _ = cn.SetDeleteElements(fw.imap, []nftables.SetElement{{Key: addr.AsSlice()}}) },
 		func() { _ = cn.SetDeleteElements(fw.ipolicy, []nftables.SetElement{{Key: addr.AsSlice()}}) },
 		func() { cn.FlushChain(ch); cn.DelChain(ch) },

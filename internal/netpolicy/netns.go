@@ -87,13 +87,19 @@ func RemoveNetNS(path string) error {
 
 // link describes one sandbox's point-to-point link: a /30 whose first host
 // address is the host side (the sandbox's gateway and DNS server) and second
-// the sandbox's eth0.
+// the sandbox's eth0; with IPv6, the /126 that goes with it (gateway6,
+// addr6; invalid without IPv6).
 type link struct {
-	hostIf  string
-	gateway netip.Addr
-	addr    netip.Addr
-	bits    int
+	hostIf   string
+	gateway  netip.Addr
+	addr     netip.Addr
+	bits     int
+	gateway6 netip.Addr
+	addr6    netip.Addr
 }
+
+// bits6 is the IPv6 prefix length of a sandbox link: the /30's 2 host bits.
+const bits6 = 126
 
 // setupLink creates the veth pair with its peer already inside ns as eth0,
 // addresses both ends, brings lo, eth0 and the host side up, and routes the
@@ -113,6 +119,13 @@ func setupLink(ns netns.NsHandle, l link) error {
 	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(l.gateway, l.bits)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", l.gateway, l.hostIf, err)
+	}
+	if l.gateway6.IsValid() {
+		// No duplicate address detection: the link has two ends, both ours,
+		// and the address is usable at once.
+		if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(l.gateway6, bits6), Flags: unix.IFA_F_NODAD}); err != nil {
+			return fmt.Errorf("address %s on %s: %w", l.gateway6, l.hostIf, err)
+		}
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("up %s: %w", l.hostIf, err)
@@ -142,6 +155,25 @@ func setupLink(ns netns.NsHandle, l link) error {
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(l.gateway.AsSlice())}); err != nil {
 		return fmt.Errorf("sandbox default route: %w", err)
 	}
+	if l.addr6.IsValid() {
+		if err := addr6(h, eth, l.addr6, l.gateway6); err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	return nil
+}
+
+// addr6 gives a sandbox's eth0 its IPv6 address and default route (or puts
+// them back; setting what is there changes nothing).
+func addr6(h *netlink.Handle, eth netlink.Link, addr, gw netip.Addr) error {
+	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: ipNet(addr, bits6), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("IPv6 address %s: %w", addr, err)
+	}
+	r := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice()),
+		Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}
+	if err := h.RouteReplace(r); err != nil {
+		return fmt.Errorf("IPv6 default route via %s: %w", gw, err)
+	}
 	return nil
 }
 
@@ -163,7 +195,7 @@ func deleteLink(name string) error {
 }
 
 func ipNet(a netip.Addr, bits int) *net.IPNet {
-	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, a.BitLen())}
 }
 
 // linkGateway returns the IPv4 address on a host-side link inside cidr, if any;

@@ -14,6 +14,7 @@ package netpolicy
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
 )
@@ -64,7 +66,20 @@ type Config struct {
 	// connections of sandboxes with network rules or an egress proxy. 0: no
 	// egress proxy, and such policies are refused.
 	EgressPort uint16
-	Logger     *slog.Logger
+	// IPv6 gives every sandbox an IPv6 address and default route too, with
+	// IPv6 egress (NAT66) under the same policy. The caller turns it on only
+	// when the host forwards IPv6 (net.ipv6.conf.all.forwarding=1) and has
+	// IPv6 beyond itself; off, sandboxes have IPv6 link-local only and the
+	// firewall drops every IPv6 packet they forward.
+	IPv6 bool
+	// CIDR6 is the IPv6 range of sandbox addresses (at most /96): a
+	// sandbox's IPv6 address is CIDR6's prefix with its IPv4 address as the
+	// last 32 bits, so the /30 of each sandbox is a /126 here, the host side
+	// the gateway. Default: the unique-local /64 fdXX:XXXX:XXXX::/64, the
+	// 40-bit global id derived from Table, so two servers (each with its
+	// own table) never share a range.
+	CIDR6  netip.Prefix
+	Logger *slog.Logger
 }
 
 // Sandbox is one sandbox's network, as the runtime needs it.
@@ -73,6 +88,10 @@ type Sandbox struct {
 	NetNS   string     // bind-mounted namespace to join
 	Addr    netip.Addr // the sandbox's eth0 address
 	Gateway netip.Addr // host side: default route and DNS server
+	// Addr6 and Gateway6 are the IPv6 counterparts (Config.IPv6; invalid
+	// without it). DNS stays on the IPv4 gateway.
+	Addr6    netip.Addr
+	Gateway6 netip.Addr
 	// ResolvConf and Hosts are host files to bind read-only over /etc/resolv.conf
 	// and /etc/hosts.
 	ResolvConf string
@@ -145,6 +164,17 @@ func New(cfg Config) (*Network, error) {
 		return nil, fmt.Errorf("netpolicy: sandbox CIDR %s must be an IPv4 range of /30 or larger", cfg.CIDR)
 	}
 	cfg.CIDR = cfg.CIDR.Masked()
+	if cfg.IPv6 {
+		if !cfg.CIDR6.IsValid() {
+			cfg.CIDR6 = DefaultCIDR6(cfg.Table)
+		}
+		if !cfg.CIDR6.Addr().Is6() || cfg.CIDR6.Addr().Is4In6() || cfg.CIDR6.Bits() > 96 {
+			return nil, fmt.Errorf("netpolicy: sandbox IPv6 range %s must be an IPv6 range of /96 or larger", cfg.CIDR6)
+		}
+		cfg.CIDR6 = cfg.CIDR6.Masked()
+	} else {
+		cfg.CIDR6 = netip.Prefix{}
+	}
 	if cfg.DNSListen == "" {
 		cfg.DNSListen = "0.0.0.0:0"
 	}
@@ -170,7 +200,7 @@ func New(cfg Config) (*Network, error) {
 		return nil, err
 	}
 	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, n.port, cfg.EgressPort, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
+	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, cfg.CIDR6, n.port, cfg.EgressPort, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
 	if err != nil {
 		pc.Close()
 		l.Close()
@@ -188,6 +218,37 @@ func New(cfg Config) (*Network, error) {
 	}()
 	n.scanSlots()
 	return n, nil
+}
+
+// DefaultCIDR6 is the unique-local /64 a server with the given nftables
+// table gives its sandboxes (RFC 4193: fd, then a 40-bit global id, here a
+// hash of the table name, which is unique per data dir; subnet 0).
+func DefaultCIDR6(table string) netip.Prefix {
+	h := sha256.Sum256([]byte("airlock sandbox ipv6/" + table))
+	var b [16]byte
+	b[0] = 0xfd
+	copy(b[1:6], h[:5])
+	return netip.PrefixFrom(netip.AddrFrom16(b), 64)
+}
+
+// HostHasIPv6 reports whether the host has an IPv6 default route, that is
+// IPv6 beyond its own links (serve --sandbox-ipv6=auto).
+func HostHasIPv6() bool {
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return false
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask) {
+			return true
+		}
+	}
+	return false
+}
+
+func isZeroMask(m net.IPMask) bool {
+	ones, _ := m.Size()
+	return ones == 0
 }
 
 // listenDNS binds UDP and TCP on the same port: the firewall redirects both
@@ -315,6 +376,7 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 		return nil, fmt.Errorf("netpolicy: no free address in %s", n.cfg.CIDR)
 	}
 	st.Gateway, st.Addr = n.slotAddrs(st.slot)
+	st.Gateway6, st.Addr6 = n.fw.addr6(st.Gateway), n.fw.addr6(st.Addr)
 	dir := n.dir(id)
 	st.NetNS = filepath.Join(dir, "netns")
 	st.ResolvConf = filepath.Join(dir, "resolv.conf")
@@ -333,7 +395,8 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	if err != nil {
 		return fail(err)
 	}
-	err = setupLink(ns, link{hostIf: st.hostIf, gateway: st.Gateway, addr: st.Addr, bits: 30})
+	err = setupLink(ns, link{hostIf: st.hostIf, gateway: st.Gateway, addr: st.Addr, bits: 30,
+		gateway6: st.Gateway6, addr6: st.Addr6})
 	ns.Close()
 	if err != nil {
 		return fail(err)
@@ -361,6 +424,9 @@ func (n *Network) writeFiles(st *state) error {
 		return err
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\tairlock\n", st.Addr)
+	if st.Addr6.IsValid() {
+		hosts += fmt.Sprintf("%s\tairlock\n", st.Addr6)
+	}
 	return os.WriteFile(st.Hosts, []byte(hosts), 0o644)
 }
 
@@ -388,6 +454,10 @@ func (n *Network) Adopt(id string, p Policy) (*Sandbox, error) {
 	}
 	st.slot = n.slotOf(gw)
 	st.Gateway, st.Addr = n.slotAddrs(st.slot)
+	// The IPv6 addresses follow from the IPv4 ones. A sandbox set up while
+	// IPv6 was off has none in its namespace: its IPv6 traffic (link-local
+	// only) still finds no rule that accepts it.
+	st.Gateway6, st.Addr6 = n.fw.addr6(st.Gateway), n.fw.addr6(st.Addr)
 	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
 		return nil, err
 	}
@@ -480,6 +550,16 @@ func (n *Network) Addr(id string) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	return st.Addr, true
+}
+
+// Addr6 returns the sandbox's IPv6 address (invalid without IPv6).
+func (n *Network) Addr6(id string) netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if st, ok := n.sbx[id]; ok {
+		return st.Addr6
+	}
+	return netip.Addr{}
 }
 
 // Teardown removes a sandbox's firewall state, veth, netns and files. Call it
@@ -591,11 +671,7 @@ func (n *Network) dnsRules(src netip.Addr) (dnsfilter.Rules, bool) {
 	if !ok {
 		return dnsfilter.Rules{}, false
 	}
-	denyAll := false
-	for _, d := range st.c.denyNets {
-		denyAll = denyAll || d.Bits() == 0
-	}
-	r := dnsfilter.Rules{Allow: append([]string(nil), st.c.allowDomains...), DenyAll: denyAll}
+	r := dnsfilter.Rules{Allow: append([]string(nil), st.c.allowDomains...), DenyAll: st.c.deniesAll()}
 	if st.intercepting && st.c.egress.proxy == nil {
 		r.Watch = st.c.egress.ruleDomains()
 	}
@@ -630,11 +706,13 @@ func (n *Network) onAnswer(_ context.Context, src netip.Addr, name string, addrs
 	var add []learnedElem
 	var present []netip.Addr
 	for _, a := range addrs {
-		a = a.Unmap()
-		if !a.Is4() {
-			continue
+		// An IPv4-mapped AAAA answer is an IPv4 destination: a dual-stack
+		// socket connecting to it sends IPv4.
+		a = a.Unmap().WithZone("")
+		if a.Is6() && !n.cfg.IPv6 {
+			continue // no IPv6 egress to open
 		}
-		if inRanges(n.fw.closed, a) {
+		if inRanges(n.fw.closed, a) || inRanges(neverClosed(), a) {
 			// A domain never opens a closed private address, as E2B's
 			// firewall refuses them too: whoever controls a name's DNS (or
 			// rebinds it) could otherwise point an allowed domain at the

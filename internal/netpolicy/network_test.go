@@ -22,6 +22,7 @@ func TestPolicyValidate(t *testing.T) {
 		{},
 		{DenyOut: []string{AllTraffic}, AllowOut: []string{"1.2.3.4", "10.0.0.0/8", "example.com", "*.example.org", "*"}},
 		{DenyOut: []string{"192.0.2.0/24", "198.51.100.7"}},
+		{DenyOut: []string{"::/0", "2001:db8::/32"}, AllowOut: []string{"fdaa:a1c0:250::2", "2001:db8:1::/48"}},
 	}
 	for _, p := range good {
 		if err := p.Validate(); err != nil {
@@ -29,11 +30,12 @@ func TestPolicyValidate(t *testing.T) {
 		}
 	}
 	bad := map[string]Policy{
-		`denyOut entry "example.com"`: {DenyOut: []string{"example.com"}},
-		`denyOut entry "10.0.0.0/33"`: {DenyOut: []string{"10.0.0.0/33"}},
-		`denyOut entry "::/0"`:        {DenyOut: []string{"::/0"}},
-		`allowOut entry "bad host!"`:  {AllowOut: []string{"bad host!"}},
-		`allowOut entry "a..b"`:       {AllowOut: []string{"a..b"}},
+		`denyOut entry "example.com"`:  {DenyOut: []string{"example.com"}},
+		`denyOut entry "10.0.0.0/33"`:  {DenyOut: []string{"10.0.0.0/33"}},
+		`denyOut entry "::/129"`:       {DenyOut: []string{"::/129"}},
+		`denyOut entry "fe80::1%eth0"`: {DenyOut: []string{"fe80::1%eth0"}},
+		`allowOut entry "bad host!"`:   {AllowOut: []string{"bad host!"}},
+		`allowOut entry "a..b"`:        {AllowOut: []string{"a..b"}},
 	}
 	for want, p := range bad {
 		err := p.Validate()
@@ -45,18 +47,23 @@ func TestPolicyValidate(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
+func rng(lo, hi string) ipRange {
+	return ipRange{netip.MustParseAddr(lo), netip.MustParseAddr(hi)}
+}
+
 func TestMergeRanges(t *testing.T) {
 	pfx := func(ss ...string) []netip.Prefix {
 		var out []netip.Prefix
 		for _, s := range ss {
-			p, _ := parseNet(s)
+			p, ok := parseNet(s)
+			if !ok {
+				t.Fatalf("parseNet(%q)", s)
+			}
 			out = append(out, p)
 		}
 		return out
 	}
-	r := func(lo, hi string) ipRange {
-		return ipRange{addrU32(netip.MustParseAddr(lo)), addrU32(netip.MustParseAddr(hi))}
-	}
+	r := rng
 	cases := []struct {
 		in   []netip.Prefix
 		want []ipRange
@@ -65,6 +72,10 @@ func TestMergeRanges(t *testing.T) {
 		{pfx("1.1.1.1", "1.1.1.2", "1.1.1.4"), []ipRange{r("1.1.1.1", "1.1.1.2"), r("1.1.1.4", "1.1.1.4")}},
 		{pfx("0.0.0.0/0", "8.8.8.8"), []ipRange{r("0.0.0.0", "255.255.255.255")}},
 		{pfx("255.255.255.255", "255.255.255.254"), []ipRange{r("255.255.255.254", "255.255.255.255")}},
+		// Families never merge, IPv4 sorts first.
+		{pfx("fc00::/7", "255.255.255.255", "::/128", "::1"), []ipRange{
+			r("255.255.255.255", "255.255.255.255"), r("::", "::1"), r("fc00::", "fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}},
+		{pfx("::/0", "2001:db8::1"), []ipRange{r("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}},
 	}
 	for _, c := range cases {
 		if got := mergeRanges(c.in); !slices.Equal(got, c.want) {
@@ -72,12 +83,18 @@ func TestMergeRanges(t *testing.T) {
 		}
 	}
 	// The interval encoding has no end element for a range that reaches the top.
-	if el := intervalElems(pfx("0.0.0.0/0")); len(el) != 1 || el[0].IntervalEnd {
-		t.Errorf("0.0.0.0/0 encodes as %+v", el)
+	for _, top := range []string{"0.0.0.0/0", "::/0", "ff00::/8"} {
+		if el := intervalElems(pfx(top)); len(el) != 1 || el[0].IntervalEnd {
+			t.Errorf("%s encodes as %+v", top, el)
+		}
 	}
 	if el := intervalElems(pfx("10.0.0.0/8")); len(el) != 2 || !el[1].IntervalEnd ||
 		netip.AddrFrom4([4]byte(el[1].Key)) != netip.MustParseAddr("11.0.0.0") {
 		t.Errorf("10.0.0.0/8 encodes as %+v", el)
+	}
+	if el := intervalElems(pfx("fc00::/7")); len(el) != 2 || !el[1].IntervalEnd ||
+		netip.AddrFrom16([16]byte(el[1].Key)) != netip.MustParseAddr("fe00::") {
+		t.Errorf("fc00::/7 encodes as %+v", el)
 	}
 }
 
@@ -200,20 +217,25 @@ func median(d []time.Duration) time.Duration {
 }
 
 func TestParseAllowPrivate(t *testing.T) {
-	got, err := ParseAllowPrivate([]string{"192.168.250.0/24", " 10.1.2.3 ", "", "0.0.0.0/0"})
+	got, err := ParseAllowPrivate([]string{"192.168.250.0/24", " 10.1.2.3 ", "", "0.0.0.0/0", "fd12::/16", "fdaa:a1c0:250::2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []netip.Prefix{netip.MustParsePrefix("192.168.250.0/24"), netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("0.0.0.0/0")}
+	want := []netip.Prefix{netip.MustParsePrefix("192.168.250.0/24"), netip.MustParsePrefix("10.1.2.3/32"),
+		netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("fd12::/16"), netip.MustParsePrefix("fdaa:a1c0:250::2/128")}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 	for in, msg := range map[string]string{
 		"8.8.8.0/24":     "not in a private range",
+		"2001:db8::/32":  "not in a private range",
 		"169.254.0.0/16": "link-local",
-		"fd00::/8":       "no IPv6 egress",
-		"10.0.0.0/33":    "not an IPv4 address or CIDR",
-		"intranet":       "not an IPv4 address or CIDR",
+		"127.0.0.1":      "loopback",
+		"fe80::/64":      "link-local",
+		"::1":            "loopback",
+		"10.0.0.0/33":    "not an IP address or CIDR",
+		"fe80::1%eth0":   "not an IP address or CIDR",
+		"intranet":       "not an IP address or CIDR",
 	} {
 		if _, err := ParseAllowPrivate([]string{in}); err == nil || !contains(err.Error(), msg) {
 			t.Errorf("%q: error %v, want one saying %q", in, err, msg)
@@ -221,39 +243,83 @@ func TestParseAllowPrivate(t *testing.T) {
 	}
 }
 
+// TestClosedPrivate checks which destinations the private sets close, by
+// default and with ranges opened, for every class of PrivateRanges.
 func TestClosedPrivate(t *testing.T) {
-	r := func(lo, hi string) ipRange {
-		return ipRange{addrU32(netip.MustParseAddr(lo)), addrU32(netip.MustParseAddr(hi))}
+	closed := closedPrivate(nil)
+	for a, want := range map[string]bool{
+		// IPv4 classes
+		"10.1.2.3": true, "172.16.0.1": true, "172.31.255.255": true, "172.32.0.1": false, "192.168.1.1": true,
+		"100.64.0.1": true, "100.128.0.1": false, "169.254.169.254": true, "127.0.0.1": true, "0.0.0.1": true,
+		"224.0.0.251": true, "239.255.255.250": true, "240.0.0.1": true, "255.255.255.255": true,
+		"8.8.8.8": false, "198.51.100.10": false, "203.0.113.80": false, "1.0.0.0": false,
+		// IPv6 classes
+		"fd00::1": true, "fc00::1": true, "fdaa:a1c0:250::2": true, "fe80::1": true, "febf::1": true, "fec0::1": true,
+		"::1": true, "::": true, "ff02::1": true, "ff0e::1": true, "::ffff:10.0.0.1": true, "::ffff:8.8.8.8": true,
+		"64:ff9b:1::1": true,
+		"2001:db8::10": false, "2001:4860:4860::8888": false, "::2": false, "fe00::1": false,
+		// IPv4 embedded in NAT64 and 6to4 forms
+		"64:ff9b::10.0.0.1": true, "64:ff9b::192.168.1.1": true, "64:ff9b::8.8.8.8": false,
+		"2002:c0a8:101::1": true, "2002:0a00:1:ffff::1": true, "2002:0808:0808::1": false,
+	} {
+		if got := inRanges(closed, netip.MustParseAddr(a)); got != want {
+			t.Errorf("%s closed = %v, want %v", a, got, want)
+		}
 	}
-	all := []ipRange{
-		r("10.0.0.0", "10.255.255.255"), r("100.64.0.0", "100.127.255.255"), r("169.254.0.0", "169.254.255.255"),
-		r("172.16.0.0", "172.31.255.255"), r("192.168.0.0", "192.168.255.255"),
+	open, err := ParseAllowPrivate([]string{"10.0.0.0/9", "10.200.0.1", "192.168.0.0/16", "172.31.255.255", "fdaa:a1c0:250::/64"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := closedPrivate(nil); !slices.Equal(got, all) {
-		t.Errorf("closedPrivate(nil) = %v, want %v", got, all)
-	}
-	open, _ := ParseAllowPrivate([]string{"10.0.0.0/9", "10.200.0.1", "192.168.0.0/16", "172.31.255.255"})
+	got := family(closedPrivate(open), true)
 	want := []ipRange{
-		r("10.128.0.0", "10.200.0.0"), r("10.200.0.2", "10.255.255.255"), r("100.64.0.0", "100.127.255.255"),
-		r("169.254.0.0", "169.254.255.255"), r("172.16.0.0", "172.31.255.254"),
+		rng("0.0.0.0", "0.255.255.255"),
+		rng("10.128.0.0", "10.200.0.0"), rng("10.200.0.2", "10.255.255.255"), rng("100.64.0.0", "100.127.255.255"),
+		rng("127.0.0.0", "127.255.255.255"), rng("169.254.0.0", "169.254.255.255"), rng("172.16.0.0", "172.31.255.254"),
+		rng("224.0.0.0", "255.255.255.255"),
 	}
-	got := closedPrivate(open)
 	if !slices.Equal(got, want) {
 		t.Errorf("closedPrivate(%v) = %v, want %v", open, got, want)
 	}
+	all := closedPrivate(open)
 	for a, closed := range map[string]bool{
-		"10.0.0.1": false, "10.200.0.1": false, "10.200.0.2": true, "172.31.255.255": false, "172.16.0.0": true,
-		"192.168.1.1": false, "100.64.0.1": true, "8.8.8.8": false, "169.254.169.254": true,
+		"10.0.0.1": false, "10.200.0.1": false, "10.200.0.2": true, "192.168.1.1": false,
+		"fdaa:a1c0:250::2": false, "fdaa:a1c0:251::2": true,
+		// Opening an IPv4 range opens its NAT64 form with it.
+		"64:ff9b::192.168.1.1": false, "64:ff9b::10.200.0.2": true,
 	} {
-		if inRanges(got, netip.MustParseAddr(a)) != closed {
-			t.Errorf("%s closed = %v, want %v", a, !closed, closed)
+		if inRanges(all, netip.MustParseAddr(a)) != closed {
+			t.Errorf("with %v: %s closed = %v, want %v", open, a, !closed, closed)
 		}
 	}
-	// The build box opens PrivateRanges, IPv6 entries included.
+	// The build box opens PrivateRanges: nothing stays in the private sets
+	// (NeverRanges stay closed by a rule of their own).
 	if got := closedPrivate(PrivateRanges); len(got) != 0 {
 		t.Errorf("PrivateRanges leave %v closed", got)
 	}
-	if everything, _ := ParseAllowPrivate([]string{"0.0.0.0/0"}); len(closedPrivate(everything)) != 0 {
-		t.Errorf("0.0.0.0/0 leaves %v closed", closedPrivate(everything))
+	if everything, _ := ParseAllowPrivate([]string{"0.0.0.0/0", "::/0"}); len(closedPrivate(everything)) != 0 {
+		t.Errorf("0.0.0.0/0 and ::/0 leave %v closed", closedPrivate(everything))
+	}
+	for _, a := range []string{"169.254.169.254", "127.0.0.1", "fe80::1", "::1", "64:ff9b::169.254.169.254", "64:ff9b::127.0.0.1"} {
+		if !inRanges(neverClosed(), netip.MustParseAddr(a)) {
+			t.Errorf("%s is not in NeverRanges", a)
+		}
+	}
+}
+
+func TestPolicyAllTraffic(t *testing.T) {
+	c, err := Policy{DenyOut: []string{AllTraffic}}.compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.deniesAll() || !slices.Contains(c.denyNets, netip.MustParsePrefix("::/0")) {
+		t.Errorf("0.0.0.0/0 compiles to %v: IPv6 not denied", c.denyNets)
+	}
+	c, _ = Policy{DenyOut: []string{"::/0"}}.compile()
+	if c.deniesAll() || len(c.denyNets) != 1 {
+		t.Errorf("::/0 alone compiles to %v (denies all: %v); want IPv6 only", c.denyNets, c.deniesAll())
+	}
+	c, _ = Policy{AllowOut: []string{AllTraffic}}.compile()
+	if !slices.Contains(c.allowNets, netip.MustParsePrefix("::/0")) {
+		t.Errorf("allowOut 0.0.0.0/0 compiles to %v: IPv6 not allowed", c.allowNets)
 	}
 }

@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"time"
@@ -17,38 +18,51 @@ import (
 // Airlock alone; no other table is read or written). Its layout:
 //
 //	chain prerouting_filter (filter, prerouting, -150)
-//	    iifname "alk*" fib saddr . iif oif missing drop     # no spoofed sources
+//	    iifname "alk*" fib saddr . iif oif missing drop     # no spoofed sources, IPv4 and IPv6
 //	chain prerouting_nat (nat, prerouting, dstnat)
-//	    iifname "alk*" udp/tcp dport 53 redirect to :<dns port>
+//	    iifname "alk*" meta nfproto ipv4 udp/tcp dport 53 redirect to :<dns port>
 //	chain input (filter, input, 0)
 //	    iifname "alk*" ct state established,related accept
-//	    iifname "alk*" udp/tcp dport <dns port> accept
+//	    iifname "alk*" meta nfproto ipv4 udp/tcp dport <dns port> accept
+//	    iifname "alk*" icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 accept
 //	    iifname "alk*" drop                                  # nothing else of the host
 //	chain forward (filter, forward, 0)
 //	    iifname "alk*" oifname "alk*" drop                   # sandbox to sandbox
 //	    oifname "alk*" ct state established,related accept
 //	    oifname "alk*" drop                                  # nobody opens into a sandbox
 //	    iifname "alk*" ct state established,related accept
-//	    iifname "alk*" ip daddr 169.254.0.0/16 drop          # cloud metadata, link-local
+//	    iifname "alk*" ip daddr @never drop                  # link-local (cloud metadata), loopback
+//	    iifname "alk*" ip6 daddr @never6 drop
+//	    iifname "alk*" meta nfproto ipv6 udp/tcp dport 53 drop  # DNS goes to the forwarder over IPv4
 //	    iifname "alk*" ip saddr vmap @sandboxes              # per-sandbox policy
+//	    iifname "alk*" ip6 saddr vmap @sandboxes6
 //	    iifname "alk*" drop                                  # unknown source: fail closed
-//	set private (interval): the private ranges (PrivateRanges, IPv4) minus
-//	    those the operator opened for all sandboxes (Config.AllowPrivate)
+//	set private (ipv4, interval), private6 (ipv6, interval): the private
+//	    ranges (closedPrivate: PrivateRanges and the NAT64/6to4 forms of the
+//	    closed IPv4 ones) minus those the operator opened for all sandboxes
+//	    (Config.AllowPrivate)
+//	set never (ipv4, interval), never6 (ipv6, interval): NeverRanges
 //	chain postrouting (nat, postrouting, srcnat)
 //	    ip saddr <cidr> oifname != "alk*" masquerade
-//	per sandbox <id>: sets a_<id> (allowed CIDRs, interval), l_<id> (addresses
-//	of allowed domains, learned from DNS answers, per-element timeout),
-//	d_<id> (denied CIDRs, interval) and chain s_<id>:
+//	    ip6 saddr <cidr6> oifname != "alk*" masquerade       # with IPv6 on
+//	per sandbox <id>: sets a_<id> / a6_<id> (allowed CIDRs, interval),
+//	l_<id> / l6_<id> (addresses of allowed domains, learned from A / AAAA
+//	answers, per-element timeout), d_<id> / d6_<id> (denied CIDRs, interval),
+//	map elements sandboxes[<ipv4>] and, with IPv6 on, sandboxes6[<ipv6>] ->
+//	jump s_<id>, and one chain s_<id> for both families:
 //	    ip daddr @a_<id> accept; ip daddr @l_<id> accept; ip daddr @d_<id> drop;
-//	    ip daddr @private drop; accept
+//	    ip daddr @private drop;
+//	    ip6 daddr @a6_<id> accept; ip6 daddr @l6_<id> accept; ip6 daddr @d6_<id> drop;
+//	    ip6 daddr @private6 drop;
+//	    accept
 //
 // So a sandbox's allowOut (addresses, CIDRs, and what its domains resolved
 // to; see onAnswer for why that never includes a private address) opens a
 // destination whatever else says; its denyOut closes one; and a private
-// destination neither names is closed. IPv6 needs no rule of its own: a
-// sandbox has no IPv6 address or route, and the forward chain drops every
-// non-IPv4 packet from a sandbox interface (the policy rule matches IPv4
-// only and the rule after it drops).
+// destination neither names is closed. 0.0.0.0/0 in a policy carries ::/0
+// with it (compile), so ALL_TRAFFIC denies IPv6 too. Without IPv6 (Config.
+// IPv6 off) a sandbox has no IPv6 address beyond link-local and no route;
+// what it sends anyway finds no sandboxes6 element and is dropped.
 //
 // The spoofing check matters because the policy is keyed by source address:
 // sandbox root has CAP_NET_RAW and could otherwise borrow another sandbox's
@@ -56,26 +70,32 @@ import (
 // when Airlock stops affects nothing but sandbox interfaces, and it fails
 // closed for sandboxes that outlive the server (their policy stays in force).
 type firewall struct {
-	mu      sync.Mutex
-	conn    *nftables.Conn
-	table   *nftables.Table
-	vmap    *nftables.Set
-	private *nftables.Set
-	// closed are the private ranges in the private set.
-	closed  []ipRange
-	prefix  string
-	cidr    netip.Prefix
+	mu       sync.Mutex
+	conn     *nftables.Conn
+	table    *nftables.Table
+	vmap     *nftables.Set
+	vmap6    *nftables.Set
+	private  *nftables.Set
+	private6 *nftables.Set
+	// closed are the private ranges in the private sets, both families.
+	closed []ipRange
+	prefix string
+	cidr   netip.Prefix
+	// cidr6 is the IPv6 range of sandboxes (invalid with IPv6 off): a
+	// sandbox's IPv6 address is cidr6's prefix with its IPv4 address as the
+	// last 32 bits (addr6).
+	cidr6   netip.Prefix
 	dnsPort uint16
 	// egressPort is the egress proxy's port (0: none); see intercept.go.
 	egressPort uint16
-	// ipolicy and imap are intercept.go's maps.
-	ipolicy, imap *nftables.Set
+	// ipolicy and imap are intercept.go's maps, i6 its IPv6 set.
+	ipolicy, imap, i6 *nftables.Set
 	// noEgress drops all forwarded sandbox traffic whatever the policy
 	// (serve --sandbox-egress=false).
 	noEgress bool
 }
 
-func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
+func newFirewall(table, prefix string, cidr, cidr6 netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
@@ -85,12 +105,30 @@ func newFirewall(table, prefix string, cidr netip.Prefix, dnsPort, egressPort ui
 		table:      &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
 		prefix:     prefix,
 		cidr:       cidr,
+		cidr6:      cidr6,
 		dnsPort:    dnsPort,
 		egressPort: egressPort,
 		noEgress:   noEgress,
 		closed:     closed,
 	}
 	return fw, fw.install()
+}
+
+// addr6 is the IPv6 address that goes with a sandbox-side or gateway IPv4
+// address, or the zero Addr with IPv6 off.
+func (fw *firewall) addr6(a netip.Addr) netip.Addr {
+	return embed6(fw.cidr6, a)
+}
+
+// embed6 puts the IPv4 address a into the last 32 bits of p's prefix.
+func embed6(p netip.Prefix, a netip.Addr) netip.Addr {
+	if !p.IsValid() || !a.Is4() {
+		return netip.Addr{}
+	}
+	b := p.Addr().As16()
+	v := a.As4()
+	copy(b[12:], v[:])
+	return netip.AddrFrom16(b)
 }
 
 // install replaces the table with a fresh one in one transaction, so there is
@@ -105,11 +143,14 @@ func (fw *firewall) install() error {
 	}
 	t := c.AddTable(fw.table)
 	accept := nftables.ChainPolicyAccept
+	sbx := func(parts ...[]expr.Any) []expr.Any {
+		return cat(append([][]expr.Any{fw.ifMatch(expr.MetaKeyIIFNAME, true)}, parts...)...)
+	}
 
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting_filter", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
-		fw.ifMatch(expr.MetaKeyIIFNAME, true),
+	// fib works on both families in an inet table.
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: sbx(
 		[]expr.Any{
 			&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0, 0, 0}},
@@ -119,8 +160,7 @@ func (fw *firewall) install() error {
 	nat := c.AddChain(&nftables.Chain{Name: "prerouting_nat", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(
-			fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), dport(proto, 53),
+		c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: sbx(ipv4(), dport(proto, 53),
 			[]expr.Any{
 				&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(fw.dnsPort)},
 				&expr.Redir{RegisterProtoMin: 1},
@@ -129,42 +169,75 @@ func (fw *firewall) install() error {
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ctEstablished(), verdict(expr.VerdictAccept))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: sbx(ctEstablished(), verdict(expr.VerdictAccept))})
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(proto, fw.dnsPort), verdict(expr.VerdictAccept))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: sbx(ipv4(), dport(proto, fw.dnsPort), verdict(expr.VerdictAccept))})
 	}
 	if fw.egressPort != 0 {
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(unix.IPPROTO_TCP, fw.egressPort), verdict(expr.VerdictAccept))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: sbx(ipv4(), dport(unix.IPPROTO_TCP, fw.egressPort), verdict(expr.VerdictAccept))})
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop))})
+	// Neighbour discovery: without it the sandbox cannot resolve its IPv6
+	// gateway nor answer the host's solicitations. Hop limit 255 means the
+	// packet was sent on this link (RFC 4861).
+	for _, typ := range []byte{135, 136} { // neighbor solicitation, advertisement
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: sbx(ipv6(), []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{typ}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 7, Len: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{255}},
+		}, verdict(expr.VerdictAccept))})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: sbx(verdict(expr.VerdictDrop))})
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	fw.vmap = &nftables.Set{Table: t, Name: "sandboxes", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
-	if err := c.AddSet(fw.vmap, nil); err != nil {
-		return fmt.Errorf("nftables: sandboxes map: %w", err)
-	}
+	fw.vmap6 = &nftables.Set{Table: t, Name: "sandboxes6", IsMap: true, KeyType: nftables.TypeIP6Addr, DataType: nftables.TypeVerdict}
 	fw.private = &nftables.Set{Table: t, Name: "private", KeyType: nftables.TypeIPAddr, Interval: true}
-	if err := c.AddSet(fw.private, rangeElems(fw.closed)); err != nil {
-		return fmt.Errorf("nftables: private set: %w", err)
+	fw.private6 = &nftables.Set{Table: t, Name: "private6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	never := &nftables.Set{Table: t, Name: "never", KeyType: nftables.TypeIPAddr, Interval: true}
+	never6 := &nftables.Set{Table: t, Name: "never6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	nv := neverClosed()
+	for _, x := range []struct {
+		set   *nftables.Set
+		elems []nftables.SetElement
+	}{
+		{fw.vmap, nil}, {fw.vmap6, nil},
+		{fw.private, rangeElems(family(fw.closed, true))}, {fw.private6, rangeElems(family(fw.closed, false))},
+		{never, rangeElems(family(nv, true))}, {never6, rangeElems(family(nv, false))},
+	} {
+		if err := c.AddSet(x.set, x.elems); err != nil {
+			return fmt.Errorf("nftables: %s set: %w", x.set.Name, err)
+		}
 	}
-	linkLocal := netip.MustParsePrefix("169.254.0.0/16")
-	policyRule := cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.vmap.Name, SetID: fw.vmap.ID},
-	})
+	policy := [][]expr.Any{
+		sbx(ipv4(), daddrLookup(never, true), verdict(expr.VerdictDrop)),
+		sbx(ipv6(), daddrLookup(never6, false), verdict(expr.VerdictDrop)),
+		sbx(ipv6(), dport(unix.IPPROTO_UDP, 53), verdict(expr.VerdictDrop)),
+		sbx(ipv6(), dport(unix.IPPROTO_TCP, 53), verdict(expr.VerdictDrop)),
+		sbx(ipv4(), []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.vmap.Name, SetID: fw.vmap.ID},
+		}),
+		sbx(ipv6(), []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
+			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.vmap6.Name, SetID: fw.vmap6.ID},
+		}),
+	}
 	if fw.noEgress {
-		policyRule = cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop))
+		policy = [][]expr.Any{sbx(verdict(expr.VerdictDrop))}
 	}
-	for _, r := range [][]expr.Any{
+	rules := [][]expr.Any{
 		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), fw.ifMatch(expr.MetaKeyOIFNAME, true), verdict(expr.VerdictDrop)),
 		cat(fw.ifMatch(expr.MetaKeyOIFNAME, true), ctEstablished(), verdict(expr.VerdictAccept)),
 		cat(fw.ifMatch(expr.MetaKeyOIFNAME, true), verdict(expr.VerdictDrop)),
-		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ctEstablished(), verdict(expr.VerdictAccept)),
-		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), prefixMatch(16, linkLocal), verdict(expr.VerdictDrop)),
-		policyRule,
-		cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), verdict(expr.VerdictDrop)),
-	} {
+		sbx(ctEstablished(), verdict(expr.VerdictAccept)),
+	}
+	rules = append(rules, policy...)
+	rules = append(rules, sbx(verdict(expr.VerdictDrop)))
+	for _, r := range rules {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: r})
 	}
 
@@ -173,6 +246,11 @@ func (fw *firewall) install() error {
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: cat(
 		ipv4(), prefixMatch(12, fw.cidr), fw.ifMatch(expr.MetaKeyOIFNAME, false),
 		[]expr.Any{&expr.Masq{}})})
+	if fw.cidr6.IsValid() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: cat(
+			ipv6(), prefixMatch(8, fw.cidr6), fw.ifMatch(expr.MetaKeyOIFNAME, false),
+			[]expr.Any{&expr.Masq{}})})
+	}
 
 	if fw.egressPort != 0 {
 		if err := fw.installIntercept(c, t); err != nil {
@@ -196,14 +274,46 @@ func (fw *firewall) remove() error {
 	return nil
 }
 
-type sandboxSets struct{ allow, learned, deny *nftables.Set }
+// sandboxSets are one sandbox's sets: IPv4 and IPv6 of each kind.
+type sandboxSets struct{ allow, learned, deny, allow6, learned6, deny6 *nftables.Set }
 
 func (fw *firewall) sets(id string) sandboxSets {
-	return sandboxSets{
-		allow:   &nftables.Set{Table: fw.table, Name: "a_" + id, KeyType: nftables.TypeIPAddr, Interval: true},
-		learned: &nftables.Set{Table: fw.table, Name: "l_" + id, KeyType: nftables.TypeIPAddr, HasTimeout: true},
-		deny:    &nftables.Set{Table: fw.table, Name: "d_" + id, KeyType: nftables.TypeIPAddr, Interval: true},
+	set := func(name string, key nftables.SetDatatype, learned bool) *nftables.Set {
+		return &nftables.Set{Table: fw.table, Name: name, KeyType: key, Interval: !learned, HasTimeout: learned}
 	}
+	return sandboxSets{
+		allow:    set("a_"+id, nftables.TypeIPAddr, false),
+		learned:  set("l_"+id, nftables.TypeIPAddr, true),
+		deny:     set("d_"+id, nftables.TypeIPAddr, false),
+		allow6:   set("a6_"+id, nftables.TypeIP6Addr, false),
+		learned6: set("l6_"+id, nftables.TypeIP6Addr, true),
+		deny6:    set("d6_"+id, nftables.TypeIP6Addr, false),
+	}
+}
+
+// contents are the elements of each of a sandbox's sets under a policy.
+func (s sandboxSets) contents(c compiled, learned []learnedElem) []setElems {
+	var l4, l6 []learnedElem
+	for _, e := range learned {
+		if e.addr.Is4() {
+			l4 = append(l4, e)
+		} else {
+			l6 = append(l6, e)
+		}
+	}
+	return []setElems{
+		{s.allow, intervalElems(prefixesOf(c.allowNets, true))},
+		{s.learned, learnedElems(l4)},
+		{s.deny, intervalElems(prefixesOf(c.denyNets, true))},
+		{s.allow6, intervalElems(prefixesOf(c.allowNets, false))},
+		{s.learned6, learnedElems(l6)},
+		{s.deny6, intervalElems(prefixesOf(c.denyNets, false))},
+	}
+}
+
+type setElems struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
 }
 
 // learnedElem is a DNS-learned address and when it stops being allowed.
@@ -212,36 +322,43 @@ type learnedElem struct {
 	expires time.Time
 }
 
-// addSandbox installs a sandbox's sets, chain and map entry in one transaction.
+// addSandbox installs a sandbox's sets, chain and map elements (its IPv4
+// address, and with IPv6 on the IPv6 address that goes with it) in one
+// transaction.
 func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	s := fw.sets(id)
 	cn := fw.conn
-	if err := cn.AddSet(s.allow, intervalElems(c.allowNets)); err != nil {
-		return fmt.Errorf("nftables: %s: %w", s.allow.Name, err)
-	}
-	if err := cn.AddSet(s.learned, learnedElems(learned)); err != nil {
-		return fmt.Errorf("nftables: %s: %w", s.learned.Name, err)
-	}
-	if err := cn.AddSet(s.deny, intervalElems(c.denyNets)); err != nil {
-		return fmt.Errorf("nftables: %s: %w", s.deny.Name, err)
+	for _, x := range s.contents(c, learned) {
+		if err := cn.AddSet(x.set, x.elems); err != nil {
+			return fmt.Errorf("nftables: %s: %w", x.set.Name, err)
+		}
 	}
 	ch := cn.AddChain(&nftables.Chain{Name: "s_" + id, Table: fw.table})
 	for _, r := range []struct {
 		set *nftables.Set
 		v   expr.VerdictKind
-	}{{s.allow, expr.VerdictAccept}, {s.learned, expr.VerdictAccept}, {s.deny, expr.VerdictDrop}, {fw.private, expr.VerdictDrop}} {
-		cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: cat(ipv4(), []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: r.set.Name, SetID: r.set.ID},
-		}, verdict(r.v))})
+	}{
+		{s.allow, expr.VerdictAccept}, {s.learned, expr.VerdictAccept}, {s.deny, expr.VerdictDrop}, {fw.private, expr.VerdictDrop},
+		{s.allow6, expr.VerdictAccept}, {s.learned6, expr.VerdictAccept}, {s.deny6, expr.VerdictDrop}, {fw.private6, expr.VerdictDrop},
+	} {
+		v4 := r.set.KeyType == nftables.TypeIPAddr
+		guard := ipv4()
+		if !v4 {
+			guard = ipv6()
+		}
+		cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: cat(guard, daddrLookup(r.set, v4), verdict(r.v))})
 	}
 	cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: verdict(expr.VerdictAccept)})
-	if err := cn.SetAddElements(fw.vmap, []nftables.SetElement{{
-		Key: addr.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
-	}}); err != nil {
+	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}
+	if err := cn.SetAddElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice(), VerdictData: jump}}); err != nil {
 		return fmt.Errorf("nftables: map %s: %w", addr, err)
+	}
+	if a6 := fw.addr6(addr); a6.IsValid() {
+		if err := cn.SetAddElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice(), VerdictData: jump}}); err != nil {
+			return fmt.Errorf("nftables: map %s: %w", a6, err)
+		}
 	}
 	if err := cn.Flush(); err != nil {
 		return fmt.Errorf("nftables: add sandbox %s: %w", id, err)
@@ -256,10 +373,7 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 	defer fw.mu.Unlock()
 	s := fw.sets(id)
 	cn := fw.conn
-	for _, x := range []struct {
-		set   *nftables.Set
-		elems []nftables.SetElement
-	}{{s.allow, intervalElems(c.allowNets)}, {s.learned, learnedElems(learned)}, {s.deny, intervalElems(c.denyNets)}} {
+	for _, x := range s.contents(c, learned) {
 		cn.FlushSet(x.set)
 		if len(x.elems) > 0 {
 			if err := cn.SetAddElements(x.set, x.elems); err != nil {
@@ -273,24 +387,30 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 	return nil
 }
 
-// learn adds DNS-learned addresses to a sandbox's learned set. An address
-// already there is deleted and re-added in the same transaction so that its
-// timeout restarts from the new answer's TTL.
+// learn adds DNS-learned addresses to a sandbox's learned sets (IPv4 and
+// IPv6). An address already there is deleted and re-added in the same
+// transaction so that its timeout restarts from the new answer's TTL.
 func (fw *firewall) learn(id string, add []learnedElem, present []netip.Addr) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
-	s := fw.sets(id).learned
-	if len(present) > 0 {
-		del := make([]nftables.SetElement, len(present))
-		for i, a := range present {
-			del[i] = nftables.SetElement{Key: a.AsSlice()}
+	s := fw.sets(id)
+	setOf := func(a netip.Addr) *nftables.Set {
+		if a.Is4() {
+			return s.learned
 		}
-		if err := fw.conn.SetDeleteElements(s, del); err != nil {
-			return fmt.Errorf("nftables: %s: %w", s.Name, err)
+		return s.learned6
+	}
+	for _, a := range present {
+		if err := fw.conn.SetDeleteElements(setOf(a), []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
+			return fmt.Errorf("nftables: %s: %w", setOf(a).Name, err)
 		}
 	}
-	if err := fw.conn.SetAddElements(s, learnedElems(add)); err != nil {
-		return fmt.Errorf("nftables: %s: %w", s.Name, err)
+	for _, e := range add {
+		if el := learnedElems([]learnedElem{e}); len(el) > 0 {
+			if err := fw.conn.SetAddElements(setOf(e.addr), el); err != nil {
+				return fmt.Errorf("nftables: %s: %w", setOf(e.addr).Name, err)
+			}
+		}
 	}
 	if err := fw.conn.Flush(); err != nil {
 		return fmt.Errorf("nftables: learn for %s: %w", id, err)
@@ -310,10 +430,15 @@ func (fw *firewall) removeSandbox(id string, addr netip.Addr) error {
 		func() {
 			_ = fw.conn.SetDeleteElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice()}})
 		},
-		func() { fw.conn.FlushChain(ch); fw.conn.DelChain(ch) },
-		func() { fw.conn.DelSet(s.allow) },
-		func() { fw.conn.DelSet(s.learned) },
-		func() { fw.conn.DelSet(s.deny) },
+	}
+	if a6 := fw.addr6(addr); a6.IsValid() {
+		steps = append(steps, func() {
+			_ = fw.conn.SetDeleteElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice()}})
+		})
+	}
+	steps = append(steps, func() { fw.conn.FlushChain(ch); fw.conn.DelChain(ch) })
+	for _, set := range []*nftables.Set{s.allow, s.learned, s.deny, s.allow6, s.learned6, s.deny6} {
+		steps = append(steps, func() { fw.conn.DelSet(set) })
 	}
 	for _, st := range steps {
 		st()
@@ -357,24 +482,38 @@ func ipv4() []expr.Any {
 	}
 }
 
-// prefixMatch matches the IPv4 address at offset (12 source, 16 destination)
-// against a prefix.
-func prefixMatch(offset uint32, p netip.Prefix) []expr.Any {
-	mask := make([]byte, 4)
-	m := ^uint32(0) << (32 - p.Bits())
-	if p.Bits() == 0 {
-		m = 0
-	}
-	binaryutilPut(mask, m)
+// ipv6 is ipv4's counterpart for IPv6 headers.
+func ipv6() []expr.Any {
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
 	}
 }
 
-func binaryutilPut(b []byte, v uint32) {
-	b[0], b[1], b[2], b[3] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+// daddrLookup matches the destination address (IPv4 header if v4, else
+// IPv6) against a set; guard it with ipv4() or ipv6().
+func daddrLookup(set *nftables.Set, v4 bool) []expr.Any {
+	off, n := uint32(16), uint32(4)
+	if !v4 {
+		off, n = 24, 16
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+	}
+}
+
+// prefixMatch matches the address at offset of the network header (IPv4: 12
+// source, 16 destination; IPv6: 8 source, 24 destination) against a prefix
+// of the same family.
+func prefixMatch(offset uint32, p netip.Prefix) []expr.Any {
+	n := uint32(p.Addr().BitLen() / 8)
+	mask := net.CIDRMask(p.Bits(), p.Addr().BitLen())
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: mask, Xor: make([]byte, n)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
+	}
 }
 
 func dport(proto byte, port uint16) []expr.Any {
@@ -406,19 +545,21 @@ func cat(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// intervalElems encodes prefixes for an interval set: each merged range is a
-// start element and an end element one past its last address.
+// intervalElems encodes prefixes (of one family) for an interval set: each
+// merged range is a start element and an end element one past its last
+// address.
 func intervalElems(pfxs []netip.Prefix) []nftables.SetElement {
 	return rangeElems(mergeRanges(pfxs))
 }
 
-// rangeElems encodes sorted, non-overlapping ranges for an interval set.
+// rangeElems encodes sorted, non-overlapping ranges of one family for an
+// interval set.
 func rangeElems(rs []ipRange) []nftables.SetElement {
 	var out []nftables.SetElement
 	for _, r := range rs {
-		out = append(out, nftables.SetElement{Key: u32Addr(r.lo).AsSlice()})
-		if r.hi != ^uint32(0) {
-			out = append(out, nftables.SetElement{Key: u32Addr(r.hi + 1).AsSlice(), IntervalEnd: true})
+		out = append(out, nftables.SetElement{Key: r.lo.AsSlice()})
+		if end := r.hi.Next(); end.IsValid() {
+			out = append(out, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
 		}
 	}
 	return out

@@ -8,7 +8,8 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// Readdress puts a sandbox's eth0 address and default route back in its
+// Readdress puts a sandbox's eth0 addresses (IPv4, and IPv6 when it has
+// one) and default routes back in its
 // network namespace, and brings lo and eth0 up, as Setup made them. gVisor's
 // netstack takes the namespace's interfaces over and strips their addresses
 // (the host kernel must not answer for them), and gives nothing back when the
@@ -49,6 +50,11 @@ func (n *Network) Readdress(id string) error {
 		}
 		if err := h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(st.Gateway.AsSlice())}); err != nil {
 			return fmt.Errorf("netpolicy: readdress %s: default route: %w", id, err)
+		}
+		if st.Addr6.IsValid() {
+			if err := addr6(h, l, st.Addr6, st.Gateway6); err != nil {
+				return fmt.Errorf("netpolicy: readdress %s: %w", id, err)
+			}
 		}
 	}
 	return nil

@@ -100,15 +100,6 @@ func TestNetworkPrivateRangesClosed(t *testing.T) {
 	open := nr.create(t, sandbox.CreateRequest{})
 	t.Run("default policy: public yes, private no", func(t *testing.T) {
 		expectReach(t, m, open, "default policy", all, web1, web2)
-		// Sandboxes have no IPv6 beyond link-local, so fc00::/7 (and any IPv6)
-		// is out of reach by construction; should that change, the private
-		// ranges need IPv6 rules and this test must grow.
-		out, _ := run(t, m, open, "cat /proc/net/if_inet6")
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			if f := strings.Fields(line); len(f) == 6 && f[3] != "20" && f[3] != "10" {
-				t.Errorf("sandbox has an IPv6 address beyond link-local and loopback: %q", line)
-			}
-		}
 	})
 
 	one := nr.create(t, sandbox.CreateRequest{Network: &sandbox.NetworkConfig{AllowOut: []string{p192.String()}}})

@@ -27,6 +27,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/netpolicytest"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
@@ -54,6 +55,8 @@ type netRig struct {
 	egressCA    *egress.CA
 	egressRoots *x509.CertPool
 	secrets     *fakeSecrets
+	// gv, when set, serves the "base-gvisor" template (twoRuntimes).
+	gv runtime.Runtime
 	// stop closes the manager and network as a server stop does (sandboxes
 	// keep running).
 	stop func()
@@ -90,6 +93,9 @@ func (nr *netRig) start(t *testing.T) {
 		IfPrefix:     testIfPrefix,
 		DNSUpstreams: []string{nr.inet.DNSUpstream()},
 		AllowPrivate: nr.allowPrivate,
+		// Every network test runs with IPv6 on (the stand-in internet has
+		// IPv6 hosts; enableForwarding turns IPv6 forwarding on too).
+		IPv6: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -106,10 +112,14 @@ func (nr *netRig) start(t *testing.T) {
 	go func() { _ = px.Serve(ln) }()
 	t.Cleanup(func() { px.Close() })
 	nr.egress, nr.egressCA = px, ca
-	m := sandbox.New(sandbox.Options{
+	opts := sandbox.Options{
 		Runtime: nr.rt, Store: nr.db, Templates: nr, DataDir: nr.dataDir, EnvdPath: nr.envd,
 		MaxTimeout: time.Hour, Network: n, EgressTrust: ca, Secrets: nr.secrets,
-	})
+	}
+	if nr.gv != nil {
+		opts.Runtimes, opts.Templates = []runtime.Runtime{nr.gv}, twoRuntimes{nr.tpl}
+	}
+	m := sandbox.New(opts)
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -166,18 +176,19 @@ func TestNetworkSurvivesRestart(t *testing.T) {
 	nr.assertClean(t, []string{info.ID, other.ID, orphan})
 }
 
-// enableForwarding turns on IPv4 forwarding (sandbox egress is routed) and
-// restores the previous value at cleanup.
+// enableForwarding turns on IPv4 and IPv6 forwarding (sandbox egress is
+// routed) and restores the previous values at cleanup.
 func enableForwarding(t *testing.T) {
-	const p = "/proc/sys/net/ipv4/ip_forward"
-	old, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		old, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(p, old, 0o644) })
 	}
-	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.WriteFile(p, old, 0o644) })
 }
 
 func (nr *netRig) create(t *testing.T, req sandbox.CreateRequest) sandbox.Info {
@@ -475,15 +486,15 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		t.Fatal(err)
 	}
 	for _, s := range sets {
-		if s.Name == "private" {
-			continue // table-wide: the closed private ranges
-		}
-		if s.Name != "sandboxes" && s.Name != "intercept" && s.Name != "intercept_policy" {
+		switch s.Name {
+		case "private", "private6", "never", "never6":
+			continue // table-wide: the closed ranges
+		case "sandboxes", "sandboxes6", "intercept", "intercept_policy", "intercept6":
+			if el, _ := c.GetSetElements(s); len(el) != 0 {
+				t.Errorf("%s map still has %d entries", s.Name, len(el))
+			}
+		default:
 			t.Errorf("set %s survived", s.Name)
-			continue
-		}
-		if el, _ := c.GetSetElements(s); len(el) != 0 {
-			t.Errorf("%s map still has %d entries", s.Name, len(el))
 		}
 	}
 }

@@ -8,10 +8,15 @@
 //
 // It also holds private test hosts (Private*): addresses in the private
 // ranges a sandbox must not reach by default, routed to this namespace by
-// host routes of their own (/32, and a /64 for IPv6) so that no real private
-// network is ever touched. They avoid the ranges Airlock and its tests use
-// for sandboxes (10.77/16, 10.100-249.x), the host's resolver (10.255.255.53
-// on the project's machines) and the host's own IPv6 network (fd00::/64).
+// host routes of their own (/32 and /128; the link itself is the ULA
+// fdaa:a1c0:250::/64) so that no real private network is ever touched. They
+// avoid the ranges Airlock and its tests use for sandboxes (10.77/16,
+// 10.100-249.x), the host's resolver (10.255.255.53 on the project's
+// machines) and the host's own IPv6 network (fd00::/64).
+//
+// The IPv6 stand-in public internet is in the documentation range
+// 2001:db8::/32 (Web6, Allowed6, Blocked6), which Airlock leaves open like
+// any public address for this reason; only /128 host routes lead there.
 package netpolicytest
 
 import (
@@ -53,11 +58,39 @@ var (
 	Private10  = netip.MustParseAddr("10.251.0.2")       // outside every sandbox range
 	Private172 = netip.MustParseAddr("172.29.250.2")     // RFC 1918's middle range
 	Private100 = netip.MustParseAddr("100.66.250.2")     // shared address space (CGNAT)
-	Private6   = netip.MustParseAddr("fdaa:a1c0:250::2") // IPv6 unique-local
+	Private6   = netip.MustParseAddr("fdaa:a1c0:250::2") // IPv6 unique-local, on the link
+	Reserved4  = netip.MustParseAddr("240.77.0.2")       // reserved 240.0.0.0/4 (class E)
+
+	// The IPv6 stand-in internet (documentation range, public-looking).
+	Web6     = netip.MustParseAddr("2001:db8:a1c0::10")
+	Web6b    = netip.MustParseAddr("2001:db8:a1c0::20")
+	Allowed6 = netip.MustParseAddr("2001:db8:a1c0::a") // allowed6.test
+	Blocked6 = netip.MustParseAddr("2001:db8:a1c0::b") // blocked6.test
+
+	// Private IPv6 test hosts beyond the link.
+	Private6b  = netip.MustParseAddr("fdaa:a1c0:251::2")  // unique-local, another /64
+	SiteLocal6 = netip.MustParseAddr("fec0:a1c0::2")      // deprecated site-local
+	NAT64Priv  = netip.MustParseAddr("64:ff9b::afb:2")    // 64:ff9b::10.251.0.2, Private10 through NAT64
+	SixToFour  = netip.MustParseAddr("2002:c0a8:fa02::2") // 6to4 form of Private192
 )
 
 // PrivateHosts are the private IPv4 test hosts.
-var PrivateHosts = []netip.Addr{Private192, Private10, Private172, Private100}
+var PrivateHosts = []netip.Addr{Private192, Private10, Private172, Private100, Reserved4}
+
+// PrivateHosts6 are the private IPv6 test hosts (Private6 included).
+var PrivateHosts6 = []netip.Addr{Private6, Private6b, SiteLocal6, NAT64Priv, SixToFour}
+
+// PublicHosts6 are the public-looking IPv6 test hosts.
+var PublicHosts6 = []netip.Addr{Web6, Web6b, Allowed6, Blocked6}
+
+// Names6 are the names the DNS server answers AAAA for (TTL 60 s); no name
+// has both an A and an AAAA record, so tests over IPv4 are not moved to IPv6.
+var Names6 = map[string]netip.Addr{
+	"allowed6.test.":     Allowed6,
+	"www.allowed6.test.": Allowed6,
+	"blocked6.test.":     Blocked6,
+	"private6.test.":     Private6, // a public-looking name rebound to a unique-local address
+}
 
 // Names the DNS server answers (TTL 60 s).
 var Names = map[string]netip.Addr{
@@ -80,9 +113,13 @@ type Internet struct {
 	udpSeen map[string][]netip.Addr // payload -> source addresses it arrived from
 }
 
-// UDPSink is where the stand-in internet records UDP datagrams: each payload
-// with the source address it arrived from (after the host's masquerade).
-var UDPSink = netip.AddrPortFrom(Web1, 9999)
+// UDPSink and UDPSink6 are where the stand-in internet records UDP
+// datagrams: each payload with the source address it arrived from (after the
+// host's masquerade).
+var (
+	UDPSink  = netip.AddrPortFrom(Web1, 9999)
+	UDPSink6 = netip.AddrPortFrom(Web6, 9999)
+)
 
 // UDPFrom returns the source addresses a payload arrived from at UDPSink.
 func (in *Internet) UDPFrom(payload string) []netip.Addr {
@@ -177,6 +214,13 @@ func (in *Internet) link(ns netns.NsHandle) error {
 			return fmt.Errorf("route %s: %w", dst, err)
 		}
 	}
+	// IPv6: /128 host routes only, through the stand-in's link address.
+	for _, a := range append(append([]netip.Addr(nil), PublicHosts6...), PrivateHosts6[1:]...) {
+		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: prefixNet(a.String() + "/128"), Gw: net.IP(Private6.AsSlice())}
+		if err := netlink.RouteAdd(r); err != nil {
+			return fmt.Errorf("route %s: %w", a, err)
+		}
+	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return err
@@ -200,6 +244,11 @@ func (in *Internet) link(ns netns.NsHandle) error {
 	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(Private6.String() + "/64"), Flags: unix.IFA_F_NODAD}); err != nil {
 		return fmt.Errorf("internet address %s: %w", Private6, err)
 	}
+	for _, a := range append(append([]netip.Addr(nil), PublicHosts6...), PrivateHosts6[1:]...) {
+		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: prefixNet(a.String() + "/128"), Flags: unix.IFA_F_NODAD}); err != nil {
+			return fmt.Errorf("internet address %s: %w", a, err)
+		}
+	}
 	if err := h.LinkSetUp(lo); err != nil {
 		return err
 	}
@@ -217,6 +266,7 @@ func prefixNet(s string) *net.IPNet {
 func (in *Internet) serve(ns netns.NsHandle) error {
 	type socks struct {
 		udp    net.PacketConn
+		udp6   net.PacketConn
 		web    net.Listener
 		web6   net.Listener
 		dnsUDP net.PacketConn
@@ -240,10 +290,13 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		var s socks
 		s.web, s.err = net.Listen("tcp4", "0.0.0.0:80")
 		if s.err == nil {
-			s.web6, s.err = net.Listen("tcp6", netip.AddrPortFrom(Private6, 80).String())
+			s.web6, s.err = net.Listen("tcp6", "[::]:80")
 		}
 		if s.err == nil {
 			s.udp, s.err = net.ListenPacket("udp4", UDPSink.String())
+		}
+		if s.err == nil {
+			s.udp6, s.err = net.ListenPacket("udp6", UDPSink6.String())
 		}
 		if s.err == nil {
 			s.dnsUDP, s.err = net.ListenPacket("udp4", DNS.String()+":53")
@@ -271,20 +324,22 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 	go func() { _ = web.Serve(s.web) }()
 	go func() { _ = web.Serve(s.web6) }()
 	in.udpSeen = map[string][]netip.Addr{}
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := s.udp.ReadFrom(buf)
-			if err != nil {
-				return
+	for _, pc := range []net.PacketConn{s.udp, s.udp6} {
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				src := from.(*net.UDPAddr).AddrPort().Addr().Unmap()
+				in.mu.Lock()
+				in.udpSeen[string(buf[:n])] = append(in.udpSeen[string(buf[:n])], src)
+				in.mu.Unlock()
 			}
-			src, _ := netip.AddrFromSlice(from.(*net.UDPAddr).IP.To4())
-			in.mu.Lock()
-			in.udpSeen[string(buf[:n])] = append(in.udpSeen[string(buf[:n])], src)
-			in.mu.Unlock()
-		}
-	}()
-	in.closers = append(in.closers, func() { _ = s.udp.Close() })
+		}()
+		in.closers = append(in.closers, func() { _ = pc.Close() })
+	}
 	in.closers = append(in.closers, func() { _ = web.Shutdown(context.Background()); _ = web.Close() })
 
 	mux := dns.NewServeMux()
@@ -292,14 +347,23 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		m.Authoritative = true
-		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
-			if a, ok := Names[dns.CanonicalName(q.Question[0].Name)]; ok {
+		if len(q.Question) == 1 {
+			name := dns.CanonicalName(q.Question[0].Name)
+			a, ok4 := Names[name]
+			a6, ok6 := Names6[name]
+			switch {
+			case !ok4 && !ok6:
+				m.Rcode = dns.RcodeNameError
+			case q.Question[0].Qtype == dns.TypeA && ok4:
 				m.Answer = append(m.Answer, &dns.A{
 					Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
 					A:   net.IP(a.AsSlice()),
 				})
-			} else {
-				m.Rcode = dns.RcodeNameError
+			case q.Question[0].Qtype == dns.TypeAAAA && ok6:
+				m.Answer = append(m.Answer, &dns.AAAA{
+					Hdr:  dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: 60},
+					AAAA: net.IP(a6.AsSlice()),
+				})
 			}
 		}
 		_ = w.WriteMsg(m)

@@ -91,8 +91,8 @@ func (s *sandbox) detachNetwork() error {
 }
 
 // moveLinks moves every interface but loopback from the namespace mounted at
-// from into the one at to, with its IPv4 addresses and routes (a move drops
-// them), up, and brings loopback up in to. An interface with no namespace to
+// from into the one at to, with its IPv4 and IPv6 addresses and routes (a
+// move drops them; IPv6 link-local ones the kernel makes anew), up, and brings loopback up in to. An interface with no namespace to
 // go to (the sandbox's died without the mount) is gone with it; that is
 // not an error here, netpolicy's teardown copes with a missing veth.
 func moveLinks(from, to string) error {
@@ -125,13 +125,24 @@ func moveLinks(from, to string) error {
 		if name == "lo" {
 			continue
 		}
-		addrs, err := sh.AddrList(l, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("addresses of %s: %w", name, err)
-		}
-		routes, err := sh.RouteList(l, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("routes of %s: %w", name, err)
+		var addrs []netlink.Addr
+		var routes []netlink.Route
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			as, err := sh.AddrList(l, fam)
+			if err != nil {
+				return fmt.Errorf("addresses of %s: %w", name, err)
+			}
+			for _, a := range as {
+				// The kernel makes the IPv6 link-local address anew.
+				if !a.IP.IsLinkLocalUnicast() {
+					addrs = append(addrs, a)
+				}
+			}
+			rs, err := sh.RouteList(l, fam)
+			if err != nil {
+				return fmt.Errorf("routes of %s: %w", name, err)
+			}
+			routes = append(routes, rs...)
 		}
 		if err := sh.LinkSetNsFd(l, int(dst)); err != nil {
 			return fmt.Errorf("move %s: %w", name, err)
@@ -143,6 +154,10 @@ func moveLinks(from, to string) error {
 		for _, a := range addrs {
 			a := a
 			a.Label = ""
+			// Keep IFA_F_NODAD (netpolicy sets it on IPv6 addresses): an
+			// address that went through duplicate address detection again
+			// would be unusable for a second after every start.
+			a.Flags &= unix.IFA_F_NODAD
 			if err := dh.AddrReplace(moved, &a); err != nil {
 				return fmt.Errorf("address %s on %s: %w", a.IPNet, name, err)
 			}

@@ -105,9 +105,15 @@ describe('sandbox network', { concurrency: true }, () => {
 // network): a private one (192.168.249.2, behind a /30 of its own on the
 // host) and a public-range one (198.18.249.2, the benchmarking range, routed
 // to the same namespace). Each runs an HTTP server answering its address.
-// Needs root and a server on this machine (run.sh starts one).
+// The same for IPv6: a unique-local host on the link (fdaa:a1c0:249::2/64)
+// and a public-looking one in the documentation range (2001:db8:a1c0:249::2,
+// a /128 route to the namespace), used when the server gives sandboxes IPv6
+// (serve --sandbox-ipv6; auto turns it on where the host has an IPv6
+// default route). Needs root and a server on this machine (run.sh starts one).
 const PRIVATE_HOST = '192.168.249.2'
 const PUBLIC_HOST = '198.18.249.2'
+const PRIVATE_HOST6 = 'fdaa:a1c0:249::2'
+const PUBLIC_HOST6 = '2001:db8:a1c0:249::2'
 const localServer = /^http:\/\/(127\.0\.0\.1|localhost)[:/]/.test(API_URL)
 const canNetns = process.getuid?.() === 0 && localServer
 
@@ -126,13 +132,17 @@ describe('private networks are closed by default', { concurrency: true, skip: ca
     ip('route', 'add', `${PUBLIC_HOST}/32`, 'via', PRIVATE_HOST, 'dev', hostIf)
     ip('-n', ns, 'addr', 'add', `${PRIVATE_HOST}/30`, 'dev', 'eth0')
     ip('-n', ns, 'addr', 'add', `${PUBLIC_HOST}/32`, 'dev', 'eth0')
+    ip('-6', 'addr', 'add', 'fdaa:a1c0:249::1/64', 'dev', hostIf, 'nodad')
+    ip('-6', 'route', 'add', `${PUBLIC_HOST6}/128`, 'via', PRIVATE_HOST6, 'dev', hostIf)
+    ip('-n', ns, '-6', 'addr', 'add', `${PRIVATE_HOST6}/64`, 'dev', 'eth0', 'nodad')
+    ip('-n', ns, '-6', 'addr', 'add', `${PUBLIC_HOST6}/128`, 'dev', 'eth0', 'nodad')
     ip('-n', ns, 'link', 'set', 'eth0', 'up')
     ip('-n', ns, 'link', 'set', 'lo', 'up')
-    const js = `require('http').createServer((q, r) => r.end('hello from ' + q.socket.localAddress + '\\n')).listen(80, '0.0.0.0')`
+    const js = `require('http').createServer((q, r) => r.end('hello from ' + q.socket.localAddress.replace(/^::ffff:/, '') + '\\n')).listen(80, '::')`
     server = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', js], { stdio: 'ignore' })
-    // The host reaches both: a sandbox failing to is the firewall's doing.
-    for (const h of [PRIVATE_HOST, PUBLIC_HOST]) {
-      await waitFor(async () => (await fetch(`http://${h}/`).then((r) => r.text()).catch(() => '')).includes(`hello from ${h}`), {
+    // The host reaches all: a sandbox failing to is the firewall's doing.
+    for (const h of [PRIVATE_HOST, PUBLIC_HOST, PRIVATE_HOST6, PUBLIC_HOST6]) {
+      await waitFor(async () => (await fetch(`http://${url(h)}/`).then((r) => r.text()).catch(() => '')).includes(`hello from ${h}`), {
         timeoutMs: 10_000, what: `test host ${h} from the host`,
       })
     }
@@ -144,11 +154,14 @@ describe('private networks are closed by default', { concurrency: true, skip: ca
     try { ip('netns', 'del', ns) } catch {}
   })
 
+  // url is a host as a URL's authority.
+  const url = (h) => (h.includes(':') ? `[${h}]` : h)
+
   // reach returns which hosts the sandbox's curl got an answer from.
-  async function reach(sbx) {
+  async function reach(sbx, hosts = [PRIVATE_HOST, PUBLIC_HOST]) {
     const out = {}
-    await Promise.all([PRIVATE_HOST, PUBLIC_HOST].map(async (h) => {
-      const r = await sbx.commands.run(`curl -sS --max-time 3 http://${h}/`).catch((e) => e)
+    await Promise.all(hosts.map(async (h) => {
+      const r = await sbx.commands.run(`curl -sS -g --max-time 3 http://${url(h)}/`).catch((e) => e)
       out[h] = (r.stdout ?? '').includes(`hello from ${h}`)
     }))
     return out
@@ -166,5 +179,23 @@ describe('private networks are closed by default', { concurrency: true, skip: ca
     assert.deepEqual(await reach(sbx), { [PRIVATE_HOST]: true, [PUBLIC_HOST]: true })
     const only = await createSandbox({ network: { denyOut: [ALL_TRAFFIC], allowOut: [`${PRIVATE_HOST}/32`] } })
     assert.deepEqual(await reach(only), { [PRIVATE_HOST]: true, [PUBLIC_HOST]: false })
+  })
+
+  test('IPv6: the default policy reaches a public IPv6 host but not a unique-local one; allowOut opens it; ALL_TRAFFIC closes IPv6', async (t) => {
+    const sbx = await createSandbox()
+    const inet6 = await sbx.commands.run('cat /proc/net/if_inet6')
+    // A global-scope address (scope 00) on eth0: the server gives sandboxes IPv6.
+    if (!/ 00 [0-9a-f]{2}\s+eth0$/m.test(inet6.stdout)) {
+      t.skip('the server gives sandboxes no IPv6 (--sandbox-ipv6, or no IPv6 default route on the host)')
+      return
+    }
+    const v6 = [PRIVATE_HOST6, PUBLIC_HOST6]
+    assert.deepEqual(await reach(sbx, v6), { [PRIVATE_HOST6]: false, [PUBLIC_HOST6]: true })
+    await sbx.updateNetwork({ allowOut: [`${PRIVATE_HOST6}/128`] })
+    assert.deepEqual(await reach(sbx, v6), { [PRIVATE_HOST6]: true, [PUBLIC_HOST6]: true })
+    const closed = await createSandbox({ allowInternetAccess: false })
+    assert.deepEqual(await reach(closed, v6), { [PRIVATE_HOST6]: false, [PUBLIC_HOST6]: false })
+    const denied = await createSandbox({ network: { denyOut: [PUBLIC_HOST6] } })
+    assert.deepEqual(await reach(denied, [...v6, PUBLIC_HOST]), { [PRIVATE_HOST6]: false, [PUBLIC_HOST6]: false, [PUBLIC_HOST]: true })
   })
 })
