@@ -17,10 +17,12 @@
 //  3. Intercept a rule host: TLS is terminated with a certificate the
 //     server's CA issues for the name (the CA is in the sandbox's trust
 //     store), each request gets its rules' headers with secret markers
-//     filled in on the host, and goes to the original destination over a
-//     new TLS connection that verifies the real server's certificate for
-//     the same name. Rules are read per request, so updateNetwork applies
-//     to connections already open.
+//     filled in on the host, and goes to the original destination over
+//     TLS that verifies the real server's certificate for the same name.
+//     Rules are read per request, so updateNetwork applies to connections
+//     already open. Upstream connections are kept alive and reused by the
+//     sandbox's later connections to the same destination and name (never
+//     by another sandbox's).
 //  4. Dial: directly, or through the sandbox's SOCKS5 egressProxy (remote
 //     DNS with the name the sandbox resolved, when known). A failure closes
 //     the sandbox's connection with a reset, or answers 502 with a reason
@@ -85,6 +87,11 @@ type Proxy struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	ln     net.Listener
+
+	// upstreams are the kept-alive upstream transports (see upstream).
+	umu       sync.Mutex
+	upstreams map[upstreamKey]*upstreamTransport
+	ucl       atomic.Bool // closed: upstream keeps nothing more
 }
 
 // sniffTimeout bounds how long a client may take to send its ClientHello
@@ -102,7 +109,7 @@ func New(cfg Config) *Proxy {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
-	return &Proxy{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}}
+	return &Proxy{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}, upstreams: map[upstreamKey]*upstreamTransport{}}
 }
 
 // Listen opens the proxy's listener on addr ("0.0.0.0:0" for a free port):
@@ -158,6 +165,8 @@ func (p *Proxy) Close() error {
 		conns = append(conns, c)
 	}
 	p.mu.Unlock()
+	p.ucl.Store(true)
+	p.closeUpstreams()
 	var err error
 	if l != nil {
 		err = l.Close()
@@ -419,26 +428,10 @@ func hostOnly(hostport string) string {
 // its rules (read anew per request) and goes to the original destination.
 // tlsName is the verified identity for https ("" for http).
 func (p *Proxy) serveHTTP(c net.Conn, f *flow, scheme, tlsName string) {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return p.dial(ctx, f) },
-		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			raw, err := p.dial(ctx, f)
-			if err != nil {
-				return nil, err
-			}
-			tc := tls.Client(raw, &tls.Config{ServerName: tlsName, RootCAs: p.cfg.Roots, NextProtos: []string{"http/1.1"}})
-			if err := tc.HandshakeContext(ctx); err != nil {
-				raw.Close()
-				return nil, fmt.Errorf("TLS to %s (%s): %w", tlsName, f.dst, err)
-			}
-			return tc, nil
-		},
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: 0,
-		ForceAttemptHTTP2:     false,
+	tr, shared := p.upstream(f, scheme, tlsName)
+	if !shared {
+		defer tr.CloseIdleConnections()
 	}
-	defer tr.CloseIdleConnections()
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = scheme
@@ -480,6 +473,97 @@ func (p *Proxy) serveHTTP(c net.Conn, f *flow, scheme, tlsName string) {
 		}
 	}
 	_ = srv.Serve(l)
+}
+
+// Upstream connections of intercepted hosts are kept alive and shared by
+// the sandbox's connections to the same destination and name (and egress
+// proxy): a client that opens a new connection per request pays for the
+// upstream TCP and TLS handshakes once, not per request. Never across
+// sandboxes. A transport unused for upstreamIdle is forgotten when the next
+// one is made; its idle connections have closed by then.
+const (
+	upstreamIdle  = 90 * time.Second
+	maxUpstreams  = 4096
+	maxIdlePerKey = 4
+)
+
+type upstreamKey struct {
+	sandbox               string
+	dst                   netip.AddrPort
+	name, scheme, tlsName string
+	proxy                 netpolicy.EgressProxy
+	viaProxy              bool
+}
+
+type upstreamTransport struct {
+	tr   *http.Transport
+	used time.Time
+}
+
+// upstream returns the transport for the flow's requests; shared reports
+// that it is kept for later connections (else the caller closes it).
+func (p *Proxy) upstream(f *flow, scheme, tlsName string) (tr *http.Transport, shared bool) {
+	k := upstreamKey{sandbox: f.eg.ID, dst: f.dst, name: f.name, scheme: scheme, tlsName: tlsName}
+	if f.eg.Proxy != nil {
+		k.proxy, k.viaProxy = *f.eg.Proxy, true
+	}
+	p.umu.Lock()
+	defer p.umu.Unlock()
+	now := time.Now()
+	if u, ok := p.upstreams[k]; ok {
+		u.used = now
+		return u.tr, true
+	}
+	fl := *f // the dial needs dst, name and the egress proxy: all in the key
+	tr = p.newTransport(&fl, tlsName)
+	if p.upstreams == nil || p.ucl.Load() {
+		return tr, false
+	}
+	for old, u := range p.upstreams {
+		if now.Sub(u.used) > upstreamIdle {
+			u.tr.CloseIdleConnections()
+			delete(p.upstreams, old)
+		}
+	}
+	if len(p.upstreams) >= maxUpstreams {
+		return tr, false
+	}
+	p.upstreams[k] = &upstreamTransport{tr: tr, used: now}
+	return tr, true
+}
+
+// closeUpstreams closes every kept upstream connection (Close).
+func (p *Proxy) closeUpstreams() {
+	p.umu.Lock()
+	defer p.umu.Unlock()
+	for k, u := range p.upstreams {
+		u.tr.CloseIdleConnections()
+		delete(p.upstreams, k)
+	}
+}
+
+// newTransport dials the flow's destination, and for https verifies the
+// real server's certificate for tlsName.
+func (p *Proxy) newTransport(f *flow, tlsName string) *http.Transport {
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return p.dial(ctx, f) },
+		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			raw, err := p.dial(ctx, f)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(raw, &tls.Config{ServerName: tlsName, RootCAs: p.cfg.Roots, NextProtos: []string{"http/1.1"}})
+			if err := tc.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, fmt.Errorf("TLS to %s (%s): %w", tlsName, f.dst, err)
+			}
+			return tc, nil
+		},
+		MaxIdleConnsPerHost:   maxIdlePerKey,
+		IdleConnTimeout:       upstreamIdle,
+		ResponseHeaderTimeout: 0,
+		ForceAttemptHTTP2:     false,
+	}
 }
 
 // applyRules sets the headers of every rule that applies to the request,

@@ -20,7 +20,6 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -91,27 +90,37 @@ func (e *EgressServers) SOCKSConns() []SOCKSConn {
 
 // StartEgress starts the HTTPS and SOCKS5 stand-ins; they stop with the
 // internet.
-func (in *Internet) StartEgress(t *testing.T) *EgressServers {
+func (in *Internet) StartEgress(t TB) *EgressServers {
 	t.Helper()
-	caCert, caKey, err := testCA()
+	e, err := in.Egress()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e
+}
+
+// Egress starts the HTTPS and SOCKS5 stand-ins outside a test; they stop
+// with the internet.
+func (in *Internet) Egress() (*EgressServers, error) {
+	caCert, caKey, err := testCA()
+	if err != nil {
+		return nil, fmt.Errorf("stand-in CA: %w", err)
+	}
 	leaf, err := testLeaf(caCert, caKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("stand-in certificate: %w", err)
 	}
 	e := &EgressServers{CA: x509.NewCertPool()}
 	e.CA.AddCert(caCert)
 	e.CAPEM = pemCert(caCert.Raw)
 	hl, err := in.listen(HTTPSAddr.String())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	sl, err := in.listen(SOCKSAddr.String())
 	if err != nil {
 		hl.Close()
-		t.Fatal(err)
+		return nil, err
 	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -133,7 +142,7 @@ func (in *Internet) StartEgress(t *testing.T) *EgressServers {
 	go func() { _ = srv.ServeTLS(hl, "", "") }()
 	go e.serveSOCKS(sl)
 	in.closers = append(in.closers, func() { srv.Close(); sl.Close() })
-	return e
+	return e, nil
 }
 
 // listen opens a TCP listener inside the internet's namespace.

@@ -32,7 +32,6 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/miekg/dns"
@@ -131,44 +130,77 @@ func (in *Internet) UDPFrom(payload string) []netip.Addr {
 // DNSUpstream is the "ip:port" of the stand-in's DNS server.
 func (in *Internet) DNSUpstream() string { return netip.AddrPortFrom(DNS, 53).String() }
 
+// TB is the part of testing.TB that Start and StartEgress use (the
+// package does not import testing, so `airlock bench egress` can run the
+// stand-in too).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+	TempDir() string
+	Logf(format string, args ...any)
+}
+
 // Start creates the stand-in internet; everything is removed at test cleanup,
 // also when the test fails half-way.
-func Start(t *testing.T) *Internet {
+func Start(t TB) *Internet {
 	t.Helper()
+	in, err := Open(filepath.Join(t.TempDir(), "internet"), t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(in.Close)
+	return in
+}
+
+// Open creates the stand-in internet, its namespace bind-mounted at nsPath,
+// outside a test; Close removes everything, and Open removes what it made
+// when it fails half-way. logf (may be nil) hears about waiting for another
+// stand-in to go.
+func Open(nsPath string, logf func(format string, args ...any)) (in *Internet, err error) {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
-	in := &Internet{HostIf: "lkn" + hex.EncodeToString(b), nsPath: filepath.Join(t.TempDir(), "internet")}
-	t.Cleanup(in.close)
+	in = &Internet{HostIf: "lkn" + hex.EncodeToString(b), nsPath: nsPath}
+	defer func() {
+		if err != nil {
+			in.Close()
+			in = nil
+		}
+	}()
 	// One stand-in internet per machine at a time: its host routes (the
 	// TEST-NET-3 range, the private test hosts) exist once, and test
 	// binaries of several packages run in parallel under go test ./....
 	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("stand-in internet: %w", err)
 	}
 	in.closers = append(in.closers, func() { lock.Close() }) // runs last
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		t.Logf("waiting for another test's stand-in internet to go (%s)", lockPath)
+		if logf != nil {
+			logf("waiting for another test's stand-in internet to go (%s)", lockPath)
+		}
 		if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("stand-in internet: lock %s: %w", lockPath, err)
 		}
 	}
 	ns, err := netpolicy.NewNetNS(in.nsPath)
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("stand-in internet: %w", err)
 	}
 	in.closers = append(in.closers, func() { _ = netpolicy.RemoveNetNS(in.nsPath) })
 	defer ns.Close()
 	if err := in.link(ns); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := in.serve(ns); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return in
+	return in, nil
 }
 
-func (in *Internet) close() {
+// Close stops the stand-in's servers and removes its namespace, veth and
+// routes (the routes go with the veth).
+func (in *Internet) Close() {
 	for i := len(in.closers) - 1; i >= 0; i-- {
 		in.closers[i]()
 	}
