@@ -256,6 +256,17 @@ func TestEgressProxySOCKS(t *testing.T) {
 	if !hasTarget(es.SOCKSConns(), netpolicytest.HTTPSAddr.String(), false) {
 		t.Errorf("port 443 did not go through the SOCKS proxy: %+v", es.SOCKSConns())
 	}
+	// IPv6 (the rig gives sandboxes IPv6): not tunnelled, so refused at
+	// once with a reset rather than sent around the proxy; a plain
+	// sandbox reaches the same host over IPv6.
+	web6 := "http://[" + netpolicytest.Web6.String() + "]/"
+	start := time.Now()
+	mustNotReach(t, nr.m, info, web6)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("IPv6 from a proxied sandbox took %s to fail: dropped, not refused", d)
+	}
+	plain := nr.create(t, sandbox.CreateRequest{})
+	mustReach(t, nr.m, plain, web6, "hello from "+netpolicytest.Web6.String())
 	if where := findInSandboxMemory(t, info.ID, netpolicytest.SOCKSPassword); where != "" {
 		t.Errorf("the proxy password is in the sandbox's memory: %s", where)
 	}
@@ -292,7 +303,7 @@ func TestEgressProxySOCKS(t *testing.T) {
 
 	// Killing them leaves no interception behind.
 	nr.m.KillAll(context.Background())
-	nr.assertClean(t, []string{info.ID, dom.ID, w.ID, dead.ID})
+	nr.assertClean(t, []string{info.ID, dom.ID, w.ID, dead.ID, plain.ID})
 }
 
 func hasPath(reqs []netpolicytest.Request, p string) bool {
