@@ -34,11 +34,17 @@ import (
 // and in the input chain, the egress port is open to sandbox interfaces
 // (the proxy refuses a connection that was not redirected). Interception is
 // IPv4: an intercepting sandbox's IPv6 TCP is refused with a reset, so
-// that clients fall back to IPv4 at once and nothing leaves unproxied:
+// that clients fall back to IPv4 at once and nothing leaves unproxied; and
+// a sandbox with an egressProxy sends nothing beyond the host but through
+// it (its TCP is redirected and its DNS goes to the forwarder, so whatever
+// is still forwarded, UDP such as QUIC, ICMP, IPv6, is refused):
 //
 //	chain intercept_forward (filter, forward, filter-1)
+//	    iifname "alk*" ip saddr @proxied reject
+//	    iifname "alk*" ip6 saddr @proxied6 reject
 //	    iifname "alk*" ip6 saddr @intercept6 meta l4proto tcp reject with tcp reset
-//	set intercept6: the intercepting sandboxes' IPv6 addresses
+//	sets proxied, proxied6: the addresses of sandboxes with an egressProxy;
+//	    intercept6: the IPv6 addresses of every intercepting sandbox
 //
 // So with rules only, the connections that may carry a rule host's
 // requests reach the proxy, which still passes through (without reading
@@ -76,8 +82,26 @@ func (fw *firewall) installIntercept(c *nftables.Conn, t *nftables.Table) error 
 	if err := c.AddSet(fw.i6, nil); err != nil {
 		return fmt.Errorf("nftables: intercept6 set: %w", err)
 	}
+	fw.px4 = &nftables.Set{Table: t, Name: "proxied", KeyType: nftables.TypeIPAddr}
+	fw.px6 = &nftables.Set{Table: t, Name: "proxied6", KeyType: nftables.TypeIP6Addr}
+	for _, set := range []*nftables.Set{fw.px4, fw.px6} {
+		if err := c.AddSet(set, nil); err != nil {
+			return fmt.Errorf("nftables: %s set: %w", set.Name, err)
+		}
+	}
 	fwd := c.AddChain(&nftables.Chain{Name: "intercept_forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityFilter - 1), Policy: &accept})
+	unreachable := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: fw.px4.Name, SetID: fw.px4.ID},
+		unreachable,
+	})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv6(), []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
+		&expr.Lookup{SourceRegister: 1, SetName: fw.px6.Name, SetID: fw.px6.ID},
+		unreachable,
+	})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv6(), l4proto(unix.IPPROTO_TCP), []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
 		&expr.Lookup{SourceRegister: 1, SetName: fw.i6.Name, SetID: fw.i6.ID},
@@ -156,9 +180,20 @@ func (fw *firewall) setIntercept(id string, addr netip.Addr, e egressCompiled, l
 	}}); err != nil {
 		return fmt.Errorf("nftables: intercept %s: %w", addr, err)
 	}
-	if a6 := fw.addr6(addr); a6.IsValid() {
+	a6 := fw.addr6(addr)
+	if a6.IsValid() {
 		if err := cn.SetAddElements(fw.i6, []nftables.SetElement{{Key: a6.AsSlice()}}); err != nil {
 			return fmt.Errorf("nftables: intercept6 %s: %w", a6, err)
+		}
+	}
+	if e.proxy != nil {
+		if err := cn.SetAddElements(fw.px4, []nftables.SetElement{{Key: addr.AsSlice()}}); err != nil {
+			return fmt.Errorf("nftables: proxied %s: %w", addr, err)
+		}
+		if a6.IsValid() {
+			if err := cn.SetAddElements(fw.px6, []nftables.SetElement{{Key: a6.AsSlice()}}); err != nil {
+				return fmt.Errorf("nftables: proxied6 %s: %w", a6, err)
+			}
 		}
 	}
 	if err := cn.Flush(); err != nil {
@@ -181,6 +216,12 @@ func (fw *firewall) clearIntercept(id string, addr netip.Addr) {
 		func() {
 			if a6 := fw.addr6(addr); a6.IsValid() {
 				_ = cn.SetDeleteElements(fw.i6, []nftables.SetElement{{Key: a6.AsSlice()}})
+			}
+		},
+		func() { _ = cn.SetDeleteElements(fw.px4, []nftables.SetElement{{Key: addr.AsSlice()}}) },
+		func() {
+			if a6 := fw.addr6(addr); a6.IsValid() {
+				_ = cn.SetDeleteElements(fw.px6, []nftables.SetElement{{Key: a6.AsSlice()}})
 			}
 		},
 		func() { _ = cn.SetDeleteElements(fw.imap, []nftables.SetElement{{Key: addr.AsSlice()}}) },

@@ -88,8 +88,8 @@ type firewall struct {
 	dnsPort uint16
 	// egressPort is the egress proxy's port (0: none); see intercept.go.
 	egressPort uint16
-	// ipolicy and imap are intercept.go's maps, i6 its IPv6 set.
-	ipolicy, imap, i6 *nftables.Set
+	// ipolicy and imap are intercept.go's maps; i6, px4 and px6 its sets.
+	ipolicy, imap, i6, px4, px6 *nftables.Set
 	// noEgress drops all forwarded sandbox traffic whatever the policy
 	// (serve --sandbox-egress=false).
 	noEgress bool

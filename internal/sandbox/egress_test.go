@@ -267,6 +267,16 @@ func TestEgressProxySOCKS(t *testing.T) {
 	}
 	plain := nr.create(t, sandbox.CreateRequest{})
 	mustReach(t, nr.m, plain, web6, "hello from "+netpolicytest.Web6.String())
+	// Nor does UDP leave a proxied sandbox (the proxy carries TCP only, and
+	// nothing may go around it); the same datagram from a plain one arrives.
+	sink := netpolicytest.UDPSink
+	for _, sb := range []sandbox.Info{info, plain} {
+		run(t, nr.m, sb, fmt.Sprintf("for i in 1 2 3; do echo -n udp-%s > /dev/udp/%s/%d; sleep 0.1; done", sb.ID, sink.Addr(), sink.Port()))
+	}
+	waitFor(t, 5*time.Second, "the plain sandbox's datagram", func() bool { return len(nr.inet.UDPFrom("udp-"+plain.ID)) > 0 })
+	if got := nr.inet.UDPFrom("udp-" + info.ID); len(got) > 0 {
+		t.Errorf("UDP left a proxied sandbox around its proxy (from %v)", got)
+	}
 	if where := findInSandboxMemory(t, info.ID, netpolicytest.SOCKSPassword); where != "" {
 		t.Errorf("the proxy password is in the sandbox's memory: %s", where)
 	}

@@ -489,7 +489,7 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		switch s.Name {
 		case "private", "private6", "never", "never6":
 			continue // table-wide: the closed ranges
-		case "sandboxes", "sandboxes6", "intercept", "intercept_policy", "intercept6":
+		case "sandboxes", "sandboxes6", "intercept", "intercept_policy", "intercept6", "proxied", "proxied6":
 			if el, _ := c.GetSetElements(s); len(el) != 0 {
 				t.Errorf("%s map still has %d entries", s.Name, len(el))
 			}
