@@ -40,6 +40,7 @@ bench: build
 	bin/airlock bench templates --data-dir $(TEST_DATA)
 	bin/airlock bench interp --data-dir $(TEST_DATA)
 	bin/airlock bench persist --data-dir $(TEST_DATA)
+	bin/airlock bench egress --data-dir $(TEST_DATA)
 
 proto:
 	scripts/gen-proto.sh
