@@ -18,12 +18,15 @@ RUNSC=/usr/local/bin/runsc
 # protobuf-compiler: scripts/gen-proto.sh.
 # default-jdk-headless: the java backend's tests compile and run its JShell kernel.
 # openssl: the SDK suite's egress tests make a CA and a server certificate with it.
+# chromium: the domain tests open a sandbox's page in headless Chromium (npm
+# playwright-core drives Debian's build; no browser download).
 PACKAGES=(
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
 	r-base-core r-cran-irkernel
 	protobuf-compiler
 	default-jdk-headless
 	openssl
+	chromium
 )
 
 SETUP_NAME=setup-test
