@@ -15,6 +15,9 @@
 //  1. data-dir lock      two servers on one data dir would each take the
 //     other's sandboxes for orphans and destroy them
 //  2. API keys           from Config, else generated once into the data dir
+//     domain certificates with a domain: the TLS listener's certificate
+//     source, checked now so that files not covering the domain stop
+//     the server before anything else starts
 //  3. templates          the store, then the first template built (the API
 //     must be able to serve it when it answers); the rest queued
 //  4. store              the sandboxes' records (SQLite)
@@ -31,6 +34,8 @@
 //  9. webhooks           the dispatcher: lifecycle events into the store's
 //     delivery outbox, and workers that drain it
 //  10. API, proxy, MCP   handlers over the manager, on the two listeners
+//     domain listener    with a domain: the same handlers on one TLS
+//     listener, routed by Host (internal/tlsfront)
 //  11. background builds the other templates, one after another; each gets
 //     its warm pool when ready
 //
