@@ -25,6 +25,10 @@
 # AIRLOCK_SDK_REGISTRY_AUTH (basic auth, user:password in
 # AIRLOCK_SDK_REGISTRY_CREDS).
 #
+# The server also serves --domain airlock.localhost on a third free port (TLS,
+# its own CA in <data dir>/tls): AIRLOCK_SDK_DOMAIN=airlock.localhost:<port>
+# and NODE_EXTRA_CA_CERTS reach the tests; domain.test.mjs uses them alone.
+#
 # The run fails (status 3) when the server log contains "panic", even if every
 # test passed: the server recovers handler panics, so only its log tells.
 set -uo pipefail
