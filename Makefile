@@ -1,6 +1,9 @@
 # Airlock build and test entry points. Everything runs as root on Debian 12.
 GO        ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 DATA_DIR  ?= /var/lib/airlock
+# make run serves https://api.$(DOMAIN) and https://<port>-<id>.$(DOMAIN) on :443
+# (*.localhost is loopback: no DNS set-up); DOMAIN= serves plain HTTP only.
+DOMAIN    ?= airlock.localhost
 TEST_DATA ?= /var/lib/airlock-test
 
 .PHONY: build setup setup-test run test test-go test-sdk bench proto clean
@@ -29,7 +32,7 @@ setup-test: setup
 # One command: install what serving needs, build, build the base template (with
 # progress), serve; the other built-ins build in the background while it serves.
 run: setup build
-	bin/airlock serve --data-dir $(DATA_DIR)
+	bin/airlock serve --data-dir $(DATA_DIR) --domain "$(DOMAIN)"
 
 # The whole suite; .ci/run calls exactly this.
 test: setup-test build

@@ -19,10 +19,12 @@ CRIU_MIN=4.2
 # debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
 # btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas);
 # lxcfs: /proc/meminfo, cpuinfo, stat... inside a sandbox show its own limits (the
-# linux runtime starts it when no lxcfs serves /var/lib/lxcfs; internal/lxcfs).
+# linux runtime starts it when no lxcfs serves /var/lib/lxcfs; internal/lxcfs);
+# libnss-myhostname: *.localhost resolves to loopback, so serve --domain
+# airlock.localhost (make run's default) needs no DNS set-up.
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs
+	ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs libnss-myhostname
 )
 
 SETUP_NAME=setup
@@ -32,6 +34,15 @@ need_root "it installs packages and sets sysctls"
 
 step "system packages"
 install_missing "${PACKAGES[@]}"
+
+step "*.localhost resolves to loopback (serve --domain airlock.localhost)"
+# The package's postinst adds "myhostname" to nsswitch.conf's hosts line; a
+# hand-edited nsswitch.conf may have kept it out.
+if getent hosts 8000-check.airlock.localhost >/dev/null; then
+	echo "8000-check.airlock.localhost -> $(getent ahostsv4 8000-check.airlock.localhost | awk 'NR==1{print $1}')"
+else
+	echo "warning: *.localhost names do not resolve; add myhostname to the hosts line of /etc/nsswitch.conf (e.g. 'hosts: files myhostname dns') for serve --domain airlock.localhost" >&2
+fi
 
 step "Go toolchain (>= ${GO_MIN_MAJOR}.${GO_MIN_MINOR})"
 GO=""

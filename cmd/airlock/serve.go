@@ -55,7 +55,10 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringVar(&c.APIAddr, "api-addr", "127.0.0.1:3000", "listen address of the control-plane API")
 	f.StringVar(&c.SandboxAddr, "sandbox-addr", "127.0.0.1:3001", "listen address for all sandbox traffic (E2B_SANDBOX_URL)")
 	f.StringVar(&c.DataDir, "data-dir", layout.DefaultRoot, "directory for templates, sandboxes and state")
-	f.StringVar(&c.Domain, "domain", "", "domain sandboxes are reachable under as <port>-<id>.<domain> (optional)")
+	f.StringVar(&c.Domain, "domain", "", "serve the API as https://api.<domain> and sandboxes as https://<port>-<id>.<domain> on one TLS listener (--tls-listen), so clients need only E2B_DOMAIN; airlock.localhost works on this machine without DNS set-up")
+	f.StringVar(&c.TLS.Listen, "tls-listen", daemon.DefaultTLSListen, "listen address of the TLS listener for --domain")
+	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate (chain) covering --domain and *.<domain>, for the TLS listener; without it the server's own CA (<data-dir>/tls) issues one")
+	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.StringSliceVar(&c.Templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
 	f.BoolVar(&c.KillOnClose, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
@@ -142,15 +145,17 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	if err := d.Start(ctx); err != nil {
 		return err
 	}
-	fmt.Printf(`
-Airlock is serving (%s after start). For the E2B SDKs:
-
-  export E2B_API_URL=%s
+	fmt.Printf("\nAirlock is serving (%s after start). For the E2B SDKs:\n\n", template.FormatDuration(time.Since(t0)))
+	if d.ClientDomain != "" {
+		printDomainExports(d)
+		fmt.Printf("Or over plain HTTP on the API and sandbox listeners (no other E2B_ variable set):\n\n")
+	}
+	fmt.Printf(`  export E2B_API_URL=%s
   export E2B_SANDBOX_URL=%s
   export E2B_API_KEY=%s
   export E2B_VOLUME_API_URL=%s
 
-`, template.FormatDuration(time.Since(t0)), d.APIURL, d.SandboxURL, d.APIKeys[0], d.APIURL)
+`, d.APIURL, d.SandboxURL, d.APIKeys[0], d.APIURL)
 	if len(d.Pending) > 0 {
 		fmt.Printf("Building in the background: %s. Creates for them answer 503 with Retry-After until they are ready.\n\n",
 			strings.Join(d.Pending, ", "))
@@ -196,4 +201,22 @@ func findEnvd() (string, error) {
 		return "", fmt.Errorf("envd binary not found beside %s (run `make build`, or set AIRLOCK_ENVD): %w", exe, err)
 	}
 	return p, nil
+}
+
+// printDomainExports prints what a client needs for serve --domain: the
+// domain, the key and, with the server's own CA, how to trust it.
+func printDomainExports(d *daemon.Daemon) {
+	fmt.Printf("  export E2B_DOMAIN=%s\n  export E2B_API_KEY=%s\n", d.ClientDomain, d.APIKeys[0])
+	if ca := d.DomainCA; ca != nil {
+		fmt.Printf(`  export NODE_EXTRA_CA_CERTS=%s
+  export SSL_CERT_FILE=%s
+  export REQUESTS_CA_BUNDLE=%s
+
+The certificates are issued by this server's own CA, %s
+(NODE_EXTRA_CA_CERTS adds it for Node; SSL_CERT_FILE and REQUESTS_CA_BUNDLE
+name the system trust store with it added, for Python, curl and OpenSSL).
+Browsers: import that file as a trusted authority, or pass --tls-cert/--tls-key.
+`, ca.CertPath(), ca.BundlePath(), ca.BundlePath(), ca.CertPath())
+	}
+	fmt.Printf("(API: %s; sandboxes: https://<port>-<sandboxID>.%s. Unset E2B_API_URL and E2B_SANDBOX_URL: they win over E2B_DOMAIN.)\n\n", d.DomainAPIURL, d.ClientDomain)
 }

@@ -15,6 +15,9 @@
 //  1. data-dir lock      two servers on one data dir would each take the
 //     other's sandboxes for orphans and destroy them
 //  2. API keys           from Config, else generated once into the data dir
+//     domain certificates with a domain: the TLS listener's certificate
+//     source, checked now so that files not covering the domain stop
+//     the server before anything else starts
 //  3. templates          the store, then the first template built (the API
 //     must be able to serve it when it answers); the rest queued
 //  4. store              the sandboxes' records (SQLite)
@@ -31,6 +34,8 @@
 //  9. webhooks           the dispatcher: lifecycle events into the store's
 //     delivery outbox, and workers that drain it
 //  10. API, proxy, MCP   handlers over the manager, on the two listeners
+//     domain listener    with a domain: the same handlers on one TLS
+//     listener, routed by Host (internal/tlsfront)
 //  11. background builds the other templates, one after another; each gets
 //     its warm pool when ready
 //
@@ -74,6 +79,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/tlsfront"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 	"github.com/airlock-sandbox/airlock/internal/volume"
 	"github.com/airlock-sandbox/airlock/internal/volumecontent"
@@ -93,8 +99,12 @@ type Config struct {
 	TemplateDataDir string
 	// EnvdPath is the static envd binary put into every sandbox.
 	EnvdPath string
-	// Domain, when set, makes sandboxes reachable as <port>-<id>.<domain>.
+	// Domain, when set, makes sandboxes reachable as <port>-<id>.<domain>;
+	// with TLS.Listen also set, one TLS listener serves the whole domain
+	// (api.<domain>, <port>-<id>.<domain>, sandbox.<domain>).
 	Domain string
+	// TLS configures that listener.
+	TLS TLSConfig
 	// MaxTimeout is the longest sandbox timeout a client may ask for.
 	MaxTimeout time.Duration
 	// Templates are served: the first is built before the API answers, the
@@ -187,6 +197,15 @@ type Daemon struct {
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
 	APIURL, SandboxURL string
+	// With Domain and TLS.Listen: Certs gives the TLS listener its
+	// certificates, DomainCA is the server's own domain CA when it is the
+	// source (nil with certificate files or another source), ClientDomain
+	// is E2B_DOMAIN for clients (the domain, with the listener's port unless
+	// it is 443) and DomainAPIURL https://api.<ClientDomain>.
+	Certs        tlsfront.CertSource
+	DomainCA     *tlsfront.CASource
+	ClientDomain string
+	DomainAPIURL string
 	// Pending are the templates building in the background.
 	Pending []string
 
@@ -217,7 +236,7 @@ func New(cfg Config) *Daemon {
 	if cfg.TemplateDataDir == "" {
 		cfg.TemplateDataDir = cfg.DataDir
 	}
-	return &Daemon{cfg: cfg, log: lg, built: make(chan struct{}), errc: make(chan error, 2)}
+	return &Daemon{cfg: cfg, log: lg, built: make(chan struct{}), errc: make(chan error, 3)}
 }
 
 // push adds a step to the teardown; Close runs them last pushed first.
@@ -256,6 +275,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 		d.APIKeys = []string{key}
+	}
+	if err := d.startCerts(); err != nil {
+		return err
 	}
 	first, rest, err := d.startTemplates(ctx)
 	if err != nil {
@@ -489,6 +511,7 @@ func (d *Daemon) startListeners() error {
 		Authenticate: d.authenticate,
 		MaxTimeout:   d.cfg.MaxTimeout,
 		Domain:       d.cfg.Domain,
+		DomainFor:    d.domainFor,
 		Limits:       d.cfg.Limits,
 		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
 		Builds:       d.Builds,
@@ -537,7 +560,7 @@ func (d *Daemon) startListeners() error {
 		}
 		return errors.Join(errs...)
 	})
-	return nil
+	return d.startDomainListener(apiMux, d.Proxy)
 }
 
 // startBackgroundBuilds builds the other served templates one after another

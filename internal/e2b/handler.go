@@ -43,6 +43,10 @@ type Options struct {
 	// Domain is returned as the sandbox "domain"; empty means JSON null, which
 	// the SDKs accept when E2B_SANDBOX_URL routes traffic instead of DNS.
 	Domain string
+	// DomainFor, when set, gives the domain for one request instead (""
+	// keeps Domain): the one the client reached the API under, port
+	// included, so that the SDK's sandbox URLs go where its API calls went.
+	DomainFor func(r *http.Request) string
 	// EnvdVersion is reported when the manager's Info has no version. The SDKs
 	// gate features on it and kill sandboxes that report less than 0.1.0, so
 	// an empty field on the wire would break every client.

@@ -76,7 +76,7 @@ func (h *Handler) forkResultJSON(r *http.Request, id string, i, n int, res sandb
 		err = errors.New("the manager reported neither a sandbox nor an error")
 	}
 	if err == nil {
-		sb := h.sandboxJSON(res.Info)
+		sb := h.sandboxJSON(r, res.Info)
 		return e2bwire.SandboxForkResult{Sandbox: &sb}
 	}
 	ae := managerError(fmt.Errorf("fork %d of %d: %w", i+1, n, err), "", "")

@@ -115,7 +115,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 	if err != nil {
 		return managerError(fmt.Errorf("create sandbox from %q: %w", body.TemplateID, err), "", body.TemplateID)
 	}
-	writeJSON(w, http.StatusCreated, h.sandboxJSON(info))
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(r, info))
 	return nil
 }
 
@@ -211,7 +211,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return managerError(fmt.Errorf("get sandbox: %w", err), id, "")
 	}
-	writeJSON(w, http.StatusOK, h.detailJSON(info))
+	writeJSON(w, http.StatusOK, h.detailJSON(r, info))
 	return nil
 }
 
@@ -252,7 +252,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 	if resumed {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, h.sandboxJSON(info))
+	writeJSON(w, status, h.sandboxJSON(r, info))
 	return nil
 }
 
@@ -296,7 +296,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
 	}
-	writeJSON(w, http.StatusCreated, h.sandboxJSON(info))
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(r, info))
 	return nil
 }
 

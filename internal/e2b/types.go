@@ -1,6 +1,8 @@
 package e2b
 
 import (
+	"net/http"
+
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
@@ -8,11 +10,18 @@ import (
 // Conversions from the manager's records to the wire types. The types live in
 // e2bwire, which Airlock's own client (internal/e2bclient) reads them with.
 
-func (h *Handler) domain() *string {
-	if h.opts.Domain == "" {
+// domain is the sandbox "domain" r's answer carries: the one the client used
+// (Options.DomainFor), else Options.Domain; nil when there is none.
+func (h *Handler) domain(r *http.Request) *string {
+	d := h.opts.Domain
+	if h.opts.DomainFor != nil {
+		if v := h.opts.DomainFor(r); v != "" {
+			d = v
+		}
+	}
+	if d == "" {
 		return nil
 	}
-	d := h.opts.Domain
 	return &d
 }
 
@@ -30,7 +39,7 @@ func (h *Handler) envdVersion(info sandbox.Info) string {
 	return h.opts.EnvdVersion
 }
 
-func (h *Handler) sandboxJSON(info sandbox.Info) e2bwire.Sandbox {
+func (h *Handler) sandboxJSON(r *http.Request, info sandbox.Info) e2bwire.Sandbox {
 	return e2bwire.Sandbox{
 		SandboxID:          info.ID,
 		TemplateID:         info.TemplateID,
@@ -39,7 +48,7 @@ func (h *Handler) sandboxJSON(info sandbox.Info) e2bwire.Sandbox {
 		EnvdVersion:        h.envdVersion(info),
 		EnvdAccessToken:    info.AccessToken,
 		TrafficAccessToken: info.TrafficAccessToken,
-		Domain:             h.domain(),
+		Domain:             h.domain(r),
 	}
 }
 
@@ -84,12 +93,12 @@ func volumeMountsJSON(in []sandbox.VolumeMount) []e2bwire.SandboxVolumeMount {
 	return out
 }
 
-func (h *Handler) detailJSON(info sandbox.Info) e2bwire.SandboxDetail {
+func (h *Handler) detailJSON(r *http.Request, info sandbox.Info) e2bwire.SandboxDetail {
 	return e2bwire.SandboxDetail{
 		ListedSandbox:       h.listedJSON(info),
 		EnvdAccessToken:     info.AccessToken,
 		TrafficAccessToken:  info.TrafficAccessToken,
-		Domain:              h.domain(),
+		Domain:              h.domain(r),
 		AllowInternetAccess: info.AllowInternetAccess,
 		Network:             networkOf(info.Network),
 		Lifecycle:           lifecycleJSON(info.Lifecycle),

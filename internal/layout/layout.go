@@ -87,6 +87,12 @@ func (d DataDir) Network() string { return filepath.Join(d.Root, "network") }
 // sandbox trust stores that include it (bundles/).
 func (d DataDir) Egress() string { return filepath.Join(d.Root, "egress") }
 
+// DomainTLS holds serve --domain's own CA (ca.pem with its key, 0600;
+// ca.crt), the certificate it issued for the domain (leaf.pem, 0600) and the
+// system trust store with the CA added (bundle.crt), for clients. Never the
+// egress CA: the two are separate keys.
+func (d DataDir) DomainTLS() string { return filepath.Join(d.Root, "tls") }
+
 // Runtime is the state directory of the isolation backend name.
 func (d DataDir) Runtime(name string) string { return filepath.Join(d.Root, "runtime", name) }
 

@@ -25,6 +25,10 @@
 # AIRLOCK_SDK_REGISTRY_AUTH (basic auth, user:password in
 # AIRLOCK_SDK_REGISTRY_CREDS).
 #
+# The server also serves --domain airlock.localhost on a third free port (TLS,
+# its own CA in <data dir>/tls): AIRLOCK_SDK_DOMAIN=airlock.localhost:<port>
+# and NODE_EXTRA_CA_CERTS reach the tests; domain.test.mjs uses them alone.
+#
 # The run fails (status 3) when the server log contains "panic", even if every
 # test passed: the server recovers handler panics, so only its log tells.
 set -uo pipefail
@@ -53,14 +57,15 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   npm ci --no-audit --no-fund >&2 || { log "npm ci failed"; exit 2; }
 fi
 
-# --- two free loopback ports (held open together so they differ)
-read -r api_port sandbox_port < <(node -e '
+# --- three free loopback ports (held open together so they differ): the API,
+# the sandbox proxy, and the TLS listener of --domain
+read -r api_port sandbox_port tls_port < <(node -e '
   const net = require("net");
-  const a = net.createServer(), b = net.createServer();
-  a.listen(0, "127.0.0.1", () => b.listen(0, "127.0.0.1", () => {
-    console.log(a.address().port, b.address().port); a.close(); b.close();
-  }));')
-if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ]; then
+  const a = net.createServer(), b = net.createServer(), c = net.createServer();
+  a.listen(0, "127.0.0.1", () => b.listen(0, "127.0.0.1", () => c.listen(0, "127.0.0.1", () => {
+    console.log(a.address().port, b.address().port, c.address().port); a.close(); b.close(); c.close();
+  })));')
+if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ] || [ -z "${tls_port:-}" ]; then
   log "could not pick free ports"
   exit 2
 fi
@@ -186,6 +191,12 @@ else
   log "openssl could not make the egress test CA; egress tests will skip"
 fi
 
+# The domain listener (serve --domain, its own CA in <data dir>/tls): *.localhost
+# is loopback (libnss-myhostname; Node's resolver follows nsswitch), so
+# domain.test.mjs needs nothing but E2B_DOMAIN=airlock.localhost:<port>.
+domain=airlock.localhost
+extra_args+=(--domain "$domain" --tls-listen "127.0.0.1:$tls_port")
+
 # Webhook tests run their receivers on loopback.
 log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir --webhook-allow-private ${extra_args[*]}"
 AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve \
@@ -231,6 +242,11 @@ export AIRLOCK_SDK_RUN_ID="$run_id"
 export AIRLOCK_DATA_DIR="$data_dir"   # persist tests look at what a pause wrote
 export AIRLOCK_BIN="$bin"   # the MCP test spawns `airlock mcp` (stdio)
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN
+# For domain.test.mjs, which drops the URL overrides above and sets
+# E2B_DOMAIN from this. The CA is trusted by every file (Node reads
+# NODE_EXTRA_CA_CERTS at start; it only adds the server's own domain CA).
+export AIRLOCK_SDK_DOMAIN="$domain:$tls_port"
+export NODE_EXTRA_CA_CERTS="$data_dir/tls/ca.crt"
 
 if [ $# -gt 0 ]; then
   files=("$@")
