@@ -7,9 +7,10 @@
 // https://<port>-<id>.<domain> itself, and *.localhost resolves to loopback.
 
 import assert from 'node:assert/strict'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { createHash, X509Certificate } from 'node:crypto'
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { dirname, join } from 'node:path'
 import tls from 'node:tls'
 import { after, describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
@@ -190,5 +191,48 @@ describe('serve --domain with only E2B_DOMAIN', { concurrency: true }, () => {
     })
     assert.equal(r.code, 0, showRun(r))
     assert.ok(r.stdout.includes(sbx.sandboxId), showRun(r))
+  })
+
+  test('getMcpUrl() reaches port 50005 of the sandbox', async () => {
+    const sbx = await createSandbox()
+    await sbx.commands.run('mkdir -p /tmp/m/mcp && echo gateway-stand-in > /tmp/m/mcp/index.html && cd /tmp/m && python3 -m http.server 50005', { background: true })
+    const url = sbx.getMcpUrl()
+    assert.equal(url, `https://50005-${sbx.sandboxId}.${DOMAIN}/mcp`)
+    await waitFor(async () => (await get(url + '/')).text.includes('gateway-stand-in'), { timeoutMs: 15_000, what: 'the server on 50005' })
+  })
+
+  // Debian's chromium, driven by playwright-core. The browser trusts exactly
+  // the server's certificate (its public key pinned with
+  // --ignore-certificate-errors-spki-list; every other certificate error
+  // still fails), and resolves *.localhost to loopback by itself.
+  const chromiumPath = ['/usr/bin/chromium', '/usr/bin/chromium-browser'].find((p) => existsSync(p))
+  test('headless Chromium opens https://8000-<id>.<domain>', { skip: chromiumPath ? false : 'no chromium (scripts/setup-test.sh installs it)' }, async () => {
+    const { chromium } = await import('playwright-core')
+    const leafPem = readFileSync(join(dirname(process.env.NODE_EXTRA_CA_CERTS), 'leaf.pem'), 'utf8')
+    const leaf = new X509Certificate(leafPem.slice(0, leafPem.indexOf('-----END CERTIFICATE-----') + 25))
+    const spki = createHash('sha256').update(leaf.publicKey.export({ type: 'spki', format: 'der' })).digest('base64')
+    const sbx = await createSandbox()
+    const page = '<!doctype html><title>airlock page</title><h1 id="t">served from the sandbox</h1><script>document.getElementById("t").dataset.js = location.protocol</script>'
+    await sbx.files.write('/tmp/www/index.html', page)
+    await sbx.commands.run('cd /tmp/www && python3 -m http.server 8000', { background: true })
+    const url = `https://${sbx.getHost(8000)}/index.html`
+    await waitFor(async () => (await get(url)).status === 200, { timeoutMs: 15_000, what: 'the page server' })
+    const browser = await chromium.launch({
+      executablePath: chromiumPath,
+      args: ['--no-sandbox', `--ignore-certificate-errors-spki-list=${spki}`],
+    })
+    try {
+      const tab = await browser.newPage()
+      const res = await tab.goto(url)
+      assert.equal(res.status(), 200)
+      assert.equal(await tab.title(), 'airlock page')
+      assert.equal(await tab.textContent('#t'), 'served from the sandbox')
+      assert.equal(await tab.getAttribute('#t', 'data-js'), 'https:')
+      // The pin is for this server's key only: a name outside the domain is
+      // refused at the handshake, which the browser reports as a failure.
+      await assert.rejects(tab.goto(`https://8000-${sbx.sandboxId}.elsewhere.localhost:${PORT}/`))
+    } finally {
+      await browser.close()
+    }
   })
 })
