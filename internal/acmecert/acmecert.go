@@ -79,6 +79,9 @@ type Config struct {
 	// CADirURL is the ACME directory. Default LetsEncryptProduction; use
 	// LetsEncryptStaging while setting up.
 	CADirURL string
+	// Profile is the ACME certificate profile to order (Let's Encrypt:
+	// "classic", "tlsserver", "shortlived"); empty lets the CA choose.
+	Profile string
 	// DNSProvider is a lego DNS provider name ("cloudflare", "route53",
 	// "rfc2136", "exec", "httpreq", ... see DNSProviders), configured by
 	// that provider's documented environment variables.
@@ -107,6 +110,8 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger receives renewals and failures. Default slog.Default().
 	Logger *slog.Logger
+
+	precheck dns01.WrapPreCheckFunc // tests: replaces lego's propagation check
 }
 
 // Source serves the certificate of a Config and keeps it renewed. Its
@@ -352,6 +357,9 @@ func (s *Source) obtain() (*tls.Certificate, error) {
 	if s.cfg.SkipAuthoritativeCheck {
 		opts = append(opts, dns01.DisableAuthoritativeNssPropagationRequirement())
 	}
+	if s.cfg.precheck != nil {
+		opts = append(opts, dns01.WrapPreCheck(s.cfg.precheck))
+	}
 	if err := client.Challenge.SetDNS01Provider(s.cfg.Provider, opts...); err != nil {
 		return nil, fmt.Errorf("acmecert: DNS-01 provider: %w", err)
 	}
@@ -370,6 +378,7 @@ func (s *Source) obtain() (*tls.Certificate, error) {
 	res, err := client.Certificate.Obtain(certificate.ObtainRequest{
 		Domains: []string{d, "*." + d},
 		Bundle:  true,
+		Profile: s.cfg.Profile,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("acmecert: obtaining a certificate for %s and *.%s failed: check that the DNS provider's credentials may create TXT records in the zone of %s, and that %s is really a domain you own: %w", d, d, d, d, err)

@@ -39,6 +39,7 @@ var providers = map[string]func() (challenge.Provider, error){
 	"acme-dns":     func() (challenge.Provider, error) { return acmedns.NewDNSProvider() },
 	"cloudflare":   func() (challenge.Provider, error) { return cloudflare.NewDNSProvider() },
 	"desec":        func() (challenge.Provider, error) { return desec.NewDNSProvider() },
+	"dnsupdate":    func() (challenge.Provider, error) { return rfc2136.NewDNSProvider() }, // lego's newer name for rfc2136
 	"digitalocean": func() (challenge.Provider, error) { return digitalocean.NewDNSProvider() },
 	"duckdns":      func() (challenge.Provider, error) { return duckdns.NewDNSProvider() },
 	"exec":         func() (challenge.Provider, error) { return exec.NewDNSProvider() },
@@ -65,13 +66,17 @@ func DNSProviders() []string {
 
 // newProvider builds the named provider from its environment variables.
 func newProvider(name string) (challenge.Provider, error) {
-	mk, ok := providers[strings.ToLower(strings.TrimSpace(name))]
+	name = strings.ToLower(strings.TrimSpace(name))
+	mk, ok := providers[name]
 	if !ok {
 		return nil, fmt.Errorf("acmecert: unknown DNS provider %q: use one of %s (exec and httpreq drive any other DNS host through a script or a web hook)",
 			name, strings.Join(DNSProviders(), ", "))
 	}
 	p, err := mk()
 	if err != nil {
+		if name == "dnsupdate" {
+			name = "rfc2136" // its page in lego's documentation
+		}
 		return nil, fmt.Errorf("acmecert: DNS provider %q is not configured: set the environment variables listed at https://go-acme.github.io/lego/dns/%s/ : %w",
 			name, name, err)
 	}
