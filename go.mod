@@ -31,7 +31,12 @@ require (
 	modernc.org/sqlite v1.61.1
 )
 
-require github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
+require (
+	github.com/go-acme/lego/v4 v4.35.2
+	github.com/letsencrypt/challtestsrv v1.4.2
+	github.com/letsencrypt/pebble/v2 v2.10.1
+	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
+)
 
 require (
 	github.com/alexbrainman/sspi v0.0.0-20180613141037-e580b900e9f5 // indirect
@@ -52,7 +57,6 @@ require (
 	github.com/aws/smithy-go v1.28.2 // indirect
 	github.com/bodgit/tsig v1.2.2 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
-	github.com/go-acme/lego/v4 v4.35.2 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.4 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-resty/resty/v2 v2.17.2 // indirect
@@ -69,8 +73,6 @@ require (
 	github.com/jcmturner/gokrb5/v8 v8.4.4 // indirect
 	github.com/jcmturner/rpc/v2 v2.0.3 // indirect
 	github.com/jinzhu/copier v0.4.0 // indirect
-	github.com/letsencrypt/challtestsrv v1.4.2 // indirect
-	github.com/letsencrypt/pebble/v2 v2.10.1 // indirect
 	github.com/linode/linodego v1.68.0 // indirect
 	github.com/nrdcg/desec v0.11.1 // indirect
 	github.com/nrdcg/goacmedns v0.2.0 // indirect

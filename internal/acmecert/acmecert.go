@@ -66,6 +66,20 @@ const (
 	LetsEncryptStaging    = lego.LEDirectoryStaging
 )
 
+// CADirectory turns the value of a --acme-ca flag into a directory URL:
+// "" or "letsencrypt" is Let's Encrypt production, "staging" or
+// "letsencrypt-staging" its staging CA, anything else is taken as the URL of
+// an ACME directory (ZeroSSL, Google Trust Services, a private step-ca, ...).
+func CADirectory(v string) string {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "letsencrypt", "production":
+		return LetsEncryptProduction
+	case "staging", "letsencrypt-staging":
+		return LetsEncryptStaging
+	}
+	return strings.TrimSpace(v)
+}
+
 // DefaultRenewBefore is how long before expiry a certificate is renewed.
 const DefaultRenewBefore = 30 * 24 * time.Hour
 
@@ -76,8 +90,8 @@ type Config struct {
 	Domain string
 	// Email is the ACME account's contact (expiry warnings). Optional.
 	Email string
-	// CADirURL is the ACME directory. Default LetsEncryptProduction; use
-	// LetsEncryptStaging while setting up.
+	// CADirURL is the ACME directory (or a name CADirectory knows).
+	// Default LetsEncryptProduction; use LetsEncryptStaging while setting up.
 	CADirURL string
 	// Profile is the ACME certificate profile to order (Let's Encrypt:
 	// "classic", "tlsserver", "shortlived"); empty lets the CA choose.
@@ -121,7 +135,6 @@ type Source struct {
 	dir   string // CacheDir/<ca>
 	log   *slog.Logger
 	cert  atomic.Pointer[tls.Certificate]
-	mu    sync.Mutex // one ACME conversation at a time
 	user  *acmeUser
 	start sync.Once
 
@@ -184,9 +197,7 @@ func (c *Config) fill() error {
 		return fmt.Errorf("acmecert: %s is a local name no public CA will certify: use Airlock's own CA for it (no ACME flags)", d)
 	}
 	c.Domain = d
-	if c.CADirURL == "" {
-		c.CADirURL = LetsEncryptProduction
-	}
+	c.CADirURL = CADirectory(c.CADirURL)
 	if u, err := url.Parse(c.CADirURL); err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
 		return fmt.Errorf("acmecert: ACME directory %q is not an http(s) URL (Let's Encrypt: %s, staging: %s)", c.CADirURL, LetsEncryptProduction, LetsEncryptStaging)
 	}
@@ -329,11 +340,16 @@ func (s *Source) loop(ctx context.Context) {
 	}
 }
 
+// legoMu makes one ACME conversation at a time in this process: lego keeps
+// the DNS-01 resolvers and timeouts in package variables, so two Sources
+// with different Resolvers must not overlap.
+var legoMu sync.Mutex
+
 // obtain runs one ACME order for D and *.D and writes the result to the
 // cache. It registers the account first if needed.
 func (s *Source) obtain() (*tls.Certificate, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	legoMu.Lock()
+	defer legoMu.Unlock()
 	d := s.cfg.Domain
 	user, err := s.loadUser()
 	if err != nil {
@@ -344,7 +360,11 @@ func (s *Source) obtain() (*tls.Certificate, error) {
 	lc.UserAgent = "airlock"
 	lc.Certificate.KeyType = certcrypto.EC256
 	if s.cfg.HTTPClient != nil {
-		lc.HTTPClient = s.cfg.HTTPClient
+		// A copy: lego wraps the client's Transport in place, so handing
+		// it the same client on every renewal would nest the wrappers (and
+		// race with another Source sharing it).
+		c := *s.cfg.HTTPClient
+		lc.HTTPClient = &c
 	}
 	client, err := lego.NewClient(lc)
 	if err != nil {

@@ -547,6 +547,19 @@ func TestRenewAtCap(t *testing.T) {
 	}
 }
 
+func TestCADirectory(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                              LetsEncryptProduction,
+		"letsencrypt":                   LetsEncryptProduction,
+		" Staging ":                     LetsEncryptStaging,
+		"https://ca.internal/directory": "https://ca.internal/directory",
+	} {
+		if got := CADirectory(in); got != want {
+			t.Errorf("CADirectory(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
 func TestCADirName(t *testing.T) {
 	for in, want := range map[string]string{
 		LetsEncryptProduction:                      "acme-v02.api.letsencrypt.org_directory",
