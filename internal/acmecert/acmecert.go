@@ -232,6 +232,11 @@ func caDirName(dirURL string) string {
 	return strings.NewReplacer("/", "_", ":", "_", "\\", "_").Replace(name)
 }
 
+// Source fits the TLS listener's certificate seam.
+var _ interface {
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+} = (*Source)(nil)
+
 // GetCertificate serves the current certificate; it has the shape of
 // tls.Config.GetCertificate. Names outside D and *.D are refused.
 func (s *Source) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
