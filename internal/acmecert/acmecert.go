@@ -69,7 +69,8 @@ const (
 // CADirectory turns the value of a --acme-ca flag into a directory URL:
 // "" or "letsencrypt" is Let's Encrypt production, "staging" or
 // "letsencrypt-staging" its staging CA, anything else is taken as the URL of
-// an ACME directory (ZeroSSL, Google Trust Services, a private step-ca, ...).
+// an ACME directory (a private step-ca, ...; CAs that require external
+// account binding, like ZeroSSL and Google Trust Services, are not supported).
 func CADirectory(v string) string {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "", "letsencrypt", "production":
