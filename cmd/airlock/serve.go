@@ -26,6 +26,7 @@ import (
 
 func serveCmd() *cobra.Command {
 	var c daemon.Config
+	var acme daemon.ACMEConfig
 	var logLevel string
 	var mirrors []string
 	cmd := &cobra.Command{
@@ -48,6 +49,11 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 			if c.RegistryMirrors, err = registryMirrors(mirrors); err != nil {
 				return err
 			}
+			if acme.DNSProvider != "" {
+				c.TLS.ACME = &acme
+			} else if cmd.Flags().Changed("acme-email") || cmd.Flags().Changed("acme-ca") {
+				return fmt.Errorf("--acme-email and --acme-ca need --acme-dns-provider (which turns ACME on)")
+			}
 			return runServe(ctx, c, logLevel)
 		},
 	}
@@ -59,6 +65,11 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringVar(&c.TLS.Listen, "tls-listen", daemon.DefaultTLSListen, "listen address of the TLS listener for --domain")
 	f.StringVar(&c.TLS.CertFile, "tls-cert", "", "PEM certificate (chain) covering --domain and *.<domain>, for the TLS listener; without it the server's own CA (<data-dir>/tls) issues one")
 	f.StringVar(&c.TLS.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&acme.DNSProvider, "acme-dns-provider", "", "get and renew a certificate for --domain and *.<domain> through ACME's DNS-01 challenge with this DNS provider (e.g. cloudflare, route53, rfc2136, exec; configured by its environment variables; README: Public domain with automatic certificates)")
+	f.StringVar(&acme.Email, "acme-email", "", "contact e-mail of the ACME account")
+	f.StringVar(&acme.CA, "acme-ca", "letsencrypt", "ACME CA: letsencrypt, staging (Let's Encrypt's staging, try it first) or a directory URL")
+	f.StringSliceVar(&acme.Resolvers, "acme-dns-resolvers", nil, "host:port DNS servers to check the challenge record's propagation with (default: the zone's authoritative servers)")
+	f.DurationVar(&acme.RenewBefore, "acme-renew-before", 30*24*time.Hour, "renew the ACME certificate this long before it ends")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.StringSliceVar(&c.Templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
 	f.BoolVar(&c.KillOnClose, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")

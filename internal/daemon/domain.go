@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/acmecert"
 	"github.com/airlock-sandbox/airlock/internal/tlsfront"
 )
 
@@ -25,9 +27,27 @@ type TLSConfig struct {
 	// Domain and *.Domain (--tls-cert, --tls-key); without them the
 	// server's own domain CA issues one (<data>/tls).
 	CertFile, KeyFile string
-	// Certs, when set, is the certificate source (ACME); CertFile and
-	// KeyFile must then be empty.
+	// Certs, when set, is the certificate source; CertFile and KeyFile
+	// must then be empty (tests).
 	Certs tlsfront.CertSource
+	// ACME, when set, gets and renews a certificate for Domain and
+	// *.Domain through ACME's DNS-01 challenge (--acme-*), kept in
+	// <data>/tls/acme; it excludes CertFile, KeyFile and Certs.
+	ACME *ACMEConfig
+}
+
+// ACMEConfig is serve's --acme-* flags (see internal/acmecert).
+type ACMEConfig struct {
+	// DNSProvider is a lego DNS provider name (acmecert.DNSProviders),
+	// configured by that provider's environment variables.
+	DNSProvider string
+	Email       string
+	// CA is "letsencrypt" (default), "staging" or an ACME directory URL.
+	CA string
+	// Resolvers check the TXT record's propagation (host:port); empty:
+	// the zone's authoritative servers.
+	Resolvers   []string
+	RenewBefore time.Duration
 }
 
 // domainTLS reports whether the server has a TLS listener for its domain.
@@ -37,7 +57,7 @@ func (d *Daemon) domainTLS() bool { return d.cfg.Domain != "" && d.cfg.TLS.Liste
 // files that do not fit the domain stop the server before anything starts.
 func (d *Daemon) startCerts() error {
 	if !d.domainTLS() {
-		if d.cfg.TLS.CertFile != "" || d.cfg.TLS.KeyFile != "" || d.cfg.TLS.Certs != nil {
+		if d.cfg.TLS.CertFile != "" || d.cfg.TLS.KeyFile != "" || d.cfg.TLS.Certs != nil || d.cfg.TLS.ACME != nil {
 			return errors.New("--tls-cert/--tls-key need --domain (the TLS listener serves the domain)")
 		}
 		return nil
@@ -47,6 +67,21 @@ func (d *Daemon) startCerts() error {
 		return fmt.Errorf("--domain: %w", err)
 	}
 	switch {
+	case tc.ACME != nil:
+		if tc.CertFile != "" || tc.KeyFile != "" || tc.Certs != nil {
+			return errors.New("--acme-dns-provider and --tls-cert/--tls-key exclude each other")
+		}
+		src, err := acmecert.New(acmecert.Config{
+			Domain: d.cfg.Domain, Email: tc.ACME.Email, CADirURL: acmecert.CADirectory(tc.ACME.CA),
+			DNSProvider: tc.ACME.DNSProvider, Resolvers: tc.ACME.Resolvers, RenewBefore: tc.ACME.RenewBefore,
+			CacheDir: filepath.Join(d.Layout.DomainTLS(), "acme"), Logger: d.log,
+		})
+		if err != nil {
+			return fmt.Errorf("ACME certificate for %s: %w", d.cfg.Domain, err)
+		}
+		src.Start(context.Background())
+		d.push("acme renewal", src.Close)
+		d.Certs = src
 	case tc.Certs != nil:
 		if tc.CertFile != "" || tc.KeyFile != "" {
 			return errors.New("--tls-cert/--tls-key and another certificate source (ACME) exclude each other")
