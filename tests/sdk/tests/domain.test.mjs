@@ -13,7 +13,9 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import tls from 'node:tls'
 import { after, describe, test } from 'node:test'
-import { Sandbox } from 'e2b'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import { Sandbox, Volume } from 'e2b'
 import { Sandbox as CodeInterpreter } from '@e2b/code-interpreter'
 import { createSandbox, meta, runCLI, showRun, track, trackCleanup, waitFor } from './helpers.mjs'
 
@@ -191,6 +193,30 @@ describe('serve --domain with only E2B_DOMAIN', { concurrency: true }, () => {
     })
     assert.equal(r.code, 0, showRun(r))
     assert.ok(r.stdout.includes(sbx.sandboxId), showRun(r))
+  })
+
+  test('the volume client: create, write and read through the content API, mount, destroy', async () => {
+    const vol = await Volume.create(`dom-${Date.now().toString(36)}`)
+    try {
+      await vol.writeFile('/hello.txt', 'over tls')
+      assert.equal(await vol.readFile('/hello.txt'), 'over tls')
+      const sbx = await createSandbox({ volumeMounts: { '/data': vol } })
+      assert.equal((await sbx.commands.run('cat /data/hello.txt')).stdout, 'over tls')
+      await sbx.kill()
+    } finally {
+      assert.equal(await Volume.destroy(vol.volumeId), true)
+    }
+  })
+
+  test('Python on the host reaches https://getHost(8000) with SSL_CERT_FILE set to the bundle', async () => {
+    const sbx = await createSandbox()
+    await sbx.commands.run('cd /tmp && echo from-python > p.txt && python3 -m http.server 8000', { background: true })
+    const url = `https://${sbx.getHost(8000)}/p.txt`
+    await waitFor(async () => (await get(url)).status === 200, { timeoutMs: 15_000, what: 'the server' })
+    const bundle = join(dirname(process.env.NODE_EXTRA_CA_CERTS), 'bundle.crt')
+    const { stdout } = await promisify(execFile)('python3', ['-c', 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode(), end="")', url],
+      { env: { ...process.env, SSL_CERT_FILE: bundle } })
+    assert.equal(stdout, 'from-python\n')
   })
 
   test('getMcpUrl() reaches port 50005 of the sandbox', async () => {
