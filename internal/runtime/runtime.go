@@ -42,6 +42,13 @@ var ErrNotFound = errors.New("runtime: sandbox not found")
 // ErrNotSupported is returned by optional operations a backend lacks.
 var ErrNotSupported = errors.New("runtime: operation not supported")
 
+// ErrBusy is a checkpoint that failed because a process was caught in the
+// middle of something the checkpointer cannot save but that ends by itself
+// (a netlink reply not yet read, as glibc's getaddrinfo has for a moment):
+// the processes run on as they were, and the same checkpoint a moment
+// later, with the sandbox thawed in between, succeeds.
+var ErrBusy = errors.New("runtime: a process was in the middle of a kernel exchange; try again")
+
 // Runtime creates and tracks sandboxes.
 type Runtime interface {
 	// Name identifies the backend ("linux", "gvisor").

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -282,7 +283,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err e
 			}
 			return fmt.Errorf("pause %s: freeze: %w", e.id, err)
 		}
-		if err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: img, LeaveRunning: true}); err != nil {
+		if err := m.checkpointFrozen(ctx, e, ck, img, nil); err != nil {
 			_ = os.RemoveAll(dirs.Paused(e.id))
 			if st, serr := e.rt.Status(); serr != nil || (st != runtime.StatusPaused && st != runtime.StatusRunning) {
 				// CRIU and runsc leave the processes as they were when they
@@ -669,7 +670,15 @@ func (m *Manager) capture(ctx context.Context, e *entry, dst string) (withMemory
 	}
 	crashpoint.Hit(crashpoint.CaptureFrozen)
 	if canCheckpoint {
-		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: filepath.Join(dst, captureMemory), LeaveRunning: true})
+		// A retry thaws the sandbox for a moment: the filesystem is copied
+		// again, frozen, so that it and the memory image are of one moment.
+		recopy := func() error {
+			if err := os.RemoveAll(filepath.Join(dst, captureFS)); err != nil {
+				return err
+			}
+			return copySandboxDir(e.dir, filepath.Join(dst, captureFS))
+		}
+		err := m.checkpointFrozen(ctx, e, ck, filepath.Join(dst, captureMemory), recopy)
 		switch {
 		case err == nil:
 			return true, nil
@@ -834,4 +843,43 @@ func (m *Manager) sweepCaptures(ctx context.Context) {
 	_ = os.RemoveAll(m.capturesDir())
 	sweepDiscarded(m.layout().AllPaused())
 	m.sweepSnapshots(ctx)
+}
+
+// busyAttempts bounds the checkpoints tried while they fail with
+// runtime.ErrBusy.
+const busyAttempts = 8
+
+// checkpointFrozen checkpoints the frozen sandbox into dir, leaving it
+// frozen. A checkpoint that fails with runtime.ErrBusy (a process caught
+// halfway through a netlink exchange) is tried again after thawing the
+// sandbox for a moment, so that the exchange can end, and freezing it
+// again; redo, if set, then retakes what the caller took of the frozen
+// sandbox before. Whatever it returns, the sandbox is frozen or its
+// processes run on as they were, as after one checkpoint.
+func (m *Manager) checkpointFrozen(ctx context.Context, e *entry, ck runtime.Checkpointer, dir string, redo func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := ck.Checkpoint(ctx, runtime.CheckpointOptions{ImageDir: dir, LeaveRunning: true})
+		if err == nil || !errors.Is(err, runtime.ErrBusy) || attempt == busyAttempts || ctx.Err() != nil {
+			return err
+		}
+		m.log.Debug("checkpoint: a process is busy; thawing for a moment", "id", e.id, "attempt", attempt)
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		if rerr := e.rt.Resume(); rerr != nil {
+			return errors.Join(err, fmt.Errorf("thaw between checkpoint attempts: %w", rerr))
+		}
+		select {
+		case <-time.After(time.Duration(attempt)*20*time.Millisecond + rand.N(20*time.Millisecond)):
+		case <-ctx.Done():
+		}
+		if perr := e.rt.Pause(); perr != nil {
+			return errors.Join(err, fmt.Errorf("freeze between checkpoint attempts: %w", perr))
+		}
+		if redo != nil {
+			if rerr := redo(); rerr != nil {
+				return errors.Join(err, rerr)
+			}
+		}
+	}
 }

@@ -563,3 +563,66 @@ func TestQuiesceTimeoutFallsBack(t *testing.T) {
 		t.Fatalf("the fork: %q", out)
 	}
 }
+
+// TestLinuxPauseDuringNetlinkExchanges: a process that often holds a
+// netlink reply unread (as glibc's getaddrinfo does for a moment on every
+// lookup) fails neither a pause nor a snapshot: CRIU refuses such a socket
+// (runtime.ErrBusy), and the manager thaws the sandbox for a moment and
+// tries again. The process runs on after each resume.
+func TestLinuxPauseDuringNetlinkExchanges(t *testing.T) {
+	r := newRig(t)
+	if err := linux.CRIUAvailable(); err != nil {
+		testenv.Missing(t, "%v", err)
+	}
+	m := r.manager(t, 0)
+	info := create(t, m, time.Minute)
+	const script = `import socket, struct, time
+n = 0
+while True:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+    s.send(struct.pack("=IHHII", 32, 18, 0x301, 1, 0) + bytes(16))  # RTM_GETLINK dump
+    time.sleep(0.04)  # the reply waits in the socket
+    s.recv(65536)
+    s.close()
+    n += 1
+    open("/tmp/nl.count", "w").write(str(n))
+    time.sleep(0.06)
+`
+	if _, code := run(t, m, info, "cat > /tmp/nl.py <<'EOF'\n"+script+"EOF\n(python3 /tmp/nl.py >/tmp/nl.err 2>&1 &)"); code != 0 {
+		t.Fatal("could not start the netlink loop")
+	}
+	ctx := context.Background()
+	count := func() int {
+		out, _ := run(t, m, info, "cat /tmp/nl.count 2>/dev/null || echo 0")
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		return n
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count() < 3 {
+		if time.Now().After(deadline) {
+			out, _ := run(t, m, info, "cat /tmp/nl.err")
+			t.Fatalf("the netlink loop does not run: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for cycle := 1; cycle <= 4; cycle++ {
+		if err := m.Pause(ctx, info.ID, sandbox.PauseOptions{}); err != nil {
+			t.Fatalf("pause %d: %v", cycle, err)
+		}
+		if _, resumed, err := m.Connect(ctx, info.ID, time.Minute); err != nil || !resumed {
+			t.Fatalf("resume %d: resumed=%v err=%v", cycle, resumed, err)
+		}
+		before := count()
+		deadline := time.Now().Add(10 * time.Second)
+		for count() <= before {
+			if time.Now().After(deadline) {
+				t.Fatalf("resume %d: the netlink loop did not run on", cycle)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		// A snapshot's capture fails (not falls back) on a refused dump.
+		if _, err := m.CreateSnapshot(ctx, info.ID, sandbox.SnapshotRequest{Name: fmt.Sprintf("nl-%d", cycle)}); err != nil {
+			t.Fatalf("snapshot %d: %v", cycle, err)
+		}
+	}
+}

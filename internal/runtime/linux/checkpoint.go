@@ -109,9 +109,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	}
 	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning, s.parkNetNS != "")); err != nil {
 		why := criuErrors(filepath.Join(opts.ImageDir, "dump.log"))
-		if strings.Contains(why, "seccomp notify") {
+		switch {
+		case strings.Contains(why, "seccomp notify"):
 			// A listener that appeared after the check above.
 			err = fmt.Errorf("%w: %w", runtime.ErrNotSupported, err)
+		case strings.Contains(why, "netlink: The socket has data to read"):
+			err = fmt.Errorf("%w: %w", runtime.ErrBusy, err)
 		}
 		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, err, why)
 	}
