@@ -10,6 +10,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"html"
 	"io"
 	"log/slog"
 	"net"
@@ -147,20 +149,20 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 			}
 			log.Debug("sandbox proxy", "sandbox", rt.id, "port", rt.port, "err", err)
 			if rt.addr.IsValid() {
-				portClosed(w, rt.id, rt.port)
+				portClosed(w, r, rt.id, rt.port)
 				return
 			}
 			if rt.interp {
 				// envd serves the interpreter in every sandbox since
 				// interp existed; an older envd (a sandbox recovered
 				// across an upgrade) has no socket.
-				writeJSON(w, http.StatusBadGateway, map[string]any{
+				WriteError(w, r, http.StatusBadGateway, map[string]any{
 					"sandboxId": rt.id, "code": http.StatusBadGateway, "port": rt.port,
 					"message": "The sandbox has no code interpreter (its envd does not serve port 49999): " + err.Error(),
 				})
 				return
 			}
-			sandboxGone(w, rt.id)
+			sandboxGone(w, r, rt.id)
 		},
 	}
 	return p
@@ -202,7 +204,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case envdapi.Port:
 		tr, err := p.sandboxes.EnvdTransport(id)
 		if err != nil {
-			sandboxGone(w, id)
+			sandboxGone(w, r, id)
 			return
 		}
 		rt = route{id: id, port: port, transport: tr}
@@ -211,32 +213,32 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// any other), but served by envd over its own socket.
 		_, token, _, err := p.sandboxes.UserPortTarget(id)
 		if err != nil {
-			sandboxGone(w, id)
+			sandboxGone(w, r, id)
 			return
 		}
 		if token != "" && !tokenEqual(r.Header.Get(trafficTokenHeader), token) {
-			portForbidden(w, id)
+			portForbidden(w, r, id)
 			return
 		}
 		tr, err := p.sandboxes.InterpTransport(id)
 		if err != nil {
-			sandboxGone(w, id)
+			sandboxGone(w, r, id)
 			return
 		}
 		rt = route{id: id, port: port, transport: tr, interp: true}
 	default:
 		addr, token, mask, err := p.sandboxes.UserPortTarget(id)
 		if err != nil {
-			sandboxGone(w, id)
+			sandboxGone(w, r, id)
 			return
 		}
 		if token != "" && !tokenEqual(r.Header.Get(trafficTokenHeader), token) {
-			portForbidden(w, id)
+			portForbidden(w, r, id)
 			return
 		}
 		if !addr.IsValid() {
 			// No sandbox network on this server: nothing can listen on it.
-			portClosed(w, id, port)
+			portClosed(w, r, id, port)
 			return
 		}
 		rt = route{id: id, port: port, addr: addr, transport: p.ports}
@@ -482,14 +484,14 @@ func hostOnly(hostport string) string {
 
 // portClosed is the answer for a user port nothing listens on, in the shape
 // E2B's proxy gives (the SDKs show its message).
-func portClosed(w http.ResponseWriter, id string, port int) {
-	writeJSON(w, http.StatusBadGateway, map[string]any{
+func portClosed(w http.ResponseWriter, r *http.Request, id string, port int) {
+	WriteError(w, r, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway,
 	})
 }
 
-func portForbidden(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusForbidden, map[string]any{
+func portForbidden(w http.ResponseWriter, r *http.Request, id string) {
+	WriteError(w, r, http.StatusForbidden, map[string]any{
 		"sandboxId": id, "code": http.StatusForbidden,
 		"message": "missing or invalid " + trafficTokenHeader + " header: this sandbox's ports are not public",
 	})
@@ -499,10 +501,25 @@ func tokenEqual(got, want string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
 }
 
-func sandboxGone(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusBadGateway, map[string]any{
+func sandboxGone(w http.ResponseWriter, r *http.Request, id string) {
+	WriteError(w, r, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,
 	})
+}
+
+// WriteError answers an error: E2B's JSON body ({"code", "message", …})
+// for API clients, and for a browser (Accept: text/html, as one opening
+// https://<port>-<id>.<domain> sends) a short page with the same message.
+func WriteError(w http.ResponseWriter, r *http.Request, status int, body map[string]any) {
+	if r != nil && strings.Contains(r.Header.Get("Accept"), "text/html") {
+		msg, _ := body["message"].(string)
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "<!doctype html>\n<title>%d %s</title>\n<h1>%d %s</h1>\n<p>%s</p>\n",
+			status, http.StatusText(status), status, http.StatusText(status), html.EscapeString(msg))
+		return
+	}
+	writeJSON(w, status, body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

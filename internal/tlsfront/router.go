@@ -2,14 +2,14 @@ package tlsfront
 
 import (
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
-	"html"
 	"log"
 	"net"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/proxy"
 )
 
 // Router routes a request by its Host (any port): api.D to API, sandbox.D
@@ -115,20 +115,10 @@ func ClientDomain(r *http.Request, domain string) (string, bool) {
 }
 
 // notServed answers a request the front door has no handler for: E2B's
-// error body for API clients, a short page for browsers.
+// error body for API clients, a short page for browsers (as the proxy's
+// own errors).
 func notServed(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	if strings.Contains(r.Header.Get("Accept"), "text/html") {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.WriteHeader(status)
-		fmt.Fprintf(w, "<!doctype html>\n<title>%d %s</title>\n<h1>%d %s</h1>\n<p>%s</p>\n",
-			status, http.StatusText(status), status, http.StatusText(status), html.EscapeString(msg))
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(map[string]any{"code": status, "message": msg})
+	proxy.WriteError(w, r, status, map[string]any{"code": status, "message": msg})
 }
 
 // NewServer returns the front door's server: HTTP/2 and HTTP/1.1 (ALPN) over

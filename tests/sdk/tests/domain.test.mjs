@@ -254,6 +254,10 @@ describe('serve --domain with only E2B_DOMAIN', { concurrency: true }, () => {
       assert.equal(await tab.title(), 'airlock page')
       assert.equal(await tab.textContent('#t'), 'served from the sandbox')
       assert.equal(await tab.getAttribute('#t', 'data-js'), 'https:')
+      // A port nothing listens on: E2B's answer, as a page a person can read.
+      const closed = await tab.goto(`https://${sbx.getHost(8001)}/`)
+      assert.equal(closed.status(), 502)
+      assert.match(await tab.textContent('p'), /port is not open/)
       // The pin is for this server's key only: a name outside the domain is
       // refused at the handshake, which the browser reports as a failure.
       await assert.rejects(tab.goto(`https://8000-${sbx.sandboxId}.elsewhere.localhost:${PORT}/`))
