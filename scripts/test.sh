@@ -26,7 +26,7 @@ go vet ./...
 step "built-in templates (layers cached in $AIRLOCK_TEST_DATA_DIR)"
 # The first run on a machine builds them (debootstrap, then apt in build sandboxes,
 # several minutes); later runs find every layer in the cache.
-for t in base python3 node code-interpreter-v1; do
+for t in base python3 node code-interpreter-v1 mcp-gateway; do
 	bin/airlock template build "$t" --data-dir "$AIRLOCK_TEST_DATA_DIR"
 done
 

@@ -9,5 +9,5 @@ import "embed"
 
 // FS holds every built-in template's directory.
 //
-//go:embed base python3 node code-interpreter-v1
+//go:embed base python3 node code-interpreter-v1 mcp-gateway
 var FS embed.FS

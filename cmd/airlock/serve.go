@@ -195,7 +195,7 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 
 // builtinTemplates are served by default, in build order: each is FROM an
 // earlier one, so the background builds never wait for each other.
-var builtinTemplates = []string{"base", "python3", "node", "code-interpreter-v1"}
+var builtinTemplates = []string{"base", "python3", "node", "code-interpreter-v1", "mcp-gateway"}
 
 // findEnvd locates the static envd binary: AIRLOCK_ENVD, else beside this
 // executable (make build puts bin/airlock and bin/envd together).

@@ -134,7 +134,7 @@ func buildFromDockerfile(ctx context.Context, s *template.Store, contextDir, fil
 		return template.Template{}, err
 	}
 	if !isDir(contextDir) {
-		return template.Template{}, fmt.Errorf("build context %s is not a directory (to build a built-in, name one of its templates: base, python3, node, code-interpreter-v1)", contextDir)
+		return template.Template{}, fmt.Errorf("build context %s is not a directory (to build a built-in, name one of its templates: base, python3, node, code-interpreter-v1, mcp-gateway)", contextDir)
 	}
 	if file == "" {
 		file = filepath.Join(contextDir, "Dockerfile")

@@ -32,6 +32,8 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -62,7 +64,23 @@ type Options struct {
 	// box holds the lock (a sweep after a crash need not wait for it: the
 	// box that holds the lock swept already).
 	NoWait bool
+	// TrustBundle is a host file of PEM CA certificates that Node (npm) in
+	// build steps trusts besides its own roots: "" means the host's trust
+	// store (HostTrustBundles), "-" none. A host that reaches the npm
+	// registry through a TLS-intercepting proxy trusts that proxy's CA; a
+	// step's npm must too, or `npm install` fails with
+	// SELF_SIGNED_CERT_IN_CHAIN where the host's own npm works. The file is
+	// bound read-only for the step only and never lands in a layer.
+	TrustBundle string
 }
+
+// HostTrustBundles are where Debian- and Red Hat-family hosts keep their
+// trust store; the first that exists is a box's default TrustBundle.
+var HostTrustBundles = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"}
+
+// stepTrustBundle is where a step sees Options.TrustBundle
+// (NODE_EXTRA_CA_CERTS names it).
+const stepTrustBundle = "/run/airlock-build/host-ca.crt"
 
 // ErrBusy: another box holds the data dir's build lock (Options.NoWait).
 var ErrBusy = errors.New("buildbox: another build holds the build sandbox")
@@ -119,6 +137,21 @@ func Open(ctx context.Context, opts Options) (_ *Box, retErr error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	switch opts.TrustBundle {
+	case "":
+		for _, p := range HostTrustBundles {
+			if _, err := os.Stat(p); err == nil {
+				opts.TrustBundle = p
+				break
+			}
+		}
+	case "-":
+		opts.TrustBundle = ""
+	default:
+		if _, err := os.Stat(opts.TrustBundle); err != nil {
+			return nil, fmt.Errorf("buildbox: trust bundle: %w", err)
+		}
 	}
 	b := &Box{opts: opts, dir: layout.DataDir{Root: opts.DataDir}.Build(), log: log, ids: linux.DefaultIDMap}
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
@@ -314,8 +347,12 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 		return -1, fmt.Errorf("buildbox: step network: %w", err)
 	}
 	r.net = true
+	env := st.Env
+	if b.opts.TrustBundle != "" && !hasEnv(env, "NODE_EXTRA_CA_CERTS") {
+		env = append(slices.Clip(env), "NODE_EXTRA_CA_CERTS="+stepTrustBundle)
+	}
 	spec, err := json.Marshal(envdapi.StepSpec{
-		Args: st.Args, Env: st.Env, Cwd: st.Cwd, User: st.User,
+		Args: st.Args, Env: env, Cwd: st.Cwd, User: st.User,
 		ExitFile: envdapi.StepExitFile,
 	})
 	if err != nil {
@@ -333,9 +370,15 @@ func (b *Box) Run(ctx context.Context, st Step, out io.Writer) (exitCode int, er
 	}
 	r.mounts = []runtime.Mount{
 		{Source: b.opts.EnvdPath, Target: envdapi.BinaryPath, ReadOnly: true},
+		// envd is also the MCP gateway: the SDK's Template.addMcpServer
+		// runs `mcp-gateway pull` in a step.
+		{Source: b.opts.EnvdPath, Target: envdapi.MCPGatewayPath, ReadOnly: true},
 		{Source: runDir, Target: envdapi.RunDir},
 		{Source: ns.ResolvConf, Target: "/etc/resolv.conf", ReadOnly: true},
 		{Source: ns.Hosts, Target: "/etc/hosts", ReadOnly: true},
+	}
+	if b.opts.TrustBundle != "" {
+		r.mounts = append(r.mounts, runtime.Mount{Source: b.opts.TrustBundle, Target: stepTrustBundle, ReadOnly: true})
 	}
 	r.artefacts = b.artefacts(st.Lower, r.mounts)
 	sb, err := b.rt.Create(ctx, runtime.Spec{
@@ -511,4 +554,14 @@ func readNames(dir string) ([]string, error) {
 	}
 	defer f.Close()
 	return f.Readdirnames(-1)
+}
+
+// hasEnv reports whether env (KEY=value entries) sets key.
+func hasEnv(env []string, key string) bool {
+	for _, e := range env {
+		if k, _, _ := strings.Cut(e, "="); k == key {
+			return true
+		}
+	}
+	return false
 }

@@ -257,10 +257,10 @@ func TestRun(t *testing.T) {
 
 	t.Run("MountPointsNotInUpper", func(t *testing.T) {
 		up := e.upper(t)
-		if code, err := b.Run(ctx, buildbox.Step{Lower: e.lower, Upper: up, Args: sh(`test -s /etc/resolv.conf && test -x /usr/local/bin/envd && test -d /run/airlock`)}, nil); err != nil || code != 0 {
+		if code, err := b.Run(ctx, buildbox.Step{Lower: e.lower, Upper: up, Args: sh(`test -s /etc/resolv.conf && test -x /usr/local/bin/envd && test -x /usr/local/bin/mcp-gateway && test -d /run/airlock`)}, nil); err != nil || code != 0 {
 			t.Fatalf("mount points missing inside: exit %d, %v", code, err)
 		}
-		for _, p := range []string{"run/airlock", "etc/hosts", "etc/resolv.conf", "usr/local/bin/envd"} {
+		for _, p := range []string{"run/airlock", "etc/hosts", "etc/resolv.conf", "usr/local/bin/envd", "usr/local/bin/mcp-gateway", "run/airlock-build"} {
 			if _, err := os.Lstat(filepath.Join(up, p)); err == nil {
 				t.Errorf("mount point artefact %s left in upper", p)
 			}
@@ -274,6 +274,45 @@ func TestRun(t *testing.T) {
 		})
 		if len(left) > 0 {
 			t.Errorf("a step that wrote nothing left files in upper: %v", left)
+		}
+	})
+
+	t.Run("HostTrustBundle", func(t *testing.T) {
+		// The default box (Options.TrustBundle "") hands the host's trust
+		// store to Node in steps, as a user other than root too.
+		host := ""
+		for _, p := range buildbox.HostTrustBundles {
+			if _, err := os.Stat(p); err == nil {
+				host = p
+				break
+			}
+		}
+		if host == "" {
+			t.Skip("this host has no trust store at a known path")
+		}
+		want, err := os.ReadFile(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up := e.upper(t)
+		if code, err := b.Run(ctx, buildbox.Step{Lower: e.lower, Upper: up, User: "user",
+			Args: sh(`cat "$NODE_EXTRA_CA_CERTS" > /tmp/ca && echo "$NODE_EXTRA_CA_CERTS" > /tmp/name`)}, nil); err != nil || code != 0 {
+			t.Fatalf("exit %d, %v", code, err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(up, "tmp", "ca")); !bytes.Equal(got, want) {
+			t.Errorf("the step's NODE_EXTRA_CA_CERTS holds %d bytes, want the host's %s (%d bytes)", len(got), host, len(want))
+		}
+		if _, err := os.Lstat(filepath.Join(up, "run", "airlock-build")); err == nil {
+			t.Errorf("the trust bundle's mount point was left in the layer")
+		}
+		// A step that names its own bundle keeps it.
+		up = e.upper(t)
+		if code, err := b.Run(ctx, buildbox.Step{Lower: e.lower, Upper: up, Env: []string{"NODE_EXTRA_CA_CERTS=/mine.pem"},
+			Args: sh(`echo "$NODE_EXTRA_CA_CERTS" > /tmp/name`)}, nil); err != nil || code != 0 {
+			t.Fatalf("exit %d, %v", code, err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(up, "tmp", "name")); strings.TrimSpace(string(got)) != "/mine.pem" {
+			t.Errorf("a step's own NODE_EXTRA_CA_CERTS became %q", got)
 		}
 	})
 
@@ -519,5 +558,12 @@ func TestInstanceOf(t *testing.T) {
 			t.Errorf("%s: range %s outside 10.200-249.x.0/24", d, in.CIDR)
 		}
 		seen[in.Table] = true
+	}
+}
+
+func TestTrustBundleMissing(t *testing.T) {
+	_, err := buildbox.Open(context.Background(), buildbox.Options{DataDir: t.TempDir(), EnvdPath: testenv.EnvdBinary(t), TrustBundle: "/no/such/ca.pem"})
+	if err == nil || !strings.Contains(err.Error(), "/no/such/ca.pem") {
+		t.Fatalf("Open with a missing trust bundle: %v", err)
 	}
 }

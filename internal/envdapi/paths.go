@@ -5,6 +5,10 @@ package envdapi
 const (
 	// BinaryPath is where the host binds the envd binary (read-only).
 	BinaryPath = "/usr/local/bin/envd"
+	// MCPGatewayPath is where the host binds the envd binary a second time:
+	// run under that name, envd is the MCP gateway (internal/mcpgateway)
+	// that E2B's SDKs start with `mcp-gateway --config ...`.
+	MCPGatewayPath = "/usr/local/bin/mcp-gateway"
 	// RunDir is a directory the host binds in from the sandbox's own state
 	// directory (its "run" subdirectory): envd's unix sockets, which the host
 	// dials from outside, and a build step's result.

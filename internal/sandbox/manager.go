@@ -609,7 +609,8 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		Dir:      dir,
 		Mounts: []runtime.Mount{
 			{Source: m.envdPath(envd), Target: envdapi.BinaryPath, ReadOnly: true},
-			{Source: m.envdPath(envd), Target: "/usr/bin/sudo", ReadOnly: true}, // envd as `sudo` is the no-setuid sudo shim (internal/sudo)
+			{Source: m.envdPath(envd), Target: "/usr/bin/sudo", ReadOnly: true},        // envd as `sudo` is the no-setuid sudo shim (internal/sudo)
+			{Source: m.envdPath(envd), Target: envdapi.MCPGatewayPath, ReadOnly: true}, // and as `mcp-gateway`, the MCP gateway (internal/mcpgateway)
 			{Source: runDir, Target: envdapi.RunDir},
 		},
 		Init: runtime.Process{

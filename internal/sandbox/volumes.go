@@ -42,7 +42,7 @@ type VolumeMount = store.VolumeMount
 
 // reservedPaths are the sandbox's own mounts and kernel filesystems, which a
 // volume must not cover (nor sit inside).
-var reservedPaths = []string{"/proc", "/sys", "/dev", envdapi.RunDir, envdapi.BinaryPath, "/usr/bin/sudo", "/etc/resolv.conf", "/etc/hosts"}
+var reservedPaths = []string{"/proc", "/sys", "/dev", envdapi.RunDir, envdapi.BinaryPath, envdapi.MCPGatewayPath, "/usr/bin/sudo", "/etc/resolv.conf", "/etc/hosts"}
 
 // checkMountPath says what is wrong with p as a volume's mount path, or "".
 func checkMountPath(p string) string {

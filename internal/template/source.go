@@ -246,7 +246,7 @@ func appendDebootstrapLog(rootfs string, p *progress) {
 	}
 }
 
-// mountPoints are the paths every sandbox binds over (envd, its socket dir, DNS and
+// mountPoints are the paths every sandbox binds over (envd, also as mcp-gateway, its socket dir, DNS and
 // hosts files, the sudo shim). A first layer gets them, so that creating a sandbox
 // never has to make them in its upper layer (a copy-up per create) and build steps
 // don't leave them behind in layers.
@@ -255,6 +255,7 @@ var mountPoints = []struct {
 	dir  bool
 }{
 	{envdapi.BinaryPath, false},
+	{envdapi.MCPGatewayPath, false},
 	{envdapi.RunDir, true},
 	{"/etc/resolv.conf", false},
 	{"/etc/hosts", false},

@@ -117,7 +117,7 @@ net_tag=$(grep -o 'nft_table="inet airlock_[0-9a-z]*"' "$server_log" | head -1 |
 [ -n "$net_tag" ] || fail "serve logged no nftables table"
 log "serving after ${t_serving}s"
 grep -q "Airlock is serving" "$server_log" || fail "no 'Airlock is serving' banner"
-grep -q "Building in the background: python3, node, code-interpreter-v1" "$server_log" || fail "serve did not say what builds in the background"
+grep -q "Building in the background: python3, node, code-interpreter-v1, mcp-gateway" "$server_log" || fail "serve did not say what builds in the background"
 
 # The info endpoint names the sandbox proxy (airlock mcp asks it instead of guessing).
 info=$(curl -fsS "$api/airlock/v1/info") || fail "GET /airlock/v1/info"
