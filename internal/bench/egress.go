@@ -33,7 +33,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
@@ -268,26 +267,7 @@ func (c *client) egressRound(ctx context.Context, s *egressSetup, mode EgressMod
 // output runs a program (no shell) in the sandbox and returns its stdout
 // and stderr together, and its exit code.
 func (c *client) output(ctx context.Context, sb *e2bclient.Sandbox, cmd string, args ...string) (string, int32, error) {
-	stream, err := sb.Start(ctx, &process.StartRequest{Process: &process.ProcessConfig{Cmd: cmd, Args: args}})
-	if err != nil {
-		return "", 0, err
-	}
-	defer stream.Close()
-	var out bytes.Buffer
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			out.Write(d.GetStdout())
-			out.Write(d.GetStderr())
-		}
-		if end := ev.GetEnd(); end != nil {
-			return out.String(), end.GetExitCode(), nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return "", 0, err
-	}
-	return "", 0, errors.New("stream ended without an end event")
+	return c.outputAs(ctx, sb, nil, cmd, args...)
 }
 
 // checkEgressPaths checks the server's record: the rule host's requests
