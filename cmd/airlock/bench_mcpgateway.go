@@ -29,7 +29,9 @@ and through the sandbox proxy and the gateway from the host.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			c := benchConfig(dataDir, []string{tpl}, "linux", slog.LevelWarn, false)
+			// With the network: the gateway is a user port the sandbox
+			// proxy reaches on the sandbox's address, as for any user.
+			c := benchConfig(dataDir, []string{tpl}, "linux", slog.LevelWarn, true)
 			d, err := startBench(ctx, c)
 			if err != nil {
 				return err
