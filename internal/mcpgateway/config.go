@@ -70,7 +70,7 @@ type serverSpec struct {
 	// Owner and Repo name a custom server's GitHub repository; Dir is its
 	// clone (the working directory of installCmd and runCmd).
 	Owner, Repo, Dir string
-	InstallCmd      string
+	InstallCmd       string
 	// Argv and Env (added to the gateway's environment) start the server.
 	Argv []string
 	Env  []string

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -42,7 +43,19 @@ type progressRoute struct {
 	ctx   context.Context // the call's: notifications are sent on its stream
 	ss    *mcp.ServerSession
 	token any
+	last  atomic.Int64 // when a notification was last forwarded (Unix ns)
 }
+
+// The go-sdk's client hands a server's notifications to its handler from a
+// queue, while the call's response goes straight to the caller: a
+// notification written before the result can reach forwardProgress after
+// CallTool returned, when the caller's stream is closed and it would be
+// lost. So a call with a progress token waits, after its result, until no
+// notification came for progressQuiet (at most progressLinger).
+const (
+	progressQuiet  = 20 * time.Millisecond
+	progressLinger = 250 * time.Millisecond
+)
 
 // NewGateway prepares a gateway for the checked servers; Start starts them.
 func NewGateway(specs []*serverSpec, o *Options, log *slog.Logger) *Gateway {
@@ -301,10 +314,11 @@ func (u *upstream) callTool(name string) mcp.ToolHandler {
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
 			}
-			if _, why := u.session(); why != "" {
-				return errorResult(fmt.Sprintf("MCP server %q failed during the call (%v); %s", u.spec.Key, err, why)), nil
+			msg := fmt.Sprintf("MCP server %q failed during the call (%v)", u.spec.Key, err)
+			if why := u.downReason(sess); why != "" {
+				msg += "; " + why
 			}
-			return errorResult(fmt.Sprintf("MCP server %q: %v", u.spec.Key, err)), nil
+			return errorResult(msg), nil
 		}
 		return truncateResult(res, u.g.opts.MaxResultBytes), nil
 	}
@@ -355,8 +369,19 @@ func errorResult(msg string) *mcp.CallToolResult {
 // that server's progress notifications for it back to the caller until done.
 func (g *Gateway) routeProgress(ctx context.Context, ss *mcp.ServerSession, token any) (string, func()) {
 	id := fmt.Sprintf("gw-%d", g.progressSeq.Add(1))
-	g.progress.Store(id, &progressRoute{ctx: ctx, ss: ss, token: token})
-	return id, func() { g.progress.Delete(id) }
+	route := &progressRoute{ctx: ctx, ss: ss, token: token}
+	g.progress.Store(id, route)
+	return id, func() {
+		returned := time.Now()
+		for time.Since(returned) < progressLinger && ctx.Err() == nil {
+			last := time.Unix(0, route.last.Load())
+			if time.Since(returned) >= progressQuiet && time.Since(last) >= progressQuiet {
+				break
+			}
+			time.Sleep(progressQuiet / 4)
+		}
+		g.progress.Delete(id)
+	}
 }
 
 // forwardProgress sends a downstream progress notification to the client
@@ -373,6 +398,7 @@ func (g *Gateway) forwardProgress(p *mcp.ProgressNotificationParams) {
 	route := v.(*progressRoute)
 	fwd := *p
 	fwd.ProgressToken = route.token
+	route.last.Store(time.Now().UnixNano())
 	if err := route.ss.NotifyProgress(route.ctx, &fwd); err != nil {
 		g.log.Debug("forwarding a progress notification failed", "err", err)
 	}

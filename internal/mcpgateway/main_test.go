@@ -210,3 +210,14 @@ func (e *testEnv) writeScript(t *testing.T, path, body string) {
 func (e *testEnv) runCmd(kind string) string {
 	return "MCPGW_TEST_SERVER=" + kind + " exec '" + e.exe + "'"
 }
+
+// shipRepo makes a custom server's directory, as a template that ships the
+// clone does (no clone, no network).
+func (e *testEnv) shipRepo(t *testing.T, owner, repo string) string {
+	t.Helper()
+	dir := filepath.Join(e.opts.GitHubDir, owner, repo)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

@@ -29,6 +29,10 @@ var (
 // it whole and cuts it to Options.MaxResultBytes instead.
 const maxLineLength = 256 << 20
 
+// exitSettle is how long a server whose session failed may take to exit
+// before the failure is described without its exit status.
+const exitSettle = 500 * time.Millisecond
+
 // stopGrace is how long a server has to exit after its stdin closes (the
 // stdio transport's orderly shutdown) before its process group is killed.
 const stopGrace = 2 * time.Second
@@ -116,6 +120,19 @@ func (u *upstream) session() (*mcp.ClientSession, string) {
 	return nil, fmt.Sprintf("MCP server %q is restarting (%s); try again shortly", u.spec.Key, u.down)
 }
 
+// downReason waits a moment for the supervisor to notice that the server
+// behind sess went down, and says why; "" if sess is still its session.
+func (u *upstream) downReason(sess *mcp.ClientSession) string {
+	deadline := time.Now().Add(2 * exitSettle)
+	for {
+		cur, why := u.session()
+		if cur != sess || time.Now().After(deadline) {
+			return why
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // startFirst starts the server for the gateway's start: its process, its
 // first initialize and its feature lists, bounded by ctx and InitTimeout.
 // On success the supervisor takes over; on failure nothing of it is left.
@@ -144,6 +161,12 @@ func (u *upstream) startFirst(ctx context.Context) error {
 // stderr lines.
 func (u *upstream) spawn(ctx context.Context) (*running, error) {
 	s := u.spec
+	if s.Dir != "" {
+		// exec reports a missing directory as the program missing.
+		if _, err := os.Stat(s.Dir); err != nil {
+			return nil, fmt.Errorf("MCP server %q: its directory: %w", s.Key, err)
+		}
+	}
 	// Our own pipes rather than exec's: the read ends are the gateway's
 	// alone, so cmd.Wait never closes the session's stdout under it (a
 	// result written just before the exit is still read), and never waits
@@ -194,16 +217,18 @@ func (u *upstream) spawn(ctx context.Context) (*running, error) {
 	sess, err := u.client.Connect(cctx, &mcp.IOTransport{Reader: stdoutR, Writer: stdinW, MaxLineLength: maxLineLength}, nil)
 	if err != nil {
 		closeAll(stdoutR, stdinW)
-		exitedFirst := false
+		// A server that dies ends its stdout a moment before exec sees it
+		// exit: give it that moment, so the message has its exit status.
+		exited := false
 		select {
 		case <-r.exited:
-			exitedFirst = true
-		default:
+			exited = true
+		case <-time.After(exitSettle):
 		}
 		u.kill(r)
 		var why string
 		switch {
-		case exitedFirst:
+		case exited:
 			why = "exited before it answered initialize: " + exitText(r.waitErr)
 		case errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 			why = fmt.Sprintf("did not answer initialize within %s", u.g.opts.InitTimeout)
@@ -231,11 +256,29 @@ func (u *upstream) supervise(r *running) {
 		select {
 		case <-r.exited:
 		case <-sessDone:
+			// Its stdout ended: it is exiting, or it closed stdout and
+			// lives on, which is as bad (teardown stops it).
+			select {
+			case <-r.exited:
+			case <-time.After(exitSettle):
+			}
 		case <-u.stop:
+		}
+		why := "its session ended while it ran"
+		select {
+		case <-r.exited:
+			why = "exited: " + exitText(r.waitErr)
+		default:
 		}
 		u.mu.Lock()
 		u.cur = nil
 		closed := u.closed
+		n := u.restarts
+		if !closed {
+			u.restarts++
+			n = u.restarts
+			u.state, u.down = stateRestarting, why
+		}
 		u.mu.Unlock()
 		u.teardown(r)
 		if closed {
@@ -243,12 +286,6 @@ func (u *upstream) supervise(r *running) {
 			u.log.Info("server stopped", "pid", r.cmd.Process.Pid)
 			return
 		}
-		why := "exited: " + exitText(r.waitErr)
-		u.mu.Lock()
-		u.restarts++
-		n := u.restarts
-		u.mu.Unlock()
-		u.setState(stateRestarting, why)
 		if time.Since(r.started) >= stableRun {
 			backoff = restartMin
 		}
