@@ -108,13 +108,17 @@ func runDaemon(o *Options, deadline time.Time) int {
 
 	sctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	// On failure the report goes first: the user waits for it, not for
+	// the shutdown (the command still waits for this process to end).
 	if err := prepareAll(sctx, specs, o, g.baseEnv(), log); err != nil {
+		code := fail(boundErr(sctx, err, o))
 		shutdown()
-		return fail(boundErr(sctx, err, o))
+		return code
 	}
 	if err := g.Start(sctx); err != nil {
+		code := fail(boundErr(sctx, err, o))
 		shutdown()
-		return fail(boundErr(sctx, err, o))
+		return code
 	}
 	h := g.Health()
 	report(readyReport{PID: os.Getpid(), Addr: addr, Servers: h.Servers})

@@ -78,8 +78,13 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // negotiate the newest protocol.
 func connect(t *testing.T, url, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
+	return connectWith(t, url, testToken, version, opts)
+}
+
+func connectWith(t *testing.T, url, token, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "1"}, opts)
-	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearer{testToken, http.DefaultTransport}}}
+	tr := &mcp.StreamableClientTransport{Endpoint: url + "/mcp", HTTPClient: &http.Client{Transport: bearer{token, http.DefaultTransport}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var so *mcp.ClientSessionOptions

@@ -113,7 +113,9 @@ func startGateway(o *Options, config string, stdout, stderr io.Writer) int {
 		_, _ = cmd.Process.Wait()
 		return fail("%v%s", err, logTail(o.logFile(), pid))
 	case rep.Error != "":
-		_, _ = cmd.Process.Wait() // it exits after reporting
+		// It exits after reporting; waiting frees the lock and the port
+		// for the next try.
+		waitExit(cmd.Process, exitWait)
 		return fail("%s", rep.Error)
 	}
 	// Ready: leave it running (envd, pid 1, reaps it in the end).
@@ -124,6 +126,25 @@ func startGateway(o *Options, config string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "MCP gateway ready: http://%s/mcp, pid %d, servers: %s; log: %s\n", rep.Addr, rep.PID, strings.Join(parts, ", "), o.logFile())
 	return 0
+}
+
+// exitWait bounds the wait for a daemon that reported a failure to exit.
+const exitWait = 10 * time.Second
+
+// waitExit waits for the daemon to exit, and kills its process group when
+// it takes longer than d.
+func waitExit(p *os.Process, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		_, _ = p.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+		<-done
+	}
 }
 
 // readReport reads the daemon's report, until the deadline.

@@ -67,7 +67,10 @@ type upstream struct {
 	ctx    context.Context // canceled by close: ends a start under way
 	cancel context.CancelFunc
 	stop   chan struct{} // closed by close
-	done   chan struct{} // closed when the supervisor returns
+	done   chan struct{} // closed (finish) once nothing of the server runs
+	finish func()
+	// launched: startFirst ran, so it or the supervisor closes done.
+	launched bool
 }
 
 // running is one process of a server and its session.
@@ -89,6 +92,7 @@ func newUpstream(g *Gateway, spec *serverSpec) *upstream {
 		done:  make(chan struct{}),
 	}
 	u.ctx, u.cancel = context.WithCancel(context.Background())
+	u.finish = sync.OnceFunc(func() { close(u.done) })
 	u.client = mcp.NewClient(&mcp.Implementation{Name: "airlock-mcp-gateway", Version: Version}, &mcp.ClientOptions{
 		// No roots: the filesystem server, for one, replaces the paths it
 		// was started with by a client's roots.
@@ -137,16 +141,23 @@ func (u *upstream) downReason(sess *mcp.ClientSession) string {
 // first initialize and its feature lists, bounded by ctx and InitTimeout.
 // On success the supervisor takes over; on failure nothing of it is left.
 func (u *upstream) startFirst(ctx context.Context) error {
+	u.mu.Lock()
+	if u.closed {
+		u.mu.Unlock()
+		return fmt.Errorf("MCP server %q: the gateway is closing", u.spec.Key)
+	}
+	u.launched = true
+	u.mu.Unlock()
 	r, err := u.spawn(ctx)
 	if err != nil {
-		close(u.done)
+		u.finish()
 		return err
 	}
 	lctx, cancel := context.WithTimeout(ctx, u.g.opts.InitTimeout)
 	defer cancel()
 	if err := u.refresh(lctx, r.sess); err != nil {
 		u.teardown(r)
-		close(u.done)
+		u.finish()
 		return fmt.Errorf("MCP server %q: listing its features: %w%s", u.spec.Key, err, r.stderr.suffix())
 	}
 	u.mu.Lock()
@@ -228,12 +239,14 @@ func (u *upstream) spawn(ctx context.Context) (*running, error) {
 		u.kill(r)
 		var why string
 		switch {
-		case exited:
-			why = "exited before it answered initialize: " + exitText(r.waitErr)
-		case errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
-			why = fmt.Sprintf("did not answer initialize within %s", u.g.opts.InitTimeout)
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			why = "did not answer initialize before the start's time ran out"
 		case ctx.Err() != nil:
 			why = "start interrupted: " + context.Cause(ctx).Error()
+		case exited:
+			why = "exited before it answered initialize: " + exitText(r.waitErr)
+		case errors.Is(cctx.Err(), context.DeadlineExceeded):
+			why = fmt.Sprintf("did not answer initialize within %s", u.g.opts.InitTimeout)
 		default:
 			why = fmt.Sprintf("initialize failed: %v", err)
 		}
@@ -248,7 +261,7 @@ func (u *upstream) spawn(ctx context.Context) (*running, error) {
 // supervise waits for the running server to exit (or its session to end,
 // or Close) and restarts it with backoff until the gateway closes.
 func (u *upstream) supervise(r *running) {
-	defer close(u.done)
+	defer u.finish()
 	backoff := restartMin
 	for {
 		sessDone := make(chan struct{})
@@ -381,9 +394,13 @@ func (u *upstream) close() {
 		return
 	}
 	u.closed = true
+	launched := u.launched
 	u.mu.Unlock()
 	u.cancel()
 	close(u.stop)
+	if !launched {
+		u.finish()
+	}
 	<-u.done
 }
 
