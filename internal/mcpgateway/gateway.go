@@ -408,8 +408,10 @@ func (g *Gateway) forwardProgress(p *mcp.ProgressNotificationParams) {
 // by its UTF-8 bytes, images, audio and blobs by their size): blocks are
 // kept in order while they fit, the text block that crosses the limit is
 // cut, later blocks are dropped, and a text block saying how much was
-// omitted is appended. Structured content larger than the limit is dropped
-// too (a JSON value cannot be cut and stay valid).
+// omitted is appended. Structured content whose JSON exceeds the limit has
+// its longest strings cut (cutStructured), which keeps it valid for the
+// tool's output schema: clients refuse a result of a tool with an output
+// schema that lacks structured content.
 func truncateResult(res *mcp.CallToolResult, limit int) *mcp.CallToolResult {
 	if res == nil || limit <= 0 {
 		return res
@@ -453,13 +455,96 @@ func truncateResult(res *mcp.CallToolResult, limit int) *mcp.CallToolResult {
 		notes = append(notes, fmt.Sprintf("%d of its %d bytes of content were omitted", omitted, total))
 	}
 	if structured > limit {
-		out.StructuredContent = nil
-		notes = append(notes, fmt.Sprintf("its structured content (%d bytes of JSON) was dropped", structured))
+		if v, n, ok := cutStructured(res.StructuredContent, limit); ok {
+			out.StructuredContent = v
+			notes = append(notes, fmt.Sprintf("its structured content's strings were cut by %d bytes", n))
+		} else {
+			out.StructuredContent = nil
+			notes = append(notes, fmt.Sprintf("its structured content (%d bytes of JSON) was dropped", structured))
+		}
 	}
 	out.Content = append(out.Content, &mcp.TextContent{Text: fmt.Sprintf(
 		"[mcp-gateway: this tool result was cut: %s; the gateway passes at most %d bytes of content per tool result]",
 		strings.Join(notes, "; "), limit)})
 	return &out
+}
+
+// cutMark ends a string of structured content that was cut.
+const cutMark = "…[cut by mcp-gateway]"
+
+// cutStructured returns a copy of a structured value whose JSON fits in
+// limit bytes, made by cutting its longest strings (at character
+// boundaries, each ending with cutMark), and how many bytes were cut; ok is
+// false when cutting strings is not enough (a huge array of small values).
+func cutStructured(v any, limit int) (any, int, bool) {
+	var b []byte
+	var err error
+	if b, err = json.Marshal(v); err != nil {
+		return nil, 0, false
+	}
+	// A copy made of plain JSON values (maps, slices, strings), to edit.
+	var c any
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, 0, false
+	}
+	cut := 0
+	for range 4 { // JSON escapes make a pass's estimate short; a few settle it
+		excess := len(b) - limit
+		if excess <= 0 {
+			break
+		}
+		var leaves []*string
+		collectStrings(&c, &leaves)
+		slices.SortStableFunc(leaves, func(a, b *string) int { return len(*b) - len(*a) })
+		for _, p := range leaves {
+			if excess <= 0 {
+				break
+			}
+			if len(*p) <= len(cutMark) {
+				break // sorted: the rest are as short
+			}
+			keep := max(0, len(*p)-excess-len(cutMark))
+			before := len(*p)
+			*p = cutUTF8(*p, keep) + cutMark
+			excess -= before - len(*p)
+			cut += before - len(*p)
+		}
+		if b, err = json.Marshal(c); err != nil {
+			return nil, 0, false
+		}
+	}
+	if len(b) > limit {
+		return nil, 0, false
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, 0, false
+	}
+	return out, cut, true
+}
+
+// collectStrings appends a pointer to every string in a JSON value,
+// replacing each string in the value by its pointer (json.Marshal writes
+// the same JSON for both).
+func collectStrings(v *any, out *[]*string) {
+	switch x := (*v).(type) {
+	case string:
+		p := new(string)
+		*p = x
+		*v = p // marshals as the string it points to
+		*out = append(*out, p)
+	case *string:
+		*out = append(*out, x)
+	case map[string]any:
+		for k, e := range x {
+			collectStrings(&e, out)
+			x[k] = e
+		}
+	case []any:
+		for i := range x {
+			collectStrings(&x[i], out)
+		}
+	}
 }
 
 // contentSize is what a content block counts against the limit.

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -531,6 +532,7 @@ func TestTruncateResult(t *testing.T) {
 		t.Fatalf("out = %+v", out)
 	}
 	note := out.Content[1].(*mcp.TextContent).Text
+	// 2 bytes cannot hold even {"k":""}: the structured content goes.
 	if !strings.Contains(note, "15 of its 16 bytes of content were omitted") || !strings.Contains(note, "its structured content (58 bytes of JSON) was dropped") {
 		t.Errorf("note = %q", note)
 	}
@@ -539,6 +541,24 @@ func TestTruncateResult(t *testing.T) {
 	}
 	if truncateResult(res, 100) != res {
 		t.Error("a result within the bound was copied")
+	}
+
+	// Structured content keeps its shape: its longest strings are cut, so
+	// it still matches the tool's output schema.
+	res = &mcp.CallToolResult{StructuredContent: map[string]any{
+		"content": strings.Repeat("é", 500), "name": "short", "list": []any{"a", strings.Repeat("b", 300), 3.0},
+	}}
+	out = truncateResult(res, 400)
+	b, _ := json.Marshal(out.StructuredContent)
+	if len(b) > 400 {
+		t.Errorf("structured content is %d bytes: %s", len(b), b)
+	}
+	m := out.StructuredContent.(map[string]any)
+	if m["name"] != "short" || !strings.HasSuffix(m["content"].(string), cutMark) || len(m["list"].([]any)) != 3 || !utf8.ValidString(m["content"].(string)) {
+		t.Errorf("structured content = %s", b)
+	}
+	if note := out.Content[0].(*mcp.TextContent).Text; !strings.Contains(note, "its structured content's strings were cut by") {
+		t.Errorf("note = %q", note)
 	}
 }
 

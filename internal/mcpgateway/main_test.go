@@ -33,6 +33,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "PR_SET_CHILD_SUBREAPER:", err)
 		os.Exit(1)
 	}
+	// Under -race, every exit of a test binary (the command, the stand-in
+	// servers) would sleep a second for the race reporter.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
 	os.Exit(m.Run())
 }
 
