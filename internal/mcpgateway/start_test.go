@@ -220,6 +220,9 @@ func TestStartCommandFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			out, errOut, code := e.gateway(t, "tok", append([]string{"--config", tc.config}, tc.flags...)...)
+			if code == 0 {
+				stopDaemon(t, e.lockInfo(t).PID)
+			}
 			if code != 1 {
 				t.Fatalf("exit %d; stdout %q stderr %q", code, out, errOut)
 			}
