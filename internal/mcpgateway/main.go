@@ -60,10 +60,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	o.register(fs)
 	config := fs.String("config", "", "the servers, as JSON (E2B's mcp option)")
 	version := fs.Bool("version", false, "print the version")
-	deadline := fs.Int64("deadline", 0, "") // the daemon's: the start's deadline (Unix ns)
+	deadline := fs.Int64("deadline", 0, "internal: the start's deadline, for the daemon (Unix ns)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), usage, catalogNames(), DefaultListen, DefaultEtcDir, DefaultLogDir)
 		fs.PrintDefaults()
+	}
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			// Asked for: to stdout (a parse error prints usage to stderr).
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return 0
+		}
 	}
 	// Flags may come before the subcommand, after it, or both.
 	if err := fs.Parse(args); err != nil {

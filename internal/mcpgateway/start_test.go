@@ -246,11 +246,11 @@ func TestHelpAndVersion(t *testing.T) {
 	if code != 0 || out != "mcp-gateway "+Version+" (Airlock)\n" {
 		t.Errorf("--version: %d %q", code, out)
 	}
-	_, errOut, code := e.gateway(t, "", "--help")
-	if code != 0 || !strings.Contains(errOut, "mcp-gateway --config '<json>'") || !strings.Contains(errOut, "everything, filesystem, github, memory, sequentialthinking") {
-		t.Errorf("--help: %d %q", code, errOut)
+	out, _, code = e.gateway(t, "", "--help")
+	if code != 0 || !strings.Contains(out, "mcp-gateway --config '<json>'") || !strings.Contains(out, "everything, filesystem, github, memory, sequentialthinking") || !strings.Contains(out, "-catalog-dir") {
+		t.Errorf("--help: %d %q", code, out)
 	}
-	_, errOut, code = e.gateway(t, "", "frobnicate")
+	_, errOut, code := e.gateway(t, "", "frobnicate")
 	if code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
 		t.Errorf("unknown command: %d %q", code, errOut)
 	}
