@@ -308,25 +308,46 @@ func fieldList(fields []field) string {
 }
 
 // assignPrefixes names each server's tools: a catalog server by its key, a
-// custom server by its repository, or owner-repo where two custom servers
-// share a repository name or one would take a catalog key. Characters outside
-// [A-Za-z0-9_-] become '-' (tool names allow little else).
+// custom server by its repository, or owner-repo where that name is not
+// unique (two custom servers share a repository name, or one would take a
+// catalog key); characters outside [A-Za-z0-9_-] become '-' (tool names
+// allow little else), and a name still taken gets -2, -3, ... Names are
+// compared without case, so no two prefixes differ only in case.
 func assignPrefixes(specs []*serverSpec) {
-	repos := map[string]int{}
-	for _, s := range specs {
+	base := func(s *serverSpec) string {
 		if s.custom() {
-			repos[strings.ToLower(s.Repo)]++
+			return sanitize(s.Repo)
+		}
+		return s.Key
+	}
+	count := map[string]int{}
+	for _, s := range specs {
+		count[strings.ToLower(base(s))]++
+	}
+	taken := map[string]bool{}
+	for _, s := range specs { // catalog keys first: they never change
+		if !s.custom() {
+			s.Prefix = s.Key
+			taken[strings.ToLower(s.Key)] = true
 		}
 	}
 	for _, s := range specs {
-		switch {
-		case !s.custom():
-			s.Prefix = s.Key
-		case repos[strings.ToLower(s.Repo)] > 1 || lookupCatalog(sanitize(s.Repo)) != nil:
-			s.Prefix = sanitize(s.Owner + "-" + s.Repo)
-		default:
-			s.Prefix = sanitize(s.Repo)
+		if !s.custom() {
+			continue
 		}
+		p := base(s)
+		if count[strings.ToLower(p)] > 1 || lookupCatalog(strings.ToLower(p)) != nil {
+			p = sanitize(s.Owner + "-" + s.Repo)
+		}
+		for i, q := 2, p; ; i++ {
+			if !taken[strings.ToLower(q)] {
+				p = q
+				break
+			}
+			q = fmt.Sprintf("%s-%d", p, i)
+		}
+		taken[strings.ToLower(p)] = true
+		s.Prefix = p
 	}
 }
 

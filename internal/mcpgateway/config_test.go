@@ -109,6 +109,23 @@ func TestParseConfigServers(t *testing.T) {
 		t.Errorf("custom spec = %+v", s)
 	}
 
+	// Prefixes never collide, whatever the repositories are called.
+	specs, err = parseConfig([]byte(`{
+		"github/acme/my.server": {"runCmd": "x"}, "github/acme/my-server": {"runCmd": "x"},
+		"github/bob/Tools": {"runCmd": "x"}, "github/carl/tools": {"runCmd": "x"},
+		"github/dan/Memory": {"runCmd": "x"}, "memory": {}
+	}`), e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefixes = nil
+	for _, s := range specs {
+		prefixes = append(prefixes, s.Prefix)
+	}
+	if want := []string{"acme-my-server", "acme-my-server-2", "bob-Tools", "carl-tools", "dan-Memory", "memory"}; !slices.Equal(prefixes, want) {
+		t.Errorf("prefixes = %v, want %v", prefixes, want)
+	}
+
 	// An empty config is a gateway with no servers.
 	if specs, err := parseConfig([]byte(` {} `), e.opts); err != nil || len(specs) != 0 {
 		t.Errorf("parseConfig({}) = %v, %v", specs, err)
