@@ -205,6 +205,7 @@ func (u *upstream) refresh(ctx context.Context, sess *mcp.ClientSession) error {
 			rc := *r
 			if err := addSafely(func() { g.server.AddResource(&rc, u.readResource) }); err != nil {
 				u.log.Warn("resource not served", "uri", r.URI, "err", err)
+				g.release([]string{r.URI}, u)
 				continue
 			}
 			next.resources = append(next.resources, r.URI)
@@ -217,6 +218,7 @@ func (u *upstream) refresh(ctx context.Context, sess *mcp.ClientSession) error {
 			tc := *t
 			if err := addSafely(func() { g.server.AddResourceTemplate(&tc, u.readResource) }); err != nil {
 				u.log.Warn("resource template not served", "uriTemplate", t.URITemplate, "err", err)
+				g.release([]string{t.URITemplate}, u)
 				continue
 			}
 			next.templates = append(next.templates, t.URITemplate)

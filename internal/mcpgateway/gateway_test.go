@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -152,8 +154,8 @@ func TestAggregation(t *testing.T) {
 			}
 		}
 	}
-	if len(tools) != 3*10 {
-		t.Errorf("%d tools, want 30: %v", len(tools), slices.Sorted(mapsKeys(tools)))
+	if len(tools) != 3*11 {
+		t.Errorf("%d tools, want 33: %v", len(tools), slices.Sorted(mapsKeys(tools)))
 	}
 	echo := tools["memory_echo"]
 	if echo.Description != "echoes its text (beta)" || echo.Title != "Echo" || echo.Annotations == nil || !echo.Annotations.ReadOnlyHint || !echo.Annotations.IdempotentHint {
@@ -184,9 +186,13 @@ func TestAggregation(t *testing.T) {
 	if !res.IsError || !strings.Contains(txt, "this tool always fails") {
 		t.Errorf("memory_fail = %v %q, want the server's isError result", res.IsError, txt)
 	}
-	// A JSON-RPC error of the server stays one (bad arguments are an
-	// isError result in the go-sdk; an unknown tool at the gateway is a
-	// protocol error).
+	// A JSON-RPC error of the server stays one, code and message.
+	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "memory_rpcerror", Arguments: map[string]any{}})
+	var werr *jsonrpc.Error
+	if !errors.As(err, &werr) || werr.Code != jsonrpc.CodeInvalidParams || werr.Message != "rpcerror: bad params from beta" {
+		t.Errorf("a server's JSON-RPC error came back as %#v", err)
+	}
+	// An unknown tool is the gateway's protocol error.
 	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "memory_nope"}); err == nil || !strings.Contains(err.Error(), "unknown tool") {
 		t.Errorf("unknown tool: %v", err)
 	}
@@ -424,7 +430,7 @@ func TestBearerAuthAndHealth(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("health: %d %v", resp.StatusCode, err)
 	}
-	if h.Status != "ok" || len(h.Servers) != 1 || h.Servers[0].Name != "memory" || h.Servers[0].State != "ready" || h.Servers[0].Tools != 10 || h.Servers[0].Prompts != 1 || h.Servers[0].Resources != 2 {
+	if h.Status != "ok" || len(h.Servers) != 1 || h.Servers[0].Name != "memory" || h.Servers[0].State != "ready" || h.Servers[0].Tools != 11 || h.Servers[0].Prompts != 1 || h.Servers[0].Resources != 2 {
 		t.Errorf("health = %+v", h)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
 )
@@ -85,6 +86,9 @@ func runTestServer(kind string) int {
 	}
 	mcp.AddTool(s, &mcp.Tool{Name: "add", Description: "adds"}, func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
 		return nil, addOut{Sum: in.A + in.B}, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "rpcerror", Description: "answers a JSON-RPC error"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return nil, nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "rpcerror: bad params from " + kind}
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "fail", Description: "always fails"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 		return nil, nil, errors.New("this tool always fails")
