@@ -11,7 +11,10 @@
 // invoked as `sudo` it is an unprivileged client that has the agent run the
 // command (internal/sudo), so sudo works without setuid.
 //
-// `envd step` is a third mode: the first process of a template build's
+// Invoked as `mcp-gateway` it is the in-sandbox MCP gateway E2B's SDK
+// starts for Sandbox.create({mcp: ...}) (internal/mcpgateway).
+//
+// `envd step` is another mode: the first process of a template build's
 // sandbox, which runs one build step (internal/buildstep).
 package main
 
@@ -33,6 +36,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/buildstep"
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/mcpgateway"
 	"github.com/airlock-sandbox/airlock/internal/sudo"
 	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
@@ -52,6 +56,10 @@ func main() {
 	// stdin (the agent reads its config there) or log like the agent.
 	if name := filepath.Base(os.Args[0]); name == "sudo" || name == "sudoedit" {
 		os.Exit(sudo.RunShim(name, os.Args[1:]))
+	} else if name == "mcp-gateway" {
+		// The host binds envd at /usr/local/bin/mcp-gateway: E2B's SDK runs
+		// it to start the in-sandbox MCP gateway (internal/mcpgateway).
+		os.Exit(mcpgateway.Main(os.Args[1:]))
 	}
 	// `envd step`: the first process of a template build's sandbox (one RUN
 	// step), not the agent.

@@ -1,8 +1,9 @@
 // Package importrules holds the import rules between Airlock's two binaries as
 // a test: the host binary (cmd/airlock) never links what runs inside a sandbox
-// (envd, the code interpreter and its ZeroMQ and PTY code), and envd never
-// links what only the host may do (libcontainer, SQLite, netlink, the sandbox
-// manager). They share only the contract in internal/envdapi.
+// (envd, the code interpreter and its ZeroMQ and PTY code, the MCP gateway),
+// and envd never links what only the host may do (libcontainer, SQLite,
+// netlink, the sandbox manager, Airlock's own MCP server). They share only
+// the contract in internal/envdapi.
 package importrules
 
 import (
@@ -18,12 +19,13 @@ var rules = []struct {
 	forbidden map[string]string
 }{
 	{"github.com/airlock-sandbox/airlock/cmd/airlock", map[string]string{
-		"github.com/airlock-sandbox/airlock/internal/envd":    "the agent inside sandboxes; the host talks to it through internal/envdapi",
-		"github.com/airlock-sandbox/airlock/internal/envd/":   "the agent inside sandboxes",
-		"github.com/airlock-sandbox/airlock/internal/interp":  "the code interpreter runs inside sandboxes",
-		"github.com/airlock-sandbox/airlock/internal/interp/": "the code interpreter runs inside sandboxes",
-		"github.com/go-zeromq/":                               "Jupyter's wire runs inside sandboxes",
-		"github.com/creack/pty":                               "PTYs are envd's",
+		"github.com/airlock-sandbox/airlock/internal/envd":       "the agent inside sandboxes; the host talks to it through internal/envdapi",
+		"github.com/airlock-sandbox/airlock/internal/envd/":      "the agent inside sandboxes",
+		"github.com/airlock-sandbox/airlock/internal/interp":     "the code interpreter runs inside sandboxes",
+		"github.com/airlock-sandbox/airlock/internal/interp/":    "the code interpreter runs inside sandboxes",
+		"github.com/go-zeromq/":                                  "Jupyter's wire runs inside sandboxes",
+		"github.com/creack/pty":                                  "PTYs are envd's",
+		"github.com/airlock-sandbox/airlock/internal/mcpgateway": "the MCP gateway runs inside sandboxes (envd invoked as mcp-gateway)",
 	}},
 	{"github.com/airlock-sandbox/airlock/cmd/envd", map[string]string{
 		"github.com/opencontainers/runc/":                     "containers are made by the host",
@@ -33,6 +35,7 @@ var rules = []struct {
 		"github.com/airlock-sandbox/airlock/internal/sandbox": "the sandbox manager is the host's",
 		"github.com/airlock-sandbox/airlock/internal/store":   "state is the host's",
 		"github.com/airlock-sandbox/airlock/internal/daemon":  "the server is the host's",
+		"github.com/airlock-sandbox/airlock/internal/mcp":     "Airlock's own MCP server is the host's; the in-sandbox gateway is internal/mcpgateway",
 	}},
 }
 
