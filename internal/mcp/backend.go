@@ -7,7 +7,17 @@ package mcp
 
 import (
 	"context"
+	"errors"
 	"time"
+)
+
+// Errors a Backend returns for mistakes the tools and resources explain to
+// the caller in their own way (a resource that is not found, a directory read
+// as a file). Backends wrap them with %w around their own message.
+var (
+	ErrNotFound    = errors.New("not found")
+	ErrIsDirectory = errors.New("is a directory")
+	ErrPaused      = errors.New("sandbox is paused")
 )
 
 // Backend is what the tools need, one method per tool need. Errors are shown to the
@@ -22,7 +32,9 @@ type Backend interface {
 	GetMetrics(ctx context.Context, sandboxID string) ([]Metric, error)
 	RunCode(ctx context.Context, req RunCodeRequest) (Execution, error)
 	RunCommand(ctx context.Context, req RunCommandRequest) (CommandResult, error)
-	ReadFile(ctx context.Context, sandboxID, path string) ([]byte, error)
+	// ReadFile returns at most limit bytes of a file from its start; more
+	// says the file is longer. Reading a directory is an ErrIsDirectory.
+	ReadFile(ctx context.Context, sandboxID, path string, limit int) (data []byte, more bool, err error)
 	WriteFile(ctx context.Context, sandboxID, path string, data []byte) error
 	ListFiles(ctx context.Context, sandboxID, path string, depth int) ([]FileEntry, error)
 }
@@ -66,10 +78,12 @@ type SandboxInfo struct {
 }
 
 // ListSandboxesRequest filters the list: State is "running" or "paused" (empty: both),
-// Metadata must all match.
+// Metadata must all match. NoMetrics skips each sandbox's metrics sample
+// (one more request per running sandbox) when only ids are needed.
 type ListSandboxesRequest struct {
-	State    string
-	Metadata map[string]string
+	State     string
+	Metadata  map[string]string
+	NoMetrics bool
 }
 
 // Metric is one sample of a sandbox's resource use.
@@ -90,6 +104,10 @@ type RunCodeRequest struct {
 	Language  string
 	ContextID string
 	Timeout   time.Duration
+	// OnOutput, when set, is called with each chunk of output as it
+	// arrives: stream is "stdout", "stderr" or "result" (text is then the
+	// result's formats). The tools turn it into progress notifications.
+	OnOutput func(stream, text string)
 }
 
 // Execution is what the code interpreter produced.
@@ -122,15 +140,21 @@ type RunCommandRequest struct {
 	Envs       map[string]string
 	Timeout    time.Duration
 	Background bool
+	// OnOutput, when set, is called with each chunk of a foreground
+	// command's output ("stdout" or "stderr") as it arrives.
+	OnOutput func(stream, text string)
 }
 
 // CommandResult is a finished command's output, or a background command's pid.
+// Stdout and Stderr are bounded (clipOutput's note marks a cut); Truncated
+// says one of them was.
 type CommandResult struct {
-	PID      uint32
-	Stdout   string
-	Stderr   string
-	ExitCode int
-	Error    string
+	PID       uint32
+	Stdout    string
+	Stderr    string
+	ExitCode  int
+	Error     string
+	Truncated bool
 }
 
 // FileEntry is one entry of a directory listing.

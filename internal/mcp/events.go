@@ -62,7 +62,7 @@ func registerEventsTool(s *mcp.Server, b EventsBackend) {
 			p["limit"].Minimum = jsonschema.Ptr(1.0)
 			p["limit"].Maximum = jsonschema.Ptr(float64(maxEventsLimit))
 		}),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("Get a sandbox's lifecycle events", hints{readOnly: true}),
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in sandboxEventsIn) (*mcp.CallToolResult, sandboxEventsOut, error) {
 		limit := in.Limit
 		if limit <= 0 {

@@ -8,20 +8,18 @@ import (
 	"io"
 	"net/http"
 	"sort"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem"
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 )
-
-// maxOutput bounds what one command or file read may bring back into the
-// model's context; more would be unreadable there anyway.
-const maxOutput = 16 << 20
 
 // NotReadyError is a 503 with Retry-After from the API: the template is still
 // being built. Message says which step it is on and for how long.
@@ -137,7 +135,7 @@ func (h *HTTPBackend) ListSandboxes(ctx context.Context, r ListSandboxesRequest)
 	sem := make(chan struct{}, 8)
 	for i, sb := range all {
 		out[i] = info(sb)
-		if sb.State != e2bwire.StateRunning {
+		if sb.State != e2bwire.StateRunning || r.NoMetrics {
 			continue
 		}
 		wg.Add(1)
@@ -194,15 +192,84 @@ func (h *HTTPBackend) sandbox(ctx context.Context, id string) (*e2bclient.Sandbo
 	}
 	sb, err := h.c.Get(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
 	if sb.State == e2bwire.StatePaused {
-		return nil, fmt.Errorf("sandbox %s is paused; resume it before using it", id)
+		return nil, pausedError(id)
 	}
 	h.mu.Lock()
 	h.tokens[id] = sb.EnvdAccessToken
 	h.mu.Unlock()
 	return h.c.Sandbox(id, sb.EnvdAccessToken), nil
+}
+
+// pausedError is what every sandbox-traffic call says about a paused sandbox:
+// the one thing to do about it.
+func pausedError(id string) error {
+	return &kindError{kind: ErrPaused, err: fmt.Errorf("sandbox %s is paused; resume it with resume_sandbox first", id)}
+}
+
+// kindError gives an error from the wire one of the Backend's kinds
+// (ErrNotFound, ErrIsDirectory, ErrPaused) for errors.Is, keeping its message.
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string        { return e.err.Error() }
+func (e *kindError) Unwrap() error        { return e.err }
+func (e *kindError) Is(target error) bool { return target == e.kind }
+
+// classify marks the API's and envd's 404s as ErrNotFound and envd's "is a
+// directory" as ErrIsDirectory.
+func classify(err error) error {
+	var e *e2bclient.Error
+	switch {
+	case err == nil:
+		return nil
+	case connect.CodeOf(err) == connect.CodeNotFound:
+		return &kindError{kind: ErrNotFound, err: err}
+	case !errors.As(err, &e):
+		return err
+	case e.Status == http.StatusNotFound:
+		return &kindError{kind: ErrNotFound, err: err}
+	case e.Status == http.StatusBadRequest && strings.Contains(e.Message, "is a directory"):
+		return &kindError{kind: ErrIsDirectory, err: err}
+	}
+	return err
+}
+
+// explain turns a failed call to a sandbox into what went wrong from the
+// caller's side when the sandbox itself is the cause: the proxy answers only
+// that it cannot reach the sandbox, which for a sandbox that was paused or
+// killed since its token was cached says nothing useful. It asks the API
+// (only on this failure path) and drops a dead sandbox's cached token.
+func (h *HTTPBackend) explain(ctx context.Context, id string, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	var e *e2bclient.Error
+	if errors.As(err, &e) && e.Status != http.StatusBadGateway {
+		return classify(err)
+	}
+	sb, gerr := h.c.Get(context.WithoutCancel(ctx), id)
+	switch {
+	case gerr != nil:
+		var ge *e2bclient.Error
+		if errors.As(gerr, &ge) && ge.Status == http.StatusNotFound {
+			h.forget(id)
+			return classify(gerr)
+		}
+	case sb.State == e2bwire.StatePaused:
+		return pausedError(id)
+	}
+	return classify(err)
+}
+
+func (h *HTTPBackend) forget(id string) {
+	h.mu.Lock()
+	delete(h.tokens, id)
+	h.mu.Unlock()
 }
 
 // RunCode posts the code to the interpreter and collects its NDJSON event stream.
@@ -224,24 +291,35 @@ func (h *HTTPBackend) RunCode(ctx context.Context, r RunCodeRequest) (Execution,
 	if err != nil {
 		return Execution{}, err
 	}
+	report := func(stream, text string) {
+		if r.OnOutput != nil {
+			r.OnOutput(stream, text)
+		}
+	}
 	var ex Execution
 	err = sb.Execute(ctx, body, func(ev e2bclient.Event) error {
 		switch ev.Type {
 		case "stdout":
 			ex.Stdout = append(ex.Stdout, ev.Text)
+			report("stdout", ev.Text)
 		case "stderr":
 			ex.Stderr = append(ex.Stderr, ev.Text)
+			report("stderr", ev.Text)
 		case "error":
 			ex.Error = &ExecutionError{Name: ev.Name, Value: ev.Value, Traceback: ev.Traceback}
 		case "result":
-			ex.Results = append(ex.Results, Result{IsMain: ev.IsMainResult, Formats: ev.Formats()})
+			r := Result{IsMain: ev.IsMainResult, Formats: ev.Formats()}
+			ex.Results = append(ex.Results, r)
+			if r.Formats["text"] != "" {
+				report("result", r.Formats["text"])
+			}
 		case "unexpected_end_of_execution":
 			return errors.New("code interpreter: the execution ended unexpectedly")
 		}
 		return nil
 	})
 	if err != nil {
-		return ex, timeoutErr(ctx, r.Timeout, err)
+		return ex, timeoutErr(ctx, r.Timeout, h.explain(ctx, r.SandboxID, err))
 	}
 	return ex, nil
 }
@@ -272,13 +350,13 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 	defer cancel()
 	stream, err := sb.Start(sctx, &process.StartRequest{Process: cfg, Stdin: &noStdin})
 	if err != nil {
-		return CommandResult{}, fmt.Errorf("start command: %w", err)
+		return CommandResult{}, fmt.Errorf("start command: %w", h.explain(ctx, r.SandboxID, err))
 	}
 	defer stream.Close()
 
 	var res CommandResult
 	var pid atomic.Uint32 // read by the timeout goroutine
-	var stdout, stderr limitedBuffer
+	var stdout, stderr clipBuffer
 	var timer <-chan time.Time
 	timedOut := make(chan struct{})
 	if !r.Background && r.Timeout > 0 {
@@ -307,8 +385,15 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 				return res, nil
 			}
 		case ev.GetData() != nil:
-			stdout.Write(ev.GetData().GetStdout())
-			stderr.Write(ev.GetData().GetStderr())
+			out, errb := ev.GetData().GetStdout(), ev.GetData().GetStderr()
+			stdout.Write(out)
+			stderr.Write(errb)
+			if r.OnOutput != nil && len(out) > 0 {
+				r.OnOutput("stdout", string(out))
+			}
+			if r.OnOutput != nil && len(errb) > 0 {
+				r.OnOutput("stderr", string(errb))
+			}
 		case ev.GetEnd() != nil:
 			select {
 			case <-timedOut: // our SIGKILL ended it
@@ -319,6 +404,7 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 			res.ExitCode = int(end.GetExitCode())
 			res.Error = end.GetError()
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
+			res.Truncated = stdout.truncated() || stderr.truncated()
 			return res, nil
 		}
 	}
@@ -328,14 +414,14 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 	default:
 	}
 	if err := stream.Err(); err != nil {
-		return CommandResult{}, fmt.Errorf("command: %w", err)
+		return CommandResult{}, fmt.Errorf("command: %w", h.explain(ctx, r.SandboxID, err))
 	}
 	return CommandResult{}, errors.New("command: the stream ended without an end event")
 }
 
 // commandTimeout reports a killed command with the output it had produced, which
 // often says why it hung (a prompt waiting for input, a server that started).
-func commandTimeout(d time.Duration, pid uint32, stdout, stderr *limitedBuffer) error {
+func commandTimeout(d time.Duration, pid uint32, stdout, stderr *clipBuffer) error {
 	msg := fmt.Sprintf("command timed out after %s and was killed (pid %d); use background for long-running commands", d, pid)
 	if s := stdout.String(); s != "" {
 		msg += "\nstdout so far:\n" + s
@@ -356,45 +442,27 @@ func kill(ctx context.Context, sb *e2bclient.Sandbox, pid uint32) {
 	})
 }
 
-// limitedBuffer keeps the first maxOutput bytes and notes that more was cut.
-type limitedBuffer struct {
-	b   bytes.Buffer
-	cut bool
-}
-
-func (l *limitedBuffer) Write(p []byte) {
-	if room := maxOutput - l.b.Len(); len(p) > room {
-		p, l.cut = p[:max(room, 0)], true
-	}
-	l.b.Write(p)
-}
-
-func (l *limitedBuffer) String() string {
-	if l.cut {
-		return l.b.String() + "\n[output truncated at " + strconv.Itoa(maxOutput>>20) + " MiB]"
-	}
-	return l.b.String()
-}
-
-// ReadFile downloads a file with envd's GET /files.
-func (h *HTTPBackend) ReadFile(ctx context.Context, id, path string) ([]byte, error) {
+// ReadFile downloads at most limit bytes of a file with envd's GET /files,
+// and says whether the file goes on: the caller never holds more than it
+// can show.
+func (h *HTTPBackend) ReadFile(ctx context.Context, id, path string, limit int) ([]byte, bool, error) {
 	sb, err := h.sandbox(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	body, err := sb.ReadFile(ctx, path)
 	if err != nil {
-		return nil, err
+		return nil, false, h.explain(ctx, id, err)
 	}
 	defer body.Close()
-	data, err := io.ReadAll(io.LimitReader(body, maxOutput+1))
+	data, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
 	if err != nil {
-		return nil, fmt.Errorf("read file: %w", err)
+		return nil, false, fmt.Errorf("read file: %w", err)
 	}
-	if len(data) > maxOutput {
-		return nil, fmt.Errorf("file is larger than %d MiB; read parts of it with run_command (head, tail, sed)", maxOutput>>20)
+	if len(data) > limit {
+		return data[:limit], true, nil
 	}
-	return data, nil
+	return data, false, nil
 }
 
 // WriteFile uploads a file with envd's POST /files (octet-stream, path in the query).
@@ -403,7 +471,7 @@ func (h *HTTPBackend) WriteFile(ctx context.Context, id, path string, data []byt
 	if err != nil {
 		return err
 	}
-	return sb.WriteFile(ctx, path, bytes.NewReader(data))
+	return h.explain(ctx, id, sb.WriteFile(ctx, path, bytes.NewReader(data)))
 }
 
 // ListFiles lists a directory with envd's filesystem ListDir.
@@ -414,7 +482,7 @@ func (h *HTTPBackend) ListFiles(ctx context.Context, id, path string, depth int)
 	}
 	resp, err := sb.ListDir(ctx, &filesystem.ListDirRequest{Path: path, Depth: uint32(max(depth, 1))})
 	if err != nil {
-		return nil, fmt.Errorf("list directory: %w", err)
+		return nil, fmt.Errorf("list directory: %w", h.explain(ctx, id, err))
 	}
 	out := make([]FileEntry, 0, len(resp.GetEntries()))
 	for _, e := range resp.GetEntries() {

@@ -49,7 +49,7 @@ func TestHTTPBackendErrors(t *testing.T) {
 		t.Errorf("kill unknown: %v", err)
 	}
 	// Sandbox traffic first needs the sandbox's token, whose lookup fails the same way.
-	if _, err := b.ReadFile(ctx, "abc", "/x"); err == nil || !strings.Contains(err.Error(), "not found (HTTP 404)") {
+	if _, _, err := b.ReadFile(ctx, "abc", "/x", 10); !errors.Is(err, ErrNotFound) || err == nil || !strings.Contains(err.Error(), "not found (HTTP 404)") {
 		t.Errorf("read in unknown sandbox: %v", err)
 	}
 }

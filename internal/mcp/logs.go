@@ -80,7 +80,7 @@ func registerLogsTool(s *mcp.Server, b Backend) {
 			setDefault(p["limit"], defaultLogsLimit)
 			p["search"].MaxLength = jsonschema.Ptr(256)
 		}),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("Read a sandbox's log", hints{readOnly: true}),
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in sandboxLogsIn) (*mcp.CallToolResult, sandboxLogsOut, error) {
 		q := LogsRequest{Level: in.Level, Search: in.Search, Limit: in.Limit}
 		if q.Level == "" {

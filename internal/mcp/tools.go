@@ -112,6 +112,7 @@ type runCodeOut struct {
 	Stderr         string        `json:"stderr"`
 	Results        []resultOut   `json:"results"`
 	Error          *execErrorOut `json:"error,omitempty"`
+	Truncated      bool          `json:"truncated,omitempty" jsonschema:"true when output was too long and its middle was cut (the text says where)"`
 }
 
 type runCommandIn struct {
@@ -130,6 +131,7 @@ type runCommandOut struct {
 	Stdout     string `json:"stdout"`
 	Stderr     string `json:"stderr"`
 	Error      string `json:"error,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty" jsonschema:"true when stdout or stderr was too long and its middle was cut (the text says where)"`
 }
 
 type readFileIn struct {
@@ -138,10 +140,11 @@ type readFileIn struct {
 }
 
 type readFileOut struct {
-	Path     string `json:"path"`
-	Size     int    `json:"size"`
-	Encoding string `json:"encoding" jsonschema:"utf8, or base64 when the file is not valid UTF-8 text"`
-	Content  string `json:"content"`
+	Path      string `json:"path"`
+	Size      int    `json:"size" jsonschema:"bytes returned (the whole file unless truncated)"`
+	Encoding  string `json:"encoding" jsonschema:"utf8, or base64 when the file is not valid UTF-8 text"`
+	Content   string `json:"content"`
+	Truncated bool   `json:"truncated,omitempty" jsonschema:"true when the file is longer than what is returned (its beginning)"`
 }
 
 type writeFileIn struct {
@@ -231,6 +234,32 @@ func timeoutBounds(p *jsonschema.Schema, withDefault bool) {
 	}
 }
 
+// hints are a tool's annotations (MCP's ToolAnnotations): what a client may
+// assume about it before calling it, e.g. to call read-only tools without
+// asking the user, or to warn before a destructive one. Every field is set on
+// every tool, because the spec's defaults are the cautious ones
+// (destructive, open world) and would misdescribe most of Airlock's tools.
+type hints struct {
+	readOnly    bool // changes nothing
+	destructive bool // may delete or overwrite something (a sandbox, a file, a snapshot)
+	idempotent  bool // a second identical call changes nothing more
+	openWorld   bool // reaches beyond this server: the internet, registries
+}
+
+func annotate(title string, h hints) *mcp.ToolAnnotations {
+	if h.readOnly {
+		// Reading is repeatable and removes nothing, whatever the table says.
+		h.destructive, h.idempotent = false, true
+	}
+	return &mcp.ToolAnnotations{
+		Title:           title,
+		ReadOnlyHint:    h.readOnly,
+		DestructiveHint: jsonschema.Ptr(h.destructive),
+		IdempotentHint:  h.idempotent,
+		OpenWorldHint:   jsonschema.Ptr(h.openWorld),
+	}
+}
+
 // --- registration -------------------------------------------------------------
 
 type tools struct{ b Backend }
@@ -255,11 +284,12 @@ func registerTools(s *mcp.Server, b Backend) {
 				p["volume_mounts"].Items.Properties[f].MinLength = jsonschema.Ptr(1)
 			}
 		}),
+		Annotations: annotate("Create a sandbox", hints{}),
 	}, t.createSandbox)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "kill_sandbox",
 		Description: "Kill a sandbox and delete everything in it. Do this when you no longer need a sandbox you created. The id is invalid afterwards.",
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: jsonschema.Ptr(true), IdempotentHint: true},
+		Annotations: annotate("Kill a sandbox", hints{destructive: true, idempotent: true}),
 	}, t.killSandbox)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "list_sandboxes",
@@ -268,7 +298,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		InputSchema: schemaFor[listSandboxesIn](func(p map[string]*jsonschema.Schema) {
 			p["state"].Enum = []any{"running", "paused"}
 		}),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("List sandboxes", hints{readOnly: true}),
 	}, t.listSandboxes)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "run_code",
@@ -280,6 +310,9 @@ func registerTools(s *mcp.Server, b Backend) {
 			setDefault(p["language"], "python")
 			timeoutBounds(p["timeout"], true)
 		}),
+		// The code can do anything the sandbox allows: delete its files,
+		// reach the internet.
+		Annotations: annotate("Run code", hints{destructive: true, openWorld: true}),
 	}, t.runCode)
 	mcp.AddTool(s, &mcp.Tool{
 		Name: "run_command",
@@ -288,11 +321,14 @@ func registerTools(s *mcp.Server, b Backend) {
 		InputSchema: schemaFor[runCommandIn](func(p map[string]*jsonschema.Schema) {
 			timeoutBounds(p["timeout"], true)
 		}),
+		Annotations: annotate("Run a shell command", hints{destructive: true, openWorld: true}),
 	}, t.runCommand)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "read_file",
-		Description: "Read a file from a sandbox. Text comes back as UTF-8; other files as base64 (encoding says which).",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Description: "Read a file from a sandbox. Text comes back as UTF-8; other files as base64 (encoding says which). " +
+			"Only the first 64 KiB are returned (truncated says so); read longer files in parts with run_command (head, tail, sed -n). " +
+			"The same files are MCP resources: sandbox://{sandbox_id}/{path}.",
+		Annotations: annotate("Read a file", hints{readOnly: true}),
 	}, t.readFile)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "write_file",
@@ -301,6 +337,7 @@ func registerTools(s *mcp.Server, b Backend) {
 			p["encoding"].Enum = []any{"utf8", "base64"}
 			setDefault(p["encoding"], "utf8")
 		}),
+		Annotations: annotate("Write a file", hints{destructive: true, idempotent: true}),
 	}, t.writeFile)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "list_files",
@@ -311,7 +348,7 @@ func registerTools(s *mcp.Server, b Backend) {
 			p["depth"].Minimum = jsonschema.Ptr(1.0)
 			p["depth"].Maximum = jsonschema.Ptr(float64(maxListDepth))
 		}),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("List files", hints{readOnly: true}),
 	}, t.listFiles)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "set_timeout",
@@ -319,17 +356,24 @@ func registerTools(s *mcp.Server, b Backend) {
 		InputSchema: schemaFor[setTimeoutIn](func(p map[string]*jsonschema.Schema) {
 			timeoutBounds(p["timeout"], false)
 		}),
+		Annotations: annotate("Set a sandbox's timeout", hints{idempotent: true}),
 	}, t.setTimeout)
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "get_metrics",
 		Description: "Get a sandbox's recent CPU, memory and disk use samples (oldest first).",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("Get a sandbox's metrics", hints{readOnly: true}),
 	}, t.getMetrics)
 	if eb, ok := b.(EventsBackend); ok {
 		registerEventsTool(s, eb)
 	}
 	if vb, ok := b.(VolumesBackend); ok {
 		registerVolumeTools(s, vb)
+	}
+	if pb, ok := b.(PersistBackend); ok {
+		registerPersistTools(s, pb)
+	}
+	if tb, ok := b.(TemplatesBackend); ok {
+		registerTemplateTools(s, tb)
 	}
 }
 
@@ -389,32 +433,25 @@ var maxTemplateWait = 10 * time.Minute
 // unlike an SDK call, a tool call can wait, and the agent would only retry. Each
 // retry is reported as an MCP progress notification when the client asked for
 // progress, so the user sees which build step the wait is on.
-func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, r CreateSandboxRequest) (SandboxInfo, error) {
+func (t *tools) create(ctx context.Context, p *progress, r CreateSandboxRequest) (SandboxInfo, error) {
 	start := time.Now()
-	var token any
-	if req != nil && req.Params != nil {
-		token = req.Params.GetProgressToken()
-	}
+	p.step(ctx, fmt.Sprintf("creating a sandbox from template %s", r.Template))
 	for {
 		info, err := t.b.CreateSandbox(ctx, r)
 		var nr *NotReadyError
 		if !errors.As(err, &nr) {
+			if err == nil {
+				p.step(ctx, fmt.Sprintf("sandbox %s is running", info.SandboxID))
+			}
 			return info, err
 		}
 		waited := time.Since(start)
 		if waited >= maxTemplateWait {
 			return SandboxInfo{}, fmt.Errorf("gave up after waiting %s: %w", waited.Round(time.Second), err)
 		}
-		if token != nil && req.Session != nil {
-			// Progress is the seconds waited out of the most we wait; the message
-			// is the server's (which step, for how long).
-			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-				ProgressToken: token,
-				Progress:      waited.Seconds(),
-				Total:         maxTemplateWait.Seconds(),
-				Message:       nr.Message,
-			})
-		}
+		// Progress is the seconds waited out of the most we wait; the message
+		// is the server's (which step, for how long).
+		p.at(ctx, waited.Seconds(), maxTemplateWait.Seconds(), nr.Message)
 		pause := min(max(nr.RetryAfter, time.Second), 30*time.Second, maxTemplateWait-waited)
 		select {
 		case <-ctx.Done():
@@ -429,7 +466,7 @@ func (t *tools) createSandbox(ctx context.Context, req *mcp.CallToolRequest, in 
 	for _, m := range in.VolumeMounts {
 		mounts = append(mounts, VolumeMount{Name: m.Name, Path: m.Path})
 	}
-	info, err := t.create(ctx, req, CreateSandboxRequest{
+	info, err := t.create(ctx, newProgress(req), CreateSandboxRequest{
 		Template:      in.Template,
 		Timeout:       seconds(in.Timeout),
 		Metadata:      in.Metadata,
@@ -497,8 +534,9 @@ func sandboxTable(sbs []sandboxOut) string {
 
 func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, runCodeOut, error) {
 	out := runCodeOut{SandboxID: in.SandboxID, Results: []resultOut{}}
+	p := newProgress(req)
 	if out.SandboxID == "" {
-		info, err := t.create(ctx, req, CreateSandboxRequest{Template: interpreterTemplate, Timeout: seconds(defaultTimeout)})
+		info, err := t.create(ctx, p, CreateSandboxRequest{Template: interpreterTemplate, Timeout: seconds(defaultTimeout)})
 		if err != nil {
 			return nil, runCodeOut{}, fmt.Errorf("create a %s sandbox for run_code: %w", interpreterTemplate, err)
 		}
@@ -510,9 +548,14 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 		// already has its language.
 		lang = ""
 	}
-	exec, err := t.b.RunCode(ctx, RunCodeRequest{
+	rr := RunCodeRequest{
 		SandboxID: out.SandboxID, Code: in.Code, Language: lang, ContextID: in.ContextID, Timeout: seconds(in.Timeout),
-	})
+	}
+	if p.enabled() {
+		p.step(ctx, "running the code in sandbox "+out.SandboxID)
+		rr.OnOutput = func(stream, text string) { p.output(ctx, stream, text) }
+	}
+	exec, err := t.b.RunCode(ctx, rr)
 	if err != nil {
 		err = fmt.Errorf("run code in sandbox %s: %w", out.SandboxID, err)
 		if out.CreatedSandbox {
@@ -521,8 +564,10 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 		}
 		return nil, runCodeOut{}, err
 	}
-	out.Stdout = strings.Join(exec.Stdout, "")
-	out.Stderr = strings.Join(exec.Stderr, "")
+	var cut1, cut2 bool
+	out.Stdout, cut1 = clipOutput(strings.Join(exec.Stdout, ""))
+	out.Stderr, cut2 = clipOutput(strings.Join(exec.Stderr, ""))
+	out.Truncated = cut1 || cut2
 
 	var text strings.Builder
 	if out.CreatedSandbox {
@@ -537,7 +582,11 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 	}
 	var images []mcp.Content
 	for _, r := range exec.Results {
-		ro := resultOut{IsMain: r.IsMain, Text: r.Formats["text"], Formats: slices.Sorted(maps.Keys(r.Formats))}
+		ro := resultOut{IsMain: r.IsMain, Formats: slices.Sorted(maps.Keys(r.Formats))}
+		var cut bool
+		if ro.Text, cut = clipOutput(r.Formats["text"]); cut {
+			out.Truncated = true
+		}
 		out.Results = append(out.Results, ro)
 		for _, f := range []struct{ key, mime string }{{"png", "image/png"}, {"jpeg", "image/jpeg"}} {
 			enc, ok := r.Formats[f.key]
@@ -561,8 +610,10 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 	}
 	res := &mcp.CallToolResult{}
 	if exec.Error != nil {
-		out.Error = &execErrorOut{Name: exec.Error.Name, Value: exec.Error.Value, Traceback: exec.Error.Traceback}
-		fmt.Fprintf(&text, "error: %s: %s\n%s\n", exec.Error.Name, exec.Error.Value, exec.Error.Traceback)
+		tb, cut := clipOutput(exec.Error.Traceback)
+		out.Truncated = out.Truncated || cut
+		out.Error = &execErrorOut{Name: exec.Error.Name, Value: exec.Error.Value, Traceback: tb}
+		fmt.Fprintf(&text, "error: %s: %s\n%s\n", out.Error.Name, out.Error.Value, out.Error.Traceback)
 		res.IsError = true
 	}
 	if text.Len() == 0 {
@@ -572,15 +623,25 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 	return res, out, nil
 }
 
-func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in runCommandIn) (*mcp.CallToolResult, runCommandOut, error) {
-	r, err := t.b.RunCommand(ctx, RunCommandRequest{
+func (t *tools) runCommand(ctx context.Context, req *mcp.CallToolRequest, in runCommandIn) (*mcp.CallToolResult, runCommandOut, error) {
+	rr := RunCommandRequest{
 		SandboxID: in.SandboxID, Command: in.Command, Cwd: in.Cwd, Envs: in.Envs,
 		Timeout: seconds(in.Timeout), Background: in.Background,
-	})
+	}
+	if p := newProgress(req); p.enabled() && !in.Background {
+		p.step(ctx, "running the command in sandbox "+in.SandboxID)
+		rr.OnOutput = func(stream, text string) { p.output(ctx, stream, text) }
+	}
+	r, err := t.b.RunCommand(ctx, rr)
 	if err != nil {
 		return nil, runCommandOut{}, fmt.Errorf("run command in sandbox %s: %w", in.SandboxID, err)
 	}
-	out := runCommandOut{PID: r.PID, Background: in.Background, ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, Error: r.Error}
+	// The backend bounds what it keeps; bounding again here holds for any
+	// backend, and leaves already bounded text as it is.
+	stdout, cut1 := clipOutput(r.Stdout)
+	stderr, cut2 := clipOutput(r.Stderr)
+	out := runCommandOut{PID: r.PID, Background: in.Background, ExitCode: r.ExitCode, Stdout: stdout, Stderr: stderr, Error: r.Error,
+		Truncated: r.Truncated || cut1 || cut2}
 	if in.Background {
 		return textResult("Started in the background with pid %d. Check on it with run_command (for example `ps -p %d` or its log file).", r.PID, r.PID), out, nil
 	}
@@ -589,11 +650,11 @@ func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in runCo
 	if r.Error != "" {
 		fmt.Fprintf(&text, "error: %s\n", r.Error)
 	}
-	if r.Stdout != "" {
-		fmt.Fprintf(&text, "stdout:\n%s\n", strings.TrimRight(r.Stdout, "\n"))
+	if out.Stdout != "" {
+		fmt.Fprintf(&text, "stdout:\n%s\n", strings.TrimRight(out.Stdout, "\n"))
 	}
-	if r.Stderr != "" {
-		fmt.Fprintf(&text, "stderr:\n%s\n", strings.TrimRight(r.Stderr, "\n"))
+	if out.Stderr != "" {
+		fmt.Fprintf(&text, "stderr:\n%s\n", strings.TrimRight(out.Stderr, "\n"))
 	}
 	res := textResult("%s", strings.TrimRight(text.String(), "\n"))
 	res.IsError = r.ExitCode != 0 || r.Error != ""
@@ -601,15 +662,31 @@ func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in runCo
 }
 
 func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in readFileIn) (*mcp.CallToolResult, readFileOut, error) {
-	data, err := t.b.ReadFile(ctx, in.SandboxID, in.Path)
+	data, more, err := t.b.ReadFile(ctx, in.SandboxID, in.Path, maxFileText)
+	if errors.Is(err, ErrIsDirectory) {
+		return nil, readFileOut{}, fmt.Errorf("%s in sandbox %s is a directory; list it with list_files", in.Path, in.SandboxID)
+	}
 	if err != nil {
 		return nil, readFileOut{}, fmt.Errorf("read %s in sandbox %s: %w", in.Path, in.SandboxID, err)
 	}
-	out := readFileOut{Path: in.Path, Size: len(data), Encoding: "utf8", Content: string(data)}
-	if !utf8.Valid(data) {
-		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	if more {
+		data = trimPartialRune(data)
 	}
-	return textResult("%s", out.Content), out, nil
+	out := readFileOut{Path: in.Path, Size: len(data), Encoding: "utf8", Content: string(data), Truncated: more}
+	if !utf8.Valid(data) {
+		// Base64 is a third longer: bound the bytes so the text stays within
+		// what a text file gets.
+		if n := maxFileText / 4 * 3; len(data) > n {
+			data, more = data[:n], true
+		}
+		out = readFileOut{Path: in.Path, Size: len(data), Encoding: "base64", Content: base64.StdEncoding.EncodeToString(data), Truncated: more}
+	}
+	text := out.Content
+	if more {
+		text += fmt.Sprintf("\n[... truncated: only the first %s of %s are shown; read the rest with run_command (tail -c +%d %q | head -c %d) ...]",
+			size(out.Size), in.Path, out.Size+1, in.Path, maxFileText)
+	}
+	return textResult("%s", text), out, nil
 }
 
 func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in writeFileIn) (*mcp.CallToolResult, writeFileOut, error) {

@@ -28,6 +28,7 @@ type fakeBackend struct {
 	exec    Execution
 	cmd     CommandResult
 	files   map[string][]byte
+	dirs    map[string]bool
 	err     error // returned by every method when set
 }
 
@@ -81,11 +82,20 @@ func (f *fakeBackend) RunCommand(_ context.Context, r RunCommandRequest) (Comman
 	return f.cmd, f.err
 }
 
-func (f *fakeBackend) ReadFile(_ context.Context, _, path string) ([]byte, error) {
+func (f *fakeBackend) ReadFile(_ context.Context, _, path string, limit int) ([]byte, bool, error) {
 	if f.err != nil {
-		return nil, f.err
+		return nil, false, f.err
 	}
-	return f.files[path], nil
+	data, ok := f.files[path]
+	switch {
+	case !ok && f.dirs[path]:
+		return nil, false, fmt.Errorf("path %q is a directory: %w", path, ErrIsDirectory)
+	case !ok:
+		return nil, false, fmt.Errorf("file %q not found: %w", path, ErrNotFound)
+	case len(data) > limit:
+		return data[:limit], true, nil
+	}
+	return data, false, nil
 }
 
 func (f *fakeBackend) WriteFile(_ context.Context, _, path string, data []byte) error {
@@ -494,13 +504,22 @@ func TestToolsWaitForTemplateBuild(t *testing.T) {
 	mu.Lock()
 	got := append([]*mcp.ProgressNotificationParams(nil), progress...)
 	mu.Unlock()
-	if len(got) != 2 {
-		t.Fatalf("%d progress notifications, want 2: %+v", len(got), got)
+	// The phases around the wait, and one notification per retry.
+	if len(got) != 4 {
+		t.Fatalf("%d progress notifications, want 4: %+v", len(got), got)
 	}
-	for i, p := range got {
+	if got[0].Message != "creating a sandbox from template python3" || got[3].Message != "sandbox sb1 is running" {
+		t.Errorf("phases: %q, %q", got[0].Message, got[3].Message)
+	}
+	for i, p := range got[1:3] {
 		want := fmt.Sprintf("template python3 is still being built: step 1/1 (%d left)", 1-i)
-		if p.ProgressToken != "tok-1" || p.Message != want || p.Total != 600 || p.Progress < 0 {
+		if p.ProgressToken != "tok-1" || p.Message != want || p.Total != 600 {
 			t.Errorf("progress %d: %+v, want message %q", i, p, want)
+		}
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Progress <= got[i-1].Progress {
+			t.Errorf("progress went from %v to %v: it must only grow", got[i-1].Progress, got[i].Progress)
 		}
 	}
 

@@ -27,6 +27,8 @@ type VolumesBackend interface {
 	// CreateVolume creates a volume; sizeMB 0 is the server's default size.
 	CreateVolume(ctx context.Context, name string, sizeMB int64) (VolumeInfo, error)
 	ListVolumes(ctx context.Context) ([]VolumeInfo, error)
+	// GetVolume returns one volume with its size (which the list lacks).
+	GetVolume(ctx context.Context, volumeID string) (VolumeInfo, error)
 	// DeleteVolume destroys a volume and its files; force even while
 	// sandboxes mount it.
 	DeleteVolume(ctx context.Context, volumeID string, force bool) error
@@ -57,6 +59,10 @@ type listVolumesOut struct {
 	Volumes []volumeOut `json:"volumes"`
 }
 
+type getVolumeIn struct {
+	VolumeID string `json:"volume_id" jsonschema:"id of the volume, from create_volume or list_volumes"`
+}
+
 type deleteVolumeIn struct {
 	VolumeID string `json:"volume_id" jsonschema:"id of the volume, from create_volume or list_volumes"`
 	Force    bool   `json:"force,omitempty" jsonschema:"delete it even while sandboxes mount it (they keep a mount of a deleted directory)"`
@@ -77,6 +83,7 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 			p["name"].MinLength = jsonschema.Ptr(1)
 			p["size_mb"].Minimum = jsonschema.Ptr(1.0)
 		}),
+		Annotations: annotate("Create a volume", hints{}),
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in createVolumeIn) (*mcp.CallToolResult, volumeOut, error) {
 		v, err := b.CreateVolume(ctx, in.Name, in.SizeMB)
 		if err != nil {
@@ -93,7 +100,7 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "list_volumes",
 		Description: "List your volumes (persistent storage sandboxes mount by name) with their ids and names.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+		Annotations: annotate("List volumes", hints{readOnly: true}),
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, _ listVolumesIn) (*mcp.CallToolResult, listVolumesOut, error) {
 		vs, err := b.ListVolumes(ctx)
 		if err != nil {
@@ -106,10 +113,23 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 		return textResult("%s", volumeTable(out.Volumes)), out, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{
+		Name:        "get_volume",
+		Description: "Get one volume's name and size limit (list_volumes shows ids and names only).",
+		Annotations: annotate("Get a volume", hints{readOnly: true}),
+	}, func(ctx context.Context, _ *mcp.CallToolRequest, in getVolumeIn) (*mcp.CallToolResult, volumeOut, error) {
+		v, err := b.GetVolume(ctx, in.VolumeID)
+		if err != nil {
+			return nil, volumeOut{}, fmt.Errorf("get volume %s: %w", in.VolumeID, err)
+		}
+		out := toVolumeOut(v)
+		return textResult("Volume %s (%s): %d MiB. Mount it with create_sandbox's volume_mounts: [{\"name\": %q, \"path\": \"/mnt/%s\"}].",
+			out.Name, out.VolumeID, out.SizeMB, out.Name, out.Name), out, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{
 		Name: "delete_volume",
 		Description: "Delete a volume and every file in it, for good. Refused while sandboxes mount it (the error names them) unless force is set; " +
 			"kill those sandboxes first if you can.",
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: jsonschema.Ptr(true), IdempotentHint: true},
+		Annotations: annotate("Delete a volume", hints{destructive: true, idempotent: true}),
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in deleteVolumeIn) (*mcp.CallToolResult, deleteVolumeOut, error) {
 		if err := b.DeleteVolume(ctx, in.VolumeID, in.Force); err != nil {
 			return nil, deleteVolumeOut{}, fmt.Errorf("delete volume %s: %w", in.VolumeID, err)
@@ -161,6 +181,16 @@ func (h *HTTPBackend) ListVolumes(ctx context.Context) ([]VolumeInfo, error) {
 		out = append(out, VolumeInfo{ID: v.VolumeID, Name: v.Name})
 	}
 	return out, nil
+}
+
+// GetVolume implements VolumesBackend through GET /volumes/{id}; the
+// answer's token is dropped here (see the top of this file).
+func (h *HTTPBackend) GetVolume(ctx context.Context, id string) (VolumeInfo, error) {
+	v, err := h.c.GetVolume(ctx, id)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	return VolumeInfo{ID: v.VolumeID, Name: v.Name, SizeMB: v.SizeMB}, nil
 }
 
 // DeleteVolume implements VolumesBackend through DELETE /volumes/{id}.

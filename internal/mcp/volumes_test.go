@@ -53,6 +53,17 @@ func (f *volumeBackend) ListVolumes(context.Context) ([]VolumeInfo, error) {
 	return out, nil
 }
 
+func (f *volumeBackend) GetVolume(_ context.Context, id string) (VolumeInfo, error) {
+	f.vmu.Lock()
+	defer f.vmu.Unlock()
+	for _, v := range f.vols {
+		if v.ID == id {
+			return v, nil
+		}
+	}
+	return VolumeInfo{}, fmt.Errorf("volume %q not found (HTTP 404): %w", id, ErrNotFound)
+}
+
 func (f *volumeBackend) DeleteVolume(_ context.Context, id string, force bool) error {
 	f.vmu.Lock()
 	defer f.vmu.Unlock()
@@ -88,7 +99,7 @@ func toolNames(t *testing.T, b Backend) map[string]bool {
 // only with one.
 func TestVolumeToolsOffered(t *testing.T) {
 	with, without := toolNames(t, &volumeBackend{}), toolNames(t, &fakeBackend{})
-	for _, n := range []string{"create_volume", "list_volumes", "delete_volume"} {
+	for _, n := range []string{"create_volume", "list_volumes", "get_volume", "delete_volume"} {
 		if !with[n] {
 			t.Errorf("%s missing with a VolumesBackend", n)
 		}
@@ -145,6 +156,16 @@ func TestVolumeTools(t *testing.T) {
 	}
 	if got := text(res); !strings.Contains(got, "VOLUME ID") || !regexp.MustCompile(`(?m)^vol-2 +big$`).MatchString(got) {
 		t.Errorf("list text: %q", got)
+	}
+
+	// get_volume says the size the list leaves out; an unknown id is a tool error.
+	res = call(t, cs, "get_volume", map[string]any{"volume_id": "vol-2"})
+	structured(t, res, &v)
+	if res.IsError || v != (volumeOut{VolumeID: "vol-2", Name: "big", SizeMB: 4096}) || !strings.Contains(text(res), "4096 MiB") {
+		t.Errorf("get: %+v %q", v, text(res))
+	}
+	if res := call(t, cs, "get_volume", map[string]any{"volume_id": "vol-9"}); !res.IsError || !strings.Contains(text(res), "not found") {
+		t.Errorf("get unknown: isError=%v %q", res.IsError, text(res))
 	}
 
 	res = call(t, cs, "delete_volume", map[string]any{"volume_id": "mounted"})
