@@ -266,14 +266,18 @@ func convertDockerfile(in buildTemplateIn) (e2bclient.TemplateBuild, error) {
 			}
 			b.Spec.Steps = append(b.Spec.Steps, e2bclient.TemplateStep{Type: "RUN", Args: []string{cmd}})
 		case "env":
-			b.Spec.Steps = append(b.Spec.Steps, e2bclient.TemplateStep{Type: "ENV", Args: ins.Args})
+			kv := slices.Clone(ins.Args)
+			for i := 1; i < len(kv); i += 2 {
+				kv[i] = unquote(kv[i])
+			}
+			b.Spec.Steps = append(b.Spec.Steps, e2bclient.TemplateStep{Type: "ENV", Args: kv})
 		case "arg":
 			// The SDK has no ARG; one with a default is that variable set
 			// for the steps after it (and, unlike Docker, for sandboxes).
 			var kv []string
 			for _, a := range ins.ArgDecls {
 				if a.HasDefault {
-					kv = append(kv, a.Name, a.Default)
+					kv = append(kv, a.Name, unquote(a.Default))
 				}
 			}
 			if len(kv) > 0 {
@@ -355,6 +359,22 @@ func filesFor(files map[string]string, src string) ([]e2bclient.TemplateFile, er
 	}
 	slices.SortFunc(out, func(a, b e2bclient.TemplateFile) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// unquote removes the quotes around a whole ENV or ARG value, which the
+// Dockerfile parser leaves in: the SDK's ENV step takes the value itself. $VAR
+// is left for the server to expand, as it expands an SDK's ENV values.
+func unquote(v string) string {
+	if len(v) < 2 || v[0] != v[len(v)-1] {
+		return v
+	}
+	switch v[0] {
+	case '\'':
+		return v[1 : len(v)-1]
+	case '"':
+		return strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(v[1 : len(v)-1])
+	}
+	return v
 }
 
 // shellJoin writes an exec-form RUN as the one command line the SDK's RUN

@@ -18,3 +18,13 @@ type (
 	ReadFileOut      = readFileOut
 	RunCodeOut       = runCodeOut
 )
+
+type (
+	PauseOut         = pauseOut
+	ResumeOut        = resumeOut
+	SnapshotOut      = snapshotOut
+	ForkOut          = forkOut
+	ListSnapshotsOut = listSnapshotsOut
+	BuildTemplateOut = buildTemplateOut
+	DirListingOut    = dirListingOut
+)

@@ -400,9 +400,16 @@ func (h *HTTPBackend) DeleteSnapshot(ctx context.Context, ref string) error {
 	if err != nil {
 		return classify(err)
 	}
+	refs := []string{ref}
+	if !strings.Contains(ref, ":") {
+		// A name without a tag is the name's default tag, as the API reads it.
+		refs = append(refs, ref+":default")
+	}
 	for _, s := range ss {
-		if s.SnapshotID == ref || slices.Contains(s.Names, ref) {
-			return classify(h.c.DeleteSnapshot(ctx, ref))
+		for _, r := range refs {
+			if s.SnapshotID == r || slices.Contains(s.Names, r) {
+				return classify(h.c.DeleteSnapshot(ctx, ref))
+			}
 		}
 	}
 	return &kindError{kind: ErrNotFound, err: fmt.Errorf("no snapshot %q among yours (list_snapshots shows them; templates are not deleted here)", ref)}

@@ -28,7 +28,9 @@ type progress struct {
 
 	mu   sync.Mutex
 	last float64
-	sent time.Time
+	// outputSent is when output was last reported: phases do not count,
+	// so the first output after a phase is always shown.
+	outputSent time.Time
 }
 
 func newProgress(req *mcp.CallToolRequest) *progress {
@@ -67,9 +69,12 @@ func (p *progress) notify(ctx context.Context, value, total float64, msg string,
 	}
 	p.mu.Lock()
 	now := time.Now()
-	if throttled && !p.sent.IsZero() && now.Sub(p.sent) < progressEvery {
-		p.mu.Unlock()
-		return
+	if throttled {
+		if !p.outputSent.IsZero() && now.Sub(p.outputSent) < progressEvery {
+			p.mu.Unlock()
+			return
+		}
+		p.outputSent = now
 	}
 	if value <= p.last {
 		value = p.last + 1
@@ -77,7 +82,7 @@ func (p *progress) notify(ctx context.Context, value, total float64, msg string,
 	if total > 0 && value > total {
 		total = 0 // past the expected end: no longer a fraction of it
 	}
-	p.last, p.sent = value, now
+	p.last = value
 	p.mu.Unlock()
 	if len(msg) > maxProgressMessage {
 		msg = msg[:runeStart(msg, maxProgressMessage)] + "..."
