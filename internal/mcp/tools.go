@@ -324,7 +324,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		Annotations: annotate("Run a shell command", hints{destructive: true, openWorld: true}),
 	}, t.runCommand)
 	mcp.AddTool(s, &mcp.Tool{
-		Name:        "read_file",
+		Name: "read_file",
 		Description: "Read a file from a sandbox. Text comes back as UTF-8; other files as base64 (encoding says which). " +
 			"Only the first 64 KiB are returned (truncated says so); read longer files in parts with run_command (head, tail, sed -n). " +
 			"The same files are MCP resources: sandbox://{sandbox_id}/{path}.",
