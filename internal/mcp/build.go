@@ -97,7 +97,7 @@ type templateBuildOut struct {
 }
 
 func registerTemplateTools(s *mcp.Server, b TemplatesBackend) {
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "build_template",
 		Description: "Build a template from a Dockerfile, so that create_sandbox starts sandboxes with your tools and files already installed (name or name:tag). " +
 			"FROM a template of this server (base, python3, node, code-interpreter-v1, or one you built) or an image; RUN, COPY, ADD, ENV, ARG, WORKDIR and USER; " +
@@ -121,7 +121,7 @@ func registerTemplateTools(s *mcp.Server, b TemplatesBackend) {
 	}, func(ctx context.Context, req *mcp.CallToolRequest, in buildTemplateIn) (*mcp.CallToolResult, buildTemplateOut, error) {
 		return buildTemplate(ctx, req, b, in)
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "get_template_build",
 		Description: "Get the status and log of a template build that build_template stopped waiting for.",
 		InputSchema: schemaFor[templateBuildIn](func(p map[string]*jsonschema.Schema) {

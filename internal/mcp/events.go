@@ -53,7 +53,7 @@ type sandboxEventsOut struct {
 }
 
 func registerEventsTool(s *mcp.Server, b EventsBackend) {
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "sandbox_events",
 		Description: "Get a sandbox's recent lifecycle events, oldest first: when it was created, its timeout or network changed, it was paused, resumed, snapshotted or forked, and when and why it was killed " +
 			"(request, timeout, oom, orphaned by a server restart, ...). Works for sandboxes that are already gone.",

@@ -262,7 +262,13 @@ func TestEveryToolAnnotatedWithOutputSchema(t *testing.T) {
 		if a.ReadOnlyHint && (*a.DestructiveHint || !a.IdempotentHint) {
 			t.Errorf("%s: read-only but destructive=%v idempotent=%v", tool.Name, *a.DestructiveHint, a.IdempotentHint)
 		}
+		in, _ := json.Marshal(tool.InputSchema)
 		b, _ := json.Marshal(tool.OutputSchema)
+		// A list of types (["null","array"]) is legal but not portable
+		// (MCP Inspector's --strict warns of each).
+		if bytes.Contains(in, []byte(`"type":[`)) || bytes.Contains(b, []byte(`"type":[`)) {
+			t.Errorf("%s: a type list in\n%s\n%s", tool.Name, in, b)
+		}
 		var schema struct {
 			Type       string                     `json:"type"`
 			Properties map[string]json.RawMessage `json:"properties"`

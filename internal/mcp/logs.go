@@ -68,7 +68,7 @@ func registerLogsTool(s *mcp.Server, b Backend) {
 	if !ok {
 		return
 	}
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "sandbox_logs",
 		Description: "Read a sandbox's log: the commands started in it and how they ended (exit codes, signals, OOM kills), its template's start command output, and errors of the sandbox agent. " +
 			"Use it to find out why a command or a background process died, or what a sandbox did. Returns the newest entries, oldest first.",

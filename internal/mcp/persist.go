@@ -126,7 +126,7 @@ type deleteSnapshotOut struct {
 }
 
 func registerPersistTools(s *mcp.Server, b PersistBackend) {
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "pause_sandbox",
 		Description: "Pause a running sandbox: it stops using CPU and memory and is kept on disk, with its memory by default, so that resume_sandbox continues it where it was " +
 			"(running servers, kernels and variables included). Tools other than resume_sandbox, kill_sandbox and the listing tools fail on a paused sandbox.",
@@ -149,7 +149,7 @@ func registerPersistTools(s *mcp.Server, b PersistBackend) {
 		return textResult("Paused sandbox %s %s. Continue it with resume_sandbox.", in.SandboxID, how),
 			pauseOut{SandboxID: in.SandboxID, Paused: true, KeptMemory: keep}, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "resume_sandbox",
 		Description: "Resume a paused sandbox (made by pause_sandbox) so the other tools work on it again; a running sandbox is returned as it is. " +
 			"Either way it then lives at least timeout seconds.",
@@ -171,7 +171,7 @@ func registerPersistTools(s *mcp.Server, b PersistBackend) {
 		p.step(ctx, "sandbox "+in.SandboxID+" is running")
 		return textResult("Resumed sandbox %s; it expires at %s.", in.SandboxID, out.Sandbox.Expires), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "snapshot_sandbox",
 		Description: "Snapshot a running sandbox: its files and memory, kept under an id (and a name if given) after the sandbox is gone. " +
 			"Start sandboxes from it with create_sandbox (template = the snapshot id or name); they begin where the sandbox was. " +
@@ -195,7 +195,7 @@ func registerPersistTools(s *mcp.Server, b PersistBackend) {
 		return textResult("Snapshot %s of sandbox %s%s. Start a sandbox from it with create_sandbox template=%q; delete it with delete_snapshot.",
 			out.SnapshotID, in.SandboxID, namesNote(out.Names), out.SnapshotID), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "fork_sandbox",
 		Description: "Copy a running sandbox: start count new sandboxes that begin exactly where it is (files, memory, running processes), " +
 			"for trying several things from one state. The original keeps running. Kill the copies with kill_sandbox when done.",
@@ -236,7 +236,7 @@ func registerPersistTools(s *mcp.Server, b PersistBackend) {
 		}
 		return textResult("%s", text), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "list_snapshots",
 		Description: "List your snapshots (made by snapshot_sandbox and fork_sandbox) with their ids and names; create_sandbox starts a sandbox from any of them.",
 		Annotations: annotate("List snapshots", hints{readOnly: true}),
@@ -251,7 +251,7 @@ func registerPersistTools(s *mcp.Server, b PersistBackend) {
 		}
 		return textResult("%s", snapshotTable(out.Snapshots)), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "delete_snapshot",
 		Description: "Delete a snapshot (by id or name) for good. Sandboxes already started from it keep running.",
 		InputSchema: schemaFor[deleteSnapshotIn](func(p map[string]*jsonschema.Schema) {

@@ -164,6 +164,20 @@ func readDirectoryResource(ctx context.Context, b Backend, uri, id, p string) (*
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{c}}, nil
 }
 
+// privateNow is the caching hint (2026-07-28's ttlMs and cacheScope) of
+// what depends on the API key and changes at any time: a sandbox's files and
+// the list of sandboxes. The SDK's default is "public", which would let an
+// intermediary serve one key's files to another.
+var privateNow = mcp.Cacheable{TTLMs: 0, CacheScope: "private"}
+
+// cacheable sets privateNow on the resource results the SDK builds.
+func cacheable(_ context.Context, req mcp.Request, c *mcp.Cacheable) {
+	switch req.(type) {
+	case *mcp.ReadResourceRequest, *mcp.ListResourcesRequest:
+		*c = privateNow
+	}
+}
+
 // listSandboxResources answers resources/list: each running sandbox's home
 // directory. The SDK lists only resources added ahead of time; sandboxes come
 // and go, so this middleware answers the method itself.
@@ -175,13 +189,13 @@ func listSandboxResources(b Backend) mcp.Middleware {
 			}
 			if p, ok := req.GetParams().(*mcp.ListResourcesParams); ok && p != nil && p.Cursor != "" {
 				// One page holds every sandbox; a cursor can only be stale.
-				return &mcp.ListResourcesResult{Resources: []*mcp.Resource{}}, nil
+				return &mcp.ListResourcesResult{Resources: []*mcp.Resource{}, Cacheable: privateNow}, nil
 			}
 			sbs, err := b.ListSandboxes(ctx, ListSandboxesRequest{State: "running", NoMetrics: true})
 			if err != nil {
 				return nil, fmt.Errorf("list sandboxes: %w", err)
 			}
-			res := &mcp.ListResourcesResult{Resources: make([]*mcp.Resource, 0, len(sbs))}
+			res := &mcp.ListResourcesResult{Resources: make([]*mcp.Resource, 0, len(sbs)), Cacheable: privateNow}
 			for _, sb := range sbs {
 				res.Resources = append(res.Resources, &mcp.Resource{
 					URI:         SandboxURI(sb.SandboxID, homeDir),

@@ -30,7 +30,7 @@ func NewServer(b Backend, opts Options) *mcp.Server {
 		v = "dev"
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "airlock", Title: "Airlock sandboxes", Version: v},
-		&mcp.ServerOptions{Instructions: instructions})
+		&mcp.ServerOptions{Instructions: instructions, SetCacheable: cacheable})
 	registerTools(s, b)
 	registerLogsTool(s, b)
 	registerResources(s, b)

@@ -212,10 +212,48 @@ func schemaFor[T any](edit func(props map[string]*jsonschema.Schema)) *jsonschem
 	if err != nil {
 		panic(fmt.Sprintf("mcp: schema for %T: %v", *new(T), err))
 	}
+	tidy(s)
 	if edit != nil {
 		edit(s.Properties)
 	}
 	return s
+}
+
+// addTool is mcp.AddTool with both schemas written out by schemaFor, so that
+// every tool's output schema is as tidy as its input schema (the SDK would
+// infer the output one itself, untidied).
+func addTool[In, Out any](s *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+	if t.InputSchema == nil {
+		t.InputSchema = schemaFor[In](nil)
+	}
+	if t.OutputSchema == nil {
+		t.OutputSchema = schemaFor[Out](nil)
+	}
+	mcp.AddTool(s, t, h)
+}
+
+// tidy writes the ["null", T] types that jsonschema infers for Go slices,
+// maps and pointers as plain T. A tool's JSON never holds null there (outputs
+// leave such fields out or send them empty; inputs may leave them out), and
+// clients that map schemas onto a single-type dialect (OpenAPI's subset, as
+// for Gemini) reject or drop a type list: MCP Inspector's --strict flags
+// each one.
+func tidy(s *jsonschema.Schema) {
+	if s == nil {
+		return
+	}
+	if len(s.Types) == 2 && slices.Contains(s.Types, "null") {
+		s.Type = s.Types[0]
+		if s.Type == "null" {
+			s.Type = s.Types[1]
+		}
+		s.Types = nil
+	}
+	for _, p := range s.Properties {
+		tidy(p)
+	}
+	tidy(s.Items)
+	tidy(s.AdditionalProperties)
 }
 
 func setDefault(p *jsonschema.Schema, v any) {
@@ -266,7 +304,7 @@ type tools struct{ b Backend }
 
 func registerTools(s *mcp.Server, b Backend) {
 	t := &tools{b: b}
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "create_sandbox",
 		Description: "Create an isolated Linux sandbox (a small machine of its own) and return its sandbox_id. " +
 			"Use the id with run_command, run_code, read_file, write_file and list_files. " +
@@ -286,12 +324,12 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("Create a sandbox", hints{}),
 	}, t.createSandbox)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "kill_sandbox",
 		Description: "Kill a sandbox and delete everything in it. Do this when you no longer need a sandbox you created. The id is invalid afterwards.",
 		Annotations: annotate("Kill a sandbox", hints{destructive: true, idempotent: true}),
 	}, t.killSandbox)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "list_sandboxes",
 		Description: "List the sandboxes on this server with their template, state, how long ago they started, expiry time, and current CPU and memory use. " +
 			"Use it to find a sandbox you created earlier (filter by metadata) or to clean up forgotten ones with kill_sandbox.",
@@ -300,7 +338,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("List sandboxes", hints{readOnly: true}),
 	}, t.listSandboxes)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "run_code",
 		Description: "Run code in a stateful code interpreter (like a Jupyter notebook cell) and return stdout, stderr, the value of the last expression, and plots as images. " +
 			"Without sandbox_id a new code-interpreter-v1 sandbox is created and its id returned: pass that sandbox_id on later calls so variables, imports and files persist. " +
@@ -314,7 +352,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		// reach the internet.
 		Annotations: annotate("Run code", hints{destructive: true, openWorld: true}),
 	}, t.runCode)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "run_command",
 		Description: "Run a shell command (bash -l -c) in a sandbox and return its exit code, stdout and stderr. " +
 			"A non-zero exit code is reported as an error result. Set background to start long-running programs (servers, watchers) and get their pid back at once.",
@@ -323,14 +361,14 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("Run a shell command", hints{destructive: true, openWorld: true}),
 	}, t.runCommand)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "read_file",
 		Description: "Read a file from a sandbox. Text comes back as UTF-8; other files as base64 (encoding says which). " +
 			"Only the first 64 KiB are returned (truncated says so); read longer files in parts with run_command (head, tail, sed -n). " +
 			"The same files are MCP resources: sandbox://{sandbox_id}/{path}.",
 		Annotations: annotate("Read a file", hints{readOnly: true}),
 	}, t.readFile)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "write_file",
 		Description: "Write a file in a sandbox, creating parent directories and replacing any existing content. Use encoding base64 for binary data.",
 		InputSchema: schemaFor[writeFileIn](func(p map[string]*jsonschema.Schema) {
@@ -339,7 +377,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("Write a file", hints{destructive: true, idempotent: true}),
 	}, t.writeFile)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "list_files",
 		Description: "List a directory in a sandbox: names, types, sizes, permissions and modification times. Use read_file to read an entry.",
 		InputSchema: schemaFor[listFilesIn](func(p map[string]*jsonschema.Schema) {
@@ -350,7 +388,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("List files", hints{readOnly: true}),
 	}, t.listFiles)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "set_timeout",
 		Description: "Change when a sandbox is killed automatically: timeout seconds from now. Use it to keep a sandbox alive for longer work, or to shorten its life.",
 		InputSchema: schemaFor[setTimeoutIn](func(p map[string]*jsonschema.Schema) {
@@ -358,7 +396,7 @@ func registerTools(s *mcp.Server, b Backend) {
 		}),
 		Annotations: annotate("Set a sandbox's timeout", hints{idempotent: true}),
 	}, t.setTimeout)
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "get_metrics",
 		Description: "Get a sandbox's recent CPU, memory and disk use samples (oldest first).",
 		Annotations: annotate("Get a sandbox's metrics", hints{readOnly: true}),
@@ -582,7 +620,8 @@ func (t *tools) runCode(ctx context.Context, req *mcp.CallToolRequest, in runCod
 	}
 	var images []mcp.Content
 	for _, r := range exec.Results {
-		ro := resultOut{IsMain: r.IsMain, Formats: slices.Sorted(maps.Keys(r.Formats))}
+		// Never null: the output schema says it is a list.
+		ro := resultOut{IsMain: r.IsMain, Formats: append([]string{}, slices.Sorted(maps.Keys(r.Formats))...)}
 		var cut bool
 		if ro.Text, cut = clipOutput(r.Formats["text"]); cut {
 			out.Truncated = true

@@ -74,7 +74,7 @@ type deleteVolumeOut struct {
 }
 
 func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "create_volume",
 		Description: "Create a volume: persistent storage that outlives sandboxes. Mount it into a sandbox with create_sandbox's volume_mounts ({name, path}); " +
 			"what a sandbox writes under that path stays in the volume after the sandbox is killed, for the next sandbox that mounts it. " +
@@ -97,7 +97,7 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 		return textResult("Created volume %s%s with id %s. Mount it with create_sandbox's volume_mounts: [{\"name\": %q, \"path\": \"/mnt/%s\"}].",
 			out.Name, size, out.VolumeID, out.Name, out.Name), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "list_volumes",
 		Description: "List your volumes (persistent storage sandboxes mount by name) with their ids and names.",
 		Annotations: annotate("List volumes", hints{readOnly: true}),
@@ -112,7 +112,7 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 		}
 		return textResult("%s", volumeTable(out.Volumes)), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name:        "get_volume",
 		Description: "Get one volume's name and size limit (list_volumes shows ids and names only).",
 		Annotations: annotate("Get a volume", hints{readOnly: true}),
@@ -125,7 +125,7 @@ func registerVolumeTools(s *mcp.Server, b VolumesBackend) {
 		return textResult("Volume %s (%s): %d MiB. Mount it with create_sandbox's volume_mounts: [{\"name\": %q, \"path\": \"/mnt/%s\"}].",
 			out.Name, out.VolumeID, out.SizeMB, out.Name, out.Name), out, nil
 	})
-	mcp.AddTool(s, &mcp.Tool{
+	addTool(s, &mcp.Tool{
 		Name: "delete_volume",
 		Description: "Delete a volume and every file in it, for good. Refused while sandboxes mount it (the error names them) unless force is set; " +
 			"kill those sandboxes first if you can.",
