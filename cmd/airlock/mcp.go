@@ -27,7 +27,9 @@ func mcpCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mcp",
 		Short: "Serve the Airlock MCP tools over stdio (for Claude Desktop, Cursor and other MCP clients)",
-		Long: "Serve the Airlock MCP tools (create_sandbox, run_code, run_command, files, ...) over stdio.\n" +
+		Long: "Serve the Airlock MCP tools (create_sandbox, run_code, run_command, files, pause, snapshot,\n" +
+			"fork, build_template, ...) and sandbox files as resources (sandbox://<id>/<path>) over stdio,\n" +
+			"to clients of MCP 2026-07-28 (server/discover) and of 2025-11-25 and before (initialize).\n" +
 			"It talks to a running `airlock serve` at --url with --api-key. The environment `serve`\n" +
 			"prints works as is: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, or the AIRLOCK_URL,\n" +
 			"AIRLOCK_SANDBOX_URL and AIRLOCK_API_KEY names (which win when both are set). The key defaults\n" +

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -256,5 +257,56 @@ func TestPeekMessage(t *testing.T) {
 		if p.method != c.method || p.metaVersion != c.version {
 			t.Errorf("%q: %+v", c.body, p)
 		}
+	}
+}
+
+// TestUnknownVersionsStdio: over a stream transport (stdio, here in memory)
+// the go-sdk answers a 2026-era request at a version it does not speak with
+// -32022 and the supported versions, and initialize at an unknown version
+// with a version it speaks, as the spec says.
+func TestUnknownVersionsStdio(t *testing.T) {
+	ctx := context.Background()
+	exchange := func(t *testing.T, body string) map[string]any {
+		t.Helper()
+		st, ct := mcp.NewInMemoryTransports()
+		ss, err := NewServer(&fakeBackend{}, Options{}).Connect(ctx, st, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ss.Close()
+		conn, err := ct.Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		msg, err := jsonrpc.DecodeMessage([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.Write(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		resp, err := conn.Read(rctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := jsonrpc.EncodeMessage(resp)
+		var out map[string]any
+		_ = json.Unmarshal(data, &out)
+		return out
+	}
+	for _, method := range []string{"server/discover", "tools/list"} {
+		out := exchange(t, `{"jsonrpc":"2.0","id":1,"method":"`+method+`","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2099-01-01","io.modelcontextprotocol/clientCapabilities":{}}}}`)
+		e, _ := out["error"].(map[string]any)
+		data, _ := e["data"].(map[string]any)
+		if e["code"] != float64(mcp.CodeUnsupportedProtocolVersion) || !slices.Equal(anyStrings(data["supported"]), mcp.SupportedProtocolVersions()) {
+			t.Errorf("%s at 2099-01-01: %v", method, out)
+		}
+	}
+	out := exchange(t, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`)
+	if res, _ := out["result"].(map[string]any); res["protocolVersion"] != "2025-11-25" {
+		t.Errorf("initialize at 1999-01-01: %v", out)
 	}
 }

@@ -92,9 +92,7 @@ func (h *HTTPBackend) CreateSandbox(ctx context.Context, r CreateSandboxRequest)
 	if err != nil {
 		return SandboxInfo{}, notReady(err)
 	}
-	h.mu.Lock()
-	h.tokens[sb.SandboxID] = sb.EnvdAccessToken
-	h.mu.Unlock()
+	h.remember(sb.SandboxID, sb.EnvdAccessToken)
 	detail, err := h.c.Get(ctx, sb.SandboxID)
 	if err != nil {
 		return SandboxInfo{}, fmt.Errorf("sandbox %s created, but: %w", sb.SandboxID, err)
@@ -197,9 +195,7 @@ func (h *HTTPBackend) sandbox(ctx context.Context, id string) (*e2bclient.Sandbo
 	if sb.State == e2bwire.StatePaused {
 		return nil, pausedError(id)
 	}
-	h.mu.Lock()
-	h.tokens[id] = sb.EnvdAccessToken
-	h.mu.Unlock()
+	h.remember(id, sb.EnvdAccessToken)
 	return h.c.Sandbox(id, sb.EnvdAccessToken), nil
 }
 
@@ -264,6 +260,23 @@ func (h *HTTPBackend) explain(ctx context.Context, id string, err error) error {
 		return pausedError(id)
 	}
 	return classify(err)
+}
+
+// maxTokens bounds the envd token cache. serve keeps one backend per API key
+// for as long as it runs, and sandboxes that die of their timeout are never
+// forgotten otherwise; a token dropped here is asked of the API again.
+const maxTokens = 4096
+
+func (h *HTTPBackend) remember(id, token string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.tokens[id]; !ok && len(h.tokens) >= maxTokens {
+		for old := range h.tokens {
+			delete(h.tokens, old) // any one: map order is as good as any
+			break
+		}
+	}
+	h.tokens[id] = token
 }
 
 func (h *HTTPBackend) forget(id string) {

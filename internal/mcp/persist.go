@@ -317,18 +317,12 @@ func (h *HTTPBackend) ResumeSandbox(ctx context.Context, id string, timeout time
 	if err != nil {
 		return SandboxInfo{}, false, classify(err)
 	}
-	h.remember(sb)
+	h.remember(sb.SandboxID, sb.EnvdAccessToken)
 	detail, err := h.c.Get(ctx, id)
 	if err != nil {
 		return SandboxInfo{}, resumed, fmt.Errorf("sandbox %s resumed, but: %w", id, err)
 	}
 	return info(detail.ListedSandbox), resumed, nil
-}
-
-func (h *HTTPBackend) remember(sb e2bwire.Sandbox) {
-	h.mu.Lock()
-	h.tokens[sb.SandboxID] = sb.EnvdAccessToken
-	h.mu.Unlock()
 }
 
 // SnapshotSandbox implements PersistBackend through POST
@@ -360,7 +354,7 @@ func (h *HTTPBackend) ForkSandbox(ctx context.Context, id string, count int, tim
 			out[i].Err = "the server answered neither a sandbox nor an error"
 			continue
 		}
-		h.remember(*r.Sandbox)
+		h.remember(r.Sandbox.SandboxID, r.Sandbox.EnvdAccessToken)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
