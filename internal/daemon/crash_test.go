@@ -240,7 +240,7 @@ func (h *host) checkSnapshotStarts(ctx context.Context, ref string, s *sbx) {
 		h.t.Fatalf("create from snapshot %s: %v", ref, err)
 	}
 	h.ids[created.SandboxID] = true
-	got, err := h.backend().ReadFile(ctx, created.SandboxID, "/home/user/survive.txt")
+	got, _, err := h.backend().ReadFile(ctx, created.SandboxID, "/home/user/survive.txt", 1<<20)
 	if err != nil || string(got) != "kept "+s.id {
 		h.t.Fatalf("a sandbox from snapshot %s reads %q, %v; want the file of %s", ref, got, err, s.id)
 	}

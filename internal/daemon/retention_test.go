@@ -51,7 +51,7 @@ func TestPausedRetention(t *testing.T) {
 	}
 	h.expectListed(ctx, running.id)
 	// The running sandbox still works.
-	if got, err := h.backend().ReadFile(ctx, running.id, "/home/user/survive.txt"); err != nil || string(got) != "kept "+running.id {
+	if got, _, err := h.backend().ReadFile(ctx, running.id, "/home/user/survive.txt", 1<<20); err != nil || string(got) != "kept "+running.id {
 		t.Fatalf("running sandbox %s after the sweeps: %q, %v", running.id, got, err)
 	}
 }

@@ -162,7 +162,7 @@ func (h *host) resume(ctx context.Context, s *sbx) {
 func (h *host) checkState(ctx context.Context, s *sbx, when string) {
 	h.t.Helper()
 	b := h.backend()
-	got, err := b.ReadFile(ctx, s.id, "/home/user/survive.txt")
+	got, _, err := b.ReadFile(ctx, s.id, "/home/user/survive.txt", 1<<20)
 	if err != nil || string(got) != "kept "+s.id {
 		h.t.Fatalf("%s: the file written before the pause reads %q, %v", when, got, err)
 	}
