@@ -47,6 +47,20 @@ const (
 const inSandboxClient = `
 const [mode, n, tool] = [process.argv[2], Number(process.argv[3]), process.argv[4]]
 const { Client } = await import('` + catalogSDK + `/index.js')
+if (mode === 'startup') {
+  // Spawn the server and initialize, n times: the floor of the gateway's start.
+  const { StdioClientTransport } = await import('` + catalogSDK + `/stdio.js')
+  const out = []
+  for (let i = 0; i < n; i++) {
+    const c = new Client({ name: 'airlock-bench', version: '0' })
+    const t0 = performance.now()
+    await c.connect(new StdioClientTransport({ command: '` + everythingBin + `', args: ['stdio'], stderr: 'ignore' }))
+    out.push(performance.now() - t0)
+    await c.close()
+  }
+  console.log(JSON.stringify(out))
+  process.exit(0)
+}
 const client = new Client({ name: 'airlock-bench', version: '0' })
 if (mode === 'stdio') {
   const { StdioClientTransport } = await import('` + catalogSDK + `/stdio.js')
@@ -111,6 +125,12 @@ func RunMCPGateway(ctx context.Context, cfg MCPGatewayConfig) ([]Row, error) {
 		return nil, err
 	}
 	defer g.close(ctx)
+	startup, err := c.inSandboxCalls(ctx, g, "startup", max(cfg.Creates, 1))
+	if err != nil {
+		return nil, fmt.Errorf("server startups: %w", err)
+	}
+	add(Row{Name: "in the sandbox: spawn the everything server + initialize over stdio", Samples: startup,
+		Note: "the floor of the gateway's start"})
 	n := cfg.RoundTrips
 	direct, err := c.inSandboxCalls(ctx, g, "stdio", n)
 	if err != nil {
