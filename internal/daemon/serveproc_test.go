@@ -355,20 +355,47 @@ func killCgroups(id string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	// Removal has its own bound: on a loaded machine the kills above can
+	// take most of theirs.
+	deadline = time.Now().Add(20 * time.Second)
 	for _, d := range dirs {
-		// EBUSY while the killed tasks are still being torn down.
+		// EBUSY while the killed tasks are still being torn down, or while
+		// a leaf made after the walk above (envd makes one per process)
+		// is still there: kill and remove those too, then go again.
 		for {
 			err := unix.Rmdir(d)
 			if err == nil || errors.Is(err, unix.ENOENT) {
 				break
 			}
 			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-				return fmt.Errorf("remove cgroup %s: %w", d, err)
+				return fmt.Errorf("remove cgroup %s: %w (tasks %v, children %v)", d, err, cgroupPids(d), childDirs(d))
+			}
+			for _, c := range childDirs(d) {
+				for _, pid := range cgroupPids(c) {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+				_ = unix.Rmdir(c)
+			}
+			for _, pid := range cgroupPids(d) {
+				_ = unix.Kill(pid, unix.SIGKILL)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	return nil
+}
+
+// childDirs are the cgroups under dir, deepest first.
+func childDirs(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && p != dir {
+			out = append(out, p)
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
 }
 
 func cgroupPids(dir string) []int {
