@@ -65,7 +65,7 @@ template rootfs as baselines.`,
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
-	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd(), benchPersistCmd(), benchEventsCmd(), benchWebhooksCmd(), benchVolumesCmd(), benchEgressCmd(), benchDomainCmd(), benchMCPGatewayCmd())
+	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd(), benchPersistCmd(), benchEventsCmd(), benchWebhooksCmd(), benchVolumesCmd(), benchEgressCmd(), benchDomainCmd(), benchMCPGatewayCmd(), benchDensityCmd())
 	return cmd
 }
 

@@ -254,6 +254,30 @@ type ListQuery struct {
 // List returns every sandbox the query matches, following X-Next-Token
 // through all pages.
 func (c *Client) List(ctx context.Context, q ListQuery) ([]e2bwire.ListedSandbox, error) {
+	var all []e2bwire.ListedSandbox
+	for next := ""; ; {
+		page, n, err := c.listPage(ctx, q, next)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		if n == "" || len(page) == 0 {
+			return all, nil
+		}
+		next = n
+	}
+}
+
+// ListPage returns the first page of the sandboxes the query matches, as
+// the SDKs' paginator's first nextItems() does.
+func (c *Client) ListPage(ctx context.Context, q ListQuery) ([]e2bwire.ListedSandbox, error) {
+	page, _, err := c.listPage(ctx, q, "")
+	return page, err
+}
+
+// listPage is one GET /v2/sandboxes, from the page next names ("" the
+// first); it returns the token of the page after it ("" when none).
+func (c *Client) listPage(ctx context.Context, q ListQuery, next string) ([]e2bwire.ListedSandbox, string, error) {
 	v := url.Values{"limit": {strconv.Itoa(cmp.Or(q.PageSize, 100))}}
 	if q.State != "" {
 		v.Set("state", q.State)
@@ -268,18 +292,13 @@ func (c *Client) List(ctx context.Context, q ListQuery) ([]e2bwire.ListedSandbox
 		}
 		v.Set("metadata", url.QueryEscape(md.Encode()))
 	}
-	var all []e2bwire.ListedSandbox
-	for {
-		var page []e2bwire.ListedSandbox
-		hdr, err := c.do(ctx, http.MethodGet, "/v2/sandboxes?"+v.Encode(), nil, &page)
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, page...)
-		next := hdr.Get(e2bwire.HeaderNextToken)
-		if next == "" || len(page) == 0 {
-			return all, nil
-		}
+	if next != "" {
 		v.Set("nextToken", next)
 	}
+	var page []e2bwire.ListedSandbox
+	hdr, err := c.do(ctx, http.MethodGet, "/v2/sandboxes?"+v.Encode(), nil, &page)
+	if err != nil {
+		return nil, "", err
+	}
+	return page, hdr.Get(e2bwire.HeaderNextToken), nil
 }

@@ -305,22 +305,31 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		if err != nil {
 			return nil, fmt.Errorf("linux runtime: restored state: %w", err)
 		}
-		go func(pid int) {
-			var ws unix.WaitStatus
-			for {
-				if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
-					break
-				}
-			}
-			close(s.reaped)
-		}(st.InitProcessPid)
+		pid := st.InitProcessPid
+		reapOnExit(pid, func() { waitPid(pid) }, s.reaped)
 		return s, nil
 	}
-	go func() {
-		_, _ = proc.Wait()
-		close(s.reaped)
-	}()
+	pid, err := proc.Pid()
+	if err != nil { // not after a run that worked; wait the blocking way then
+		go func() {
+			_, _ = proc.Wait()
+			close(s.reaped)
+		}()
+		return s, nil
+	}
+	// libcontainer's Wait also releases what it holds for the process.
+	reapOnExit(pid, func() { _, _ = proc.Wait() }, s.reaped)
 	return s, nil
+}
+
+// waitPid reaps our child pid (gone already: nothing to do).
+func waitPid(pid int) {
+	var ws unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // Load re-attaches to a sandbox created earlier, by this or a previous process.

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-sandbox/airlock/internal/bench"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
+)
+
+func benchDensityCmd() *cobra.Command {
+	var (
+		dataDir, tpl string
+		steps        []int
+		sample, fill int
+	)
+	cmd := &cobra.Command{
+		Use:   "density",
+		Short: "Fill one server with idle sandboxes and measure memory, latency and threads at each step",
+		Long: `Start an Airlock server in this process and create idle sandboxes of a template
+until each step's count is alive; at each step time the last --sample creates,
+--sample commands.run('true') in random live sandboxes and --sample first pages of
+the sandbox list, and read the host's memory per sandbox (MemTotal - MemAvailable,
+against before the first create) and the process's OS threads and goroutines (the
+bench client's included). Then every sandbox runs a command, all are killed at
+once (32 at a time), and what they left behind is listed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			c := benchConfig(dataDir, []string{tpl}, "linux", slog.LevelWarn, true)
+			d, err := startBench(ctx, c)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			mountsBefore := mountutil.MountedUnder(dataDir)
+			cli := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0]})
+			res, err := bench.RunDensity(ctx, bench.DensityConfig{
+				Config: bench.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
+					Template: tpl, Progress: os.Stderr},
+				Steps: steps, Sample: sample, Fill: fill,
+				Threads:    osThreads,
+				Goroutines: runtime.NumGoroutine,
+				Leftovers: func(ids []string) []string {
+					return densityLeftovers(ctx, cli, dataDir, ids, mountsBefore)
+				},
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("\nAirlock bench density, template %s, %s (latencies in ms)\n\n", tpl, time.Now().UTC().Format(time.DateOnly))
+			bench.PrintDensity(os.Stdout, res)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", layout.DefaultRoot, "data dir (templates are built there if needed)")
+	f.StringVar(&tpl, "template", "base", "template of the sandboxes")
+	f.IntSliceVar(&steps, "steps", []int{10, 100, 1000, 4000}, "numbers of live sandboxes to measure at, ascending")
+	f.IntVar(&sample, "sample", 10, "creates, commands and lists timed at each step")
+	f.IntVar(&fill, "fill", 4, "creates at once while filling between steps")
+	return cmd
+}
+
+// osThreads is this process's OS thread count (/proc/self/status).
+func osThreads() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return -1
+}
+
+// densityLeftovers lists what killed sandboxes left: records the API still
+// lists, mounts under the data dir beyond those before the run (templates'
+// idmapped views stay), cgroups and state dirs of the ids.
+func densityLeftovers(ctx context.Context, cli *e2bclient.Client, dataDir string, ids []string, mountsBefore []string) []string {
+	var out []string
+	if listed, err := cli.List(ctx, e2bclient.ListQuery{}); err != nil {
+		out = append(out, fmt.Sprintf("list: %v", err))
+	} else if len(listed) > 0 {
+		out = append(out, fmt.Sprintf("%d records", len(listed)))
+	}
+	var mounts []string
+	for _, m := range mountutil.MountedUnder(dataDir) {
+		if !slices.Contains(mountsBefore, m) {
+			mounts = append(mounts, m)
+		}
+	}
+	if len(mounts) > 0 {
+		out = append(out, fmt.Sprintf("%d mounts (%s)", len(mounts), strings.Join(mounts[:min(len(mounts), 3)], ", ")))
+	}
+	cgroups, dirs := 0, 0
+	for _, id := range ids {
+		if m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/airlock", id)); len(m) > 0 {
+			cgroups++
+		}
+		if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", id)); err == nil {
+			dirs++
+		}
+	}
+	if cgroups > 0 {
+		out = append(out, fmt.Sprintf("cgroups of %d sandboxes", cgroups))
+	}
+	if dirs > 0 {
+		out = append(out, fmt.Sprintf("%d sandbox dirs", dirs))
+	}
+	return out
+}
