@@ -111,10 +111,16 @@ func TestHTTPEras(t *testing.T) {
 		if err != nil || res.IsError || !strings.Contains(text(res), "one\ntwo") {
 			t.Fatalf("run_code: %v %s", err, text(res))
 		}
-		time.Sleep(100 * time.Millisecond)
-		mu.Lock()
-		got := slices.Clone(progress)
-		mu.Unlock()
+		// The client runs its notification handler apart from the call.
+		var got []string
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			got = slices.Clone(progress)
+			mu.Unlock()
+			if (slices.Contains(got, "stdout: one") && slices.Contains(got, "stdout: two")) || time.Now().After(deadline) {
+				break
+			}
+		}
 		if !slices.Contains(got, "stdout: one") || !slices.Contains(got, "stdout: two") {
 			t.Errorf("progress over stateless HTTP: %q", got)
 		}

@@ -227,10 +227,16 @@ func TestBuildTemplateRealServer(t *testing.T) {
 	if out.Status != "ready" || out.TemplateID == "" || len(out.Logs) == 0 {
 		t.Fatalf("build: %+v", out)
 	}
-	time.Sleep(100 * time.Millisecond)
-	mu.Lock()
-	got := slices.Clone(progress)
-	mu.Unlock()
+	// The client runs its notification handler apart from the call.
+	var got []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		got = slices.Clone(progress)
+		mu.Unlock()
+		if (len(got) > 0 && got[len(got)-1] == "template "+name+" is ready") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(got) < 3 || got[0] != "starting the build of template "+name || got[len(got)-1] != "template "+name+" is ready" {
 		t.Errorf("progress: %q", got)
 	}

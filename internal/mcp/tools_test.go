@@ -501,9 +501,17 @@ func TestToolsWaitForTemplateBuild(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("create: %v %s", err, text(res))
 	}
-	mu.Lock()
-	got := append([]*mcp.ProgressNotificationParams(nil), progress...)
-	mu.Unlock()
+	// The client hands notifications to its handler from a queue of its
+	// own, which may still hold the last one when the result is back.
+	var got []*mcp.ProgressNotificationParams
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		got = append([]*mcp.ProgressNotificationParams(nil), progress...)
+		mu.Unlock()
+		if len(got) >= 4 || time.Now().After(deadline) {
+			break
+		}
+	}
 	// The phases around the wait, and one notification per retry.
 	if len(got) != 4 {
 		t.Fatalf("%d progress notifications, want 4: %+v", len(got), got)
