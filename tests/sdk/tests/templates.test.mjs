@@ -10,7 +10,7 @@
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
 import { ApiClient, BuildError, ConnectionConfig, Sandbox, Template, TemplateError } from 'e2b'
-import { TEMPLATE, api, assertErrorBody, createSandbox, rejectsWith, trackCleanup } from './helpers.mjs'
+import { TEMPLATE, api, assertErrorBody, createSandbox, rejectsWith, trackCleanup, uniq } from './helpers.mjs'
 
 trackCleanup()
 
@@ -71,11 +71,15 @@ describe('templates', { concurrency: true }, () => {
     // registry fails before any connection (an API key's image may not
     // make the server call its own network), naming it and why, and
     // leaves no template.
+    // A name of its own: the tests of this file run at once, and
+    // deleteSnapshot(UNKNOWN) above would delete this build's template
+    // while it is being refused.
     const image = '127.0.0.1:1/airlock-test/none:1'
-    const err = await rejectsWith(Template.build(Template().fromImage(image), UNKNOWN), BuildError, 'Template.build')
+    const name = uniq('no-such-image')
+    const err = await rejectsWith(Template.build(Template().fromImage(image), name), BuildError, 'Template.build')
     assert.ok(err.message.includes(image), err.message)
     assert.match(err.message, /loopback, private or link-local address.*--allow-registry/)
-    assert.equal(await Template.exists(UNKNOWN), false)
+    assert.equal(await Template.exists(name), false)
     const tags = await Template.getTags(TEMPLATE)
     assert.deepEqual(tags.map((t) => t.tag), ['default'], 'a built-in has the default tag only')
     const tagErr = await rejectsWith(Template.assignTags(TEMPLATE, 'mine'), TemplateError, 'Template.assignTags(base)')
