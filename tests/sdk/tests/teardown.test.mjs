@@ -61,6 +61,11 @@ describe('sandbox killed under a request', { concurrency: true }, () => {
       n += value.length
     }
     await Sandbox.kill(sbx.sandboxId)
+    // Not reading meanwhile holds the transfer at what the buffers take.
+    // The kill's answer may come before its processes are gone on a loaded
+    // host; draining at once could then fetch the whole file from a dying
+    // envd (seen: 256 MiB in full while other files built templates).
+    await sleep(2000)
     const drain = outcome((async () => {
       for (;;) {
         const { value, done } = await reader.read()
