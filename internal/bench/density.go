@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,12 +224,6 @@ func hostMemUsed() (int64, error) {
 	return total - avail, nil
 }
 
-func p99(s []time.Duration) time.Duration {
-	s = append([]time.Duration(nil), s...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return Percentile(s, 99)
-}
-
 // PrintDensity writes the steps as a table, each latency also as a ratio to
 // the first step's.
 func PrintDensity(w io.Writer, r DensityResult) {
@@ -238,13 +231,12 @@ func PrintDensity(w io.Writer, r DensityResult) {
 	fmt.Fprintln(tw, "alive\tMiB/sandbox\tcreate p50\tp99\tvs first\tcommand p50\tp99\tvs first\tlist p50\tvs first\tthreads\tgoroutines\t")
 	for _, row := range r.Rows {
 		first := r.Rows[0]
-		ratio := func(a, b []time.Duration) string {
-			return fmt.Sprintf("%.2fx", float64(p50(a))/float64(max(p50(b), 1)))
-		}
+		c50, c99 := percentiles(row.Create)
+		m50, m99 := percentiles(row.Command)
 		fmt.Fprintf(tw, "%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n", row.Alive, row.MiBPerSandbox,
-			ms(p50(row.Create)), ms(p99(row.Create)), ratio(row.Create, first.Create),
-			ms(p50(row.Command)), ms(p99(row.Command)), ratio(row.Command, first.Command),
-			ms(p50(row.List)), ratio(row.List, first.List), row.Threads, row.Goroutines)
+			ms(c50), ms(c99), ratio(c50, p50(first.Create)),
+			ms(m50), ms(m99), ratio(m50, p50(first.Command)),
+			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)), row.Threads, row.Goroutines)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nkilled %d sandboxes in %.1f s (every kill answered), all torn down in %.1f s; left behind: %s\n",

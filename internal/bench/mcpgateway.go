@@ -191,7 +191,7 @@ func (g *gateway) close(ctx context.Context) {
 // GATEWAY_ACCESS_TOKEN, `mcp-gateway --config`), connects and makes the
 // first tool call; the time to that answer is returned. With done, the
 // sandbox is killed (not timed); else the caller owns g.
-func (c *client) gatewayTTI(ctx context.Context, done bool) (time.Duration, *gateway, error) {
+func (c *client) gatewayTTI(ctx context.Context, done bool) (_ time.Duration, _ *gateway, err error) {
 	start := time.Now()
 	sb, err := c.create(ctx)
 	if err != nil {
@@ -200,15 +200,15 @@ func (c *client) gatewayTTI(ctx context.Context, done bool) (time.Duration, *gat
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
 	g := &gateway{c: c, sb: sb, token: hex.EncodeToString(tok)}
-	if done {
-		defer g.close(ctx)
-	}
+	// Deferred, the kill is not timed: the duration is taken at the return.
+	defer func() {
+		if done || err != nil {
+			g.close(ctx)
+		}
+	}()
 	out, code, err := c.outputAs(ctx, sb.As("root"), map[string]string{"GATEWAY_ACCESS_TOKEN": g.token},
 		"/bin/bash", "-l", "-c", "mcp-gateway --config '"+gatewayConfig+"'")
 	if err != nil || code != 0 {
-		if !done {
-			g.close(ctx)
-		}
 		return 0, nil, fmt.Errorf("mcp-gateway --config: exit %d, %v: %s", code, err, out)
 	}
 	base, err := c.c.SandboxURL(ctx)
@@ -219,15 +219,9 @@ func (c *client) gatewayTTI(ctx context.Context, done bool) (time.Duration, *gat
 	client := mcp.NewClient(&mcp.Implementation{Name: "airlock-bench", Version: "0"}, nil)
 	g.session, err = client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: strings.TrimRight(base, "/") + "/mcp", HTTPClient: hc}, nil)
 	if err != nil {
-		if !done {
-			g.close(ctx)
-		}
 		return 0, nil, fmt.Errorf("connect to the gateway: %w", err)
 	}
 	if err := g.call(ctx); err != nil {
-		if !done {
-			g.close(ctx)
-		}
 		return 0, nil, err
 	}
 	return time.Since(start), g, nil
@@ -238,8 +232,12 @@ func (c *client) inSandboxCalls(ctx context.Context, g *gateway, mode string, n 
 	if err := g.sb.WriteFile(ctx, "/tmp/airlock-bench-mcp.mjs", strings.NewReader(inSandboxClient)); err != nil {
 		return nil, err
 	}
+	tool := gatewayTool // the gateway's name for it
+	if mode == "stdio" {
+		tool = "echo"
+	}
 	out, code, err := c.outputAs(ctx, g.sb, map[string]string{"GATEWAY_ACCESS_TOKEN": g.token},
-		"node", "/tmp/airlock-bench-mcp.mjs", mode, fmt.Sprint(n), map[bool]string{true: "echo", false: gatewayTool}[mode == "stdio"])
+		"node", "/tmp/airlock-bench-mcp.mjs", mode, fmt.Sprint(n), tool)
 	if err != nil || code != 0 {
 		return nil, fmt.Errorf("in-sandbox client: exit %d, %v: %s", code, err, out)
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -113,14 +114,12 @@ func TestHTTPEras(t *testing.T) {
 		}
 		// The client runs its notification handler apart from the call.
 		var got []string
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		testenv.Eventually(t, 5*time.Second, "progress of both lines", func() bool {
 			mu.Lock()
 			got = slices.Clone(progress)
 			mu.Unlock()
-			if (slices.Contains(got, "stdout: one") && slices.Contains(got, "stdout: two")) || time.Now().After(deadline) {
-				break
-			}
-		}
+			return slices.Contains(got, "stdout: one") && slices.Contains(got, "stdout: two")
+		})
 		if !slices.Contains(got, "stdout: one") || !slices.Contains(got, "stdout: two") {
 			t.Errorf("progress over stateless HTTP: %q", got)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/daemon/daemontest"
 	airlockmcp "github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 func createBase(t *testing.T, cs *mcp.ClientSession) string {
@@ -229,14 +230,12 @@ func TestBuildTemplateRealServer(t *testing.T) {
 	}
 	// The client runs its notification handler apart from the call.
 	var got []string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testenv.Eventually(t, 5*time.Second, "the build's last progress", func() bool {
 		mu.Lock()
 		got = slices.Clone(progress)
 		mu.Unlock()
-		if (len(got) > 0 && got[len(got)-1] == "template "+name+" is ready") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return len(got) > 0 && got[len(got)-1] == "template "+name+" is ready"
+	})
 	if len(got) < 3 || got[0] != "starting the build of template "+name || got[len(got)-1] != "template "+name+" is ready" {
 		t.Errorf("progress: %q", got)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -474,44 +475,21 @@ func (b *notReadyBackend) CreateSandbox(ctx context.Context, r CreateSandboxRequ
 // retry when the call has a progress token, and give up after maxTemplateWait.
 func TestToolsWaitForTemplateBuild(t *testing.T) {
 	b := &notReadyBackend{fakeBackend: &fakeBackend{exec: Execution{Stdout: []string{"ok\n"}}}, left: 2}
-	var mu sync.Mutex
-	var progress []*mcp.ProgressNotificationParams
-	ctx := context.Background()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := NewServer(b, Options{}).Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "0"}, &mcp.ClientOptions{
-		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
-			mu.Lock()
-			progress = append(progress, req.Params)
-			mu.Unlock()
-		},
-	}).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	cs, drain := progressClient(t, b, nil)
 
 	params := &mcp.CallToolParams{Name: "create_sandbox", Arguments: map[string]any{"template": "python3"}}
 	params.SetProgressToken("tok-1")
-	res, err := cs.CallTool(ctx, params)
+	res, err := cs.CallTool(context.Background(), params)
 	if err != nil || res.IsError {
 		t.Fatalf("create: %v %s", err, text(res))
 	}
 	// The client hands notifications to its handler from a queue of its
 	// own, which may still hold the last one when the result is back.
 	var got []*mcp.ProgressNotificationParams
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		mu.Lock()
-		got = append([]*mcp.ProgressNotificationParams(nil), progress...)
-		mu.Unlock()
-		if len(got) >= 4 || time.Now().After(deadline) {
-			break
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "4 progress notifications", func() bool {
+		got = append(got, drain()...)
+		return len(got) >= 4
+	})
 	// The phases around the wait, and one notification per retry.
 	if len(got) != 4 {
 		t.Fatalf("%d progress notifications, want 4: %+v", len(got), got)

@@ -18,6 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -222,7 +223,7 @@ func TestAggregation(t *testing.T) {
 			t.Logf("log:\n%s", logs)
 		}
 	})
-	waitFor(t, "progress notifications", func() bool {
+	testenv.Eventually(t, 15*time.Second, "progress notifications", func() bool {
 		progressMu.Lock()
 		defer progressMu.Unlock()
 		return slices.Equal(progress, []string{"step 1", "step 2", "step 3"})
@@ -291,17 +292,6 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 				return
 			}
 		}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -466,7 +456,7 @@ func TestCrashAndRestart(t *testing.T) {
 		t.Errorf("memory_echo = %q", txt)
 	}
 	// It comes back, a new process, with its tool list refreshed.
-	waitFor(t, "the restart", func() bool {
+	testenv.Eventually(t, 15*time.Second, "the restart", func() bool {
 		res, _ := callText(t, cs, "crashy_echo", map[string]any{"text": "x"})
 		return !res.IsError
 	})
