@@ -21,6 +21,7 @@ func benchCmd() *cobra.Command {
 		dataDir                     string
 		tpl, rtName                 string
 		sequential, concurrent, rtt int
+		cpuProfile                  string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -41,7 +42,7 @@ template rootfs as baselines.`,
 			if err != nil {
 				return err
 			}
-			rows, err := bench.Run(cmd.Context(), bench.Config{
+			cfg := bench.Config{
 				APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
 				Template: tpl, Rootfs: t.RootFS,
 				Sequential: sequential, Concurrent: concurrent, RoundTrips: rtt,
@@ -49,12 +50,24 @@ template rootfs as baselines.`,
 				SetWarmPool: warmPoolSetter(cmd.Context(), d, tpl),
 				WarmCount:   func() int { return d.Manager.WarmCount(t.ID) },
 				NetRound:    netRound(d),
-			})
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				cfg.CPUProfile = f
+			}
+			rows, err := bench.Run(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}
 			fmt.Printf("\nAirlock bench, template %s, runtime %s, %s\n\n", tpl, rtName, time.Now().UTC().Format(time.DateOnly))
 			bench.Print(os.Stdout, rows)
+			for _, r := range rows {
+				bench.PrintBreakdown(os.Stdout, r)
+			}
 			return nil
 		},
 	}
@@ -65,6 +78,7 @@ template rootfs as baselines.`,
 	f.IntVar(&sequential, "sequential", 100, "creates measured one after another")
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server (in this process) during the sequential cold creates to this file")
 	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd(), benchPersistCmd(), benchEventsCmd(), benchWebhooksCmd(), benchVolumesCmd(), benchEgressCmd(), benchDomainCmd(), benchMCPGatewayCmd(), benchDensityCmd())
 	return cmd
 }

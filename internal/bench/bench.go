@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"text/tabwriter"
@@ -24,6 +25,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // Config says where the server is and how much to measure.
@@ -44,6 +46,9 @@ type Config struct {
 	// NetRound sets up and tears down one sandbox network (netns, veth, nft
 	// state) and returns how long each took; nil skips the network rows.
 	NetRound func(ctx context.Context, i int) (setup, teardown time.Duration, err error)
+	// CPUProfile, when set, receives a CPU profile of this process (the
+	// server runs in it) taken during the sequential cold creates.
+	CPUProfile io.Writer
 }
 
 // Row is one measured series.
@@ -51,6 +56,9 @@ type Row struct {
 	Name    string
 	Samples []time.Duration
 	Note    string
+	// Phases, for a series of creates, is where each sample's time went
+	// (breakdown.go); empty for other series.
+	Phases Phases
 }
 
 // Run performs every measurement and returns the rows in display order.
@@ -68,7 +76,7 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	add(runcRun(ctx, cfg.Rootfs, min(cfg.Sequential, 30)))
 
 	// Warm-up: the first create pays for page-cache misses of the template.
-	if _, err := c.createAndRun(ctx); err != nil {
+	if _, err := c.createAndRun(ctx, nil); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 
@@ -76,7 +84,15 @@ func Run(ctx context.Context, cfg Config) ([]Row, error) {
 	if warm {
 		cfg.SetWarmPool(0)
 	}
+	if cfg.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+	}
 	r, err := c.sequential(ctx, "TTI cold: create + first commands.run", cfg.Sequential, nil)
+	if cfg.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +172,7 @@ func (c *client) sequential(ctx context.Context, name string, n int, ready func(
 				return r, err
 			}
 		}
-		d, err := c.createAndRun(ctx)
+		d, err := c.createAndRun(ctx, &r.Phases)
 		if err != nil {
 			return r, fmt.Errorf("%s: create %d: %w", name, i, err)
 		}
@@ -177,7 +193,7 @@ func (c *client) concurrent(ctx context.Context, name string, n int) (Row, error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d, err := c.createAndRun(ctx)
+			d, err := c.createAndRun(ctx, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -311,12 +327,18 @@ func newClient(cfg Config) *client {
 }
 
 func (c *client) create(ctx context.Context) (*e2bclient.Sandbox, error) {
+	sb, _, err := c.createTimed(ctx)
+	return sb, err
+}
+
+// createTimed is create with the server's breakdown of its time.
+func (c *client) createTimed(ctx context.Context) (*e2bclient.Sandbox, []timing.Span, error) {
 	timeout := int64(300)
-	sb, err := c.c.Create(ctx, e2bwire.NewSandbox{TemplateID: c.cfg.Template, Timeout: &timeout})
+	sb, spans, err := c.c.CreateTimed(ctx, e2bwire.NewSandbox{TemplateID: c.cfg.Template, Timeout: &timeout})
 	if err != nil {
-		return nil, fmt.Errorf("create: %w", err)
+		return nil, nil, fmt.Errorf("create: %w", err)
 	}
-	return c.c.Sandbox(sb.SandboxID, sb.EnvdAccessToken), nil
+	return c.c.Sandbox(sb.SandboxID, sb.EnvdAccessToken), spans, nil
 }
 
 // kill is best effort: the bench is done with the sandbox, and one that is
@@ -346,12 +368,14 @@ func (c *client) run(ctx context.Context, sb *e2bclient.Sandbox, cmd string) (in
 }
 
 // createAndRun is time to interactive; the kill afterwards is not timed.
-func (c *client) createAndRun(ctx context.Context) (time.Duration, error) {
+// With phases, where the time went is added to it.
+func (c *client) createAndRun(ctx context.Context, phases *Phases) (time.Duration, error) {
 	start := time.Now()
-	sb, err := c.create(ctx)
+	sb, spans, err := c.createTimed(ctx)
 	if err != nil {
 		return 0, err
 	}
+	created := time.Now()
 	defer c.kill(context.WithoutCancel(ctx), sb)
 	code, err := c.run(ctx, sb, "true")
 	if err != nil {
@@ -360,5 +384,9 @@ func (c *client) createAndRun(ctx context.Context) (time.Duration, error) {
 	if code != 0 {
 		return 0, fmt.Errorf("true exited %d", code)
 	}
-	return time.Since(start), nil
+	end := time.Now()
+	if phases != nil {
+		phases.addCreate(created.Sub(start), spans, end.Sub(created))
+	}
+	return end.Sub(start), nil
 }

@@ -50,7 +50,7 @@ func RunDomain(ctx context.Context, cfg DomainConfig) ([]Row, error) {
 	})}
 	// Warm-up: page cache, and each client's first connection.
 	for _, c := range []*client{plain, secure} {
-		if _, err := c.createAndRun(ctx); err != nil {
+		if _, err := c.createAndRun(ctx, nil); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -61,7 +61,7 @@ func RunDomain(ctx context.Context, cfg DomainConfig) ([]Row, error) {
 			c *client
 			r *Row
 		}{{plain, &ttiPlain}, {secure, &ttiTLS}} {
-			d, err := x.c.createAndRun(ctx)
+			d, err := x.c.createAndRun(ctx, nil)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", x.r.Name, err)
 			}

@@ -105,7 +105,7 @@ func RunMCPGateway(ctx context.Context, cfg MCPGatewayConfig) ([]Row, error) {
 	plain := Row{Name: fmt.Sprintf("create %s + first commands.run (baseline)", cfg.Template)}
 	withGateway := Row{Name: fmt.Sprintf("create %s + mcp-gateway --config + first tool call", cfg.Template)}
 	for i := 0; i < cfg.Creates; i++ {
-		d, err := c.createAndRun(ctx)
+		d, err := c.createAndRun(ctx, nil)
 		if err != nil {
 			return nil, err
 		}

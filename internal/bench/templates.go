@@ -23,7 +23,7 @@ func CompareTemplates(ctx context.Context, cfg Config, templates []string, label
 		create[i].Name = fmt.Sprintf("create %s (%s)", t, labels[t])
 		tti[i].Name = fmt.Sprintf("TTI %s: create + first commands.run", t)
 		// Warm-up: the first create of a template pays for page-cache misses.
-		if _, err := clients[i].createAndRun(ctx); err != nil {
+		if _, err := clients[i].createAndRun(ctx, nil); err != nil {
 			return nil, fmt.Errorf("warm-up %s: %w", t, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 const testKey = "e2b_0123456789abcdef0123456789abcdef01234567"
@@ -281,6 +282,24 @@ func equalMaps(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// A create's answer says where its time went, as a Server-Timing header
+// with the manager's steps and the handler's total.
+func TestCreateServerTiming(t *testing.T) {
+	h, _ := newTestHandler(t)
+	rec := request(t, h, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("status = %d, want 201: %s", rec.Code, rec.Body)
+	}
+	spans := timing.ParseServerTiming(rec.Header().Get("Server-Timing"))
+	if len(spans) != 2 || spans[0].Name != "fake_step" || spans[1].Name != "total" || spans[1].D < spans[0].D {
+		t.Fatalf("Server-Timing %q: want fake_step then a total at least as long", rec.Header().Get("Server-Timing"))
+	}
+	rec = request(t, h, "POST", "/v2/sandboxes", `{"templateID":""}`)
+	if rec.Code != http.StatusBadRequest || rec.Header().Get("Server-Timing") != "" {
+		t.Fatalf("a refused create: status %d, Server-Timing %q; want 400 and none", rec.Code, rec.Header().Get("Server-Timing"))
+	}
 }
 
 func TestCreateResponseFallbacksAndDomain(t *testing.T) {

@@ -30,6 +30,7 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem/filesystemconnect"
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // maxAnswer bounds a control-plane answer read into memory; real ones are a
@@ -209,9 +210,19 @@ func (c *Client) ServerInfo(ctx context.Context) (e2bwire.ServerInfo, error) {
 // Create creates a sandbox (POST /v2/sandboxes). The answer carries the
 // envd access token, which Sandbox needs.
 func (c *Client) Create(ctx context.Context, body e2bwire.NewSandbox) (e2bwire.Sandbox, error) {
-	var sb e2bwire.Sandbox
-	_, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", body, &sb)
+	sb, _, err := c.CreateTimed(ctx, body)
 	return sb, err
+}
+
+// CreateTimed is Create that also returns where the server says the create's
+// time went (its Server-Timing header; none from a server that sends none).
+func (c *Client) CreateTimed(ctx context.Context, body e2bwire.NewSandbox) (e2bwire.Sandbox, []timing.Span, error) {
+	var sb e2bwire.Sandbox
+	h, err := c.do(ctx, http.MethodPost, "/v2/sandboxes", body, &sb)
+	if err != nil {
+		return sb, nil, err
+	}
+	return sb, timing.ParseServerTiming(h.Get("Server-Timing")), nil
 }
 
 // Get returns a sandbox's details, its state and access token among them.

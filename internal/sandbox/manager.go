@@ -75,6 +75,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // Template is what the manager needs to know of a built template.
@@ -340,7 +341,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if info, ok, err := m.createFromSnapshot(ctx, req); ok {
 		return info, err
 	}
+	stop := timing.Start(ctx, "resolve")
 	tpl, err := m.opts.Templates.Resolve(ctx, req.Template)
+	stop()
 	if err != nil {
 		return Info{}, err
 	}
@@ -387,7 +390,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	if err := policyOf(info).Validate(); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if err := m.checkEgress(ctx, policyOf(info)); err != nil {
+	stop = timing.Start(ctx, "egress_check")
+	err = m.checkEgress(ctx, policyOf(info))
+	stop()
+	if err != nil {
 		return Info{}, err
 	}
 	if _, err := templateEnv(tpl, info.EnvVars); err != nil {
@@ -402,7 +408,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 	var e *entry
 	if len(mounts) == 0 {
 		// A warm sandbox runs already, without any volume.
+		stop = timing.Start(ctx, "claim")
 		e = m.claim(ctx, info, tpl)
+		stop()
 	}
 	if e != nil {
 		// Already serving: its one record write is the commit below.
@@ -415,19 +423,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		// A pooled sandbox's boot record was written for the pool; this one
 		// is the client's (its timeout and lifecycle), with the envd it
 		// booted.
+		stop = timing.Start(ctx, "boot_record")
 		var rec bootRecord
 		if rec, err = readBootRecord(e.dir); err == nil {
 			rec.Template, rec.Timeout, rec.Lifecycle = tpl, req.Timeout, req.Lifecycle
 			err = writeBootRecord(e.dir, rec)
 		}
+		stop()
 	}
 	if err == nil {
 		// The commit: the record says running, with the created event.
 		// Before publishing: nothing else can act on the sandbox yet, so no
 		// event of it comes before this one.
+		stop = timing.Start(ctx, "commit")
 		m.beginExecution(e, tpl.BuildID)
 		e.info.State = StateRunning
 		err = m.commit(context.WithoutCancel(ctx), e, toRecord(e.info), lifecycle.Created, lifecycle.EventData{})
+		stop()
 	}
 	if err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
@@ -462,7 +474,10 @@ func (m *Manager) publish(e *entry) Info {
 func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error {
 	// The record exists before the runtime sandbox does, so a crash between
 	// the two leaves something Recover can find and clean.
-	if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+	stop := timing.Start(ctx, "record")
+	err := m.opts.Store.Put(ctx, toRecord(e.info))
+	stop()
+	if err != nil {
 		return err
 	}
 	m.pushRecord(e)
@@ -471,6 +486,7 @@ func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error 
 	}
 	// The start phase may take seconds and runs the template's code, so
 	// unlike the steps above it stops when the request goes away.
+	defer timing.Start(ctx, "start_cmd")()
 	return m.startPhase(ctx, e, tpl)
 }
 
@@ -566,10 +582,16 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	}
 	if !mode.existingDir {
 		m.pushDir(e)
-		if err := m.makeSandboxDir(dir, startDiskMB(info, tpl)); err != nil {
+		stop := timing.Start(ctx, "disk")
+		err := m.makeSandboxDir(dir, startDiskMB(info, tpl))
+		stop()
+		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
-		if err := writeBootRecord(dir, bootRecord{Template: tpl, Timeout: info.EndAt.Sub(info.StartedAt), Lifecycle: info.Lifecycle, Envd: envd}); err != nil {
+		stop = timing.Start(ctx, "boot_record")
+		err = writeBootRecord(dir, bootRecord{Template: tpl, Timeout: info.EndAt.Sub(info.StartedAt), Lifecycle: info.Lifecycle, Envd: envd})
+		stop()
+		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
 	}
@@ -598,7 +620,9 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if err != nil {
 		return fmt.Errorf("sandbox %s: envd config: %w", info.ID, err)
 	}
+	stop := timing.Start(ctx, "volumes")
 	volumes, err := m.volumeRuntimeMounts(ctx, info)
+	stop()
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
@@ -637,7 +661,9 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		if pooled {
 			p = netpolicy.Policy{DenyOut: []string{netpolicy.AllTraffic}}
 		}
+		stop := timing.Start(ctx, "network")
 		ns, err := m.opts.Network.Setup(ctx, info.ID, p)
+		stop()
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
@@ -660,6 +686,7 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		m.pushLog(e)
 	}
 	var rt runtime.Sandbox
+	stop = timing.Start(ctx, "runtime")
 	if mode.image != "" {
 		restorer, ok := backend.(runtime.Restorer)
 		if !ok {
@@ -669,6 +696,7 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	} else {
 		rt, err = backend.Create(ctx, spec)
 	}
+	stop()
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", info.ID, err)
 	}
@@ -684,7 +712,10 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 			return fmt.Errorf("sandbox %s: wake the restored envd: %w", info.ID, err)
 		}
 	}
-	if err := waitEnvd(ctx, e.transport, 10*time.Second); err != nil {
+	stop = timing.Start(ctx, "envd")
+	err = waitEnvd(ctx, e.transport, 10*time.Second)
+	stop()
+	if err != nil {
 		// The log goes with the teardown; keep its end in the error.
 		tail := logTail(spec.Init.LogPath, 1024) + logTail(filepath.Join(runDir, envdapi.LogName), 1024)
 		return fmt.Errorf("sandbox %s: envd did not start: %w; envd log: %q", info.ID, err, tail)

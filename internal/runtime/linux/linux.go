@@ -54,6 +54,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/lxcfs"
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // MaybeInit turns this process into libcontainer's container init when it was
@@ -234,12 +235,17 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 			_ = s.teardown(context.WithoutCancel(ctx), !existed)
 		}
 	}()
+	stop := timing.Start(ctx, "rt.idmap")
 	lower, err := r.idmaps.acquire(spec.Lower, spec.ID)
+	stop()
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: idmapped template: %w", err)
 	}
 	s.lower = lower
-	if err := mountOverlay(lower, spec.Dir, s.upperDir(), s.rootfs, r.ids); err != nil {
+	stop = timing.Start(ctx, "rt.overlay")
+	err = mountOverlay(lower, spec.Dir, s.upperDir(), s.rootfs, r.ids)
+	stop()
+	if err != nil {
 		return nil, err
 	}
 	if err := r.chownWritableMounts(spec.Mounts); err != nil {
@@ -269,21 +275,28 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 		}
 		defer unstageBindSources(s.stageDir())
 	}
+	stop = timing.Start(ctx, "rt.state")
 	c, err := libcontainer.Create(r.stateRoot, spec.ID, cfg)
+	stop()
 	if err != nil {
 		return nil, fmt.Errorf("linux runtime: create container: %w", err)
 	}
 	s.c = c
 	// Before the init runs, so envd finds it from its first command on;
 	// libcontainer creates the parent with the same path and removes both.
-	if err := makeUserCgroups(spec.ID, spec.Resources, int(r.ids.HostID)); err != nil {
+	stop = timing.Start(ctx, "rt.user_cgroups")
+	err = makeUserCgroups(spec.ID, spec.Resources, int(r.ids.HostID))
+	stop()
+	if err != nil {
 		return nil, err
 	}
 	proc, closeStdio, err := initProcess(spec)
 	if err != nil {
 		return nil, err
 	}
+	stop = timing.Start(ctx, "rt.start")
 	err = run(c, proc)
+	stop()
 	closeStdio()
 	if err != nil {
 		return nil, err
