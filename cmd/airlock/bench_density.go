@@ -25,6 +25,8 @@ func benchDensityCmd() *cobra.Command {
 		dataDir, tpl string
 		steps        []int
 		sample, fill int
+		pageSize     int
+		cpuProfile   string
 	)
 	cmd := &cobra.Command{
 		Use:   "density",
@@ -47,16 +49,25 @@ once (32 at a time), and what they left behind is listed.`,
 			defer d.Close()
 			mountsBefore := mountutil.MountedUnder(dataDir)
 			cli := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0]})
-			res, err := bench.RunDensity(ctx, bench.DensityConfig{
+			dc := bench.DensityConfig{
 				Config: bench.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
 					Template: tpl, Progress: os.Stderr},
-				Steps: steps, Sample: sample, Fill: fill,
+				Steps: steps, Sample: sample, Fill: fill, ListPageSize: pageSize,
 				Threads:    osThreads,
 				Goroutines: runtime.NumGoroutine,
 				Leftovers: func(ids []string) []string {
 					return densityLeftovers(ctx, cli, dataDir, ids, mountsBefore)
 				},
-			})
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				dc.CPUProfile = f
+			}
+			res, err := bench.RunDensity(ctx, dc)
 			if err != nil {
 				return err
 			}
@@ -71,6 +82,8 @@ once (32 at a time), and what they left behind is listed.`,
 	f.IntSliceVar(&steps, "steps", []int{10, 100, 1000, 4000}, "numbers of live sandboxes to measure at, ascending")
 	f.IntVar(&sample, "sample", 10, "creates, commands and lists timed at each step")
 	f.IntVar(&fill, "fill", 4, "creates at once while filling between steps")
+	f.IntVar(&pageSize, "list-page", 10, "entries per timed list page (the same at every step)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server (in this process) during the last step's timed creates, commands and lists to this file")
 	return cmd
 }
 

@@ -15,7 +15,17 @@ import (
 // ("airlock init"); that must happen before anything else runs.
 func init() { linux.MaybeInit() }
 
+// startsSandboxes are the commands that start sandboxes in this process.
+var startsSandboxes = map[string]bool{"serve": true, "bench": true, "template": true}
+
 func main() {
+	if len(os.Args) > 1 && startsSandboxes[os.Args[1]] {
+		// Every sandbox start executes this binary; see SealSelf for why it
+		// should be a sealed copy made once rather than once per start.
+		if err := linux.SealSelf(); err != nil {
+			fmt.Fprintln(os.Stderr, "airlock: warning:", err)
+		}
+	}
 	root := &cobra.Command{
 		Use:           "airlock",
 		Short:         "Self-hosted secure sandboxes for AI agents, compatible with the E2B SDKs",

@@ -16,6 +16,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/daemon"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -203,7 +204,7 @@ func findEnvd() (string, error) {
 	if p := os.Getenv("AIRLOCK_ENVD"); p != "" {
 		return filepath.Abs(p)
 	}
-	exe, err := os.Executable()
+	exe, err := linux.Executable()
 	if err != nil {
 		return "", err
 	}

@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +35,9 @@ type DensityConfig struct {
 	// Leftovers lists what the server left behind of the sandboxes ids
 	// once they were all killed (mounts, cgroups, records...).
 	Leftovers func(ids []string) []string
+	// ListPageSize is the size of the timed list pages: the same at every
+	// step, so that the list's time shows the number alive, not the page.
+	ListPageSize int
 }
 
 // DensityRow is one step.
@@ -41,6 +46,8 @@ type DensityRow struct {
 	MiBPerSandbox         float64
 	Create, Command, List []time.Duration
 	Threads, Goroutines   int
+	// Phases is where the timed creates' time went (the server's spans).
+	Phases Phases
 }
 
 // DensityResult is every step, then the teardown.
@@ -71,13 +78,16 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 			killAll(context.WithoutCancel(ctx), c, alive, max(cfg.Fill, 8))
 		}
 	}()
-	create := func(ctx context.Context) (*e2bclient.Sandbox, time.Duration, error) {
+	create := func(ctx context.Context, phases *Phases) (*e2bclient.Sandbox, time.Duration, error) {
 		timeout := int64(time.Hour / time.Second)
 		start := time.Now()
-		sb, err := c.c.Create(ctx, e2bwire.NewSandbox{TemplateID: c.cfg.Template, Timeout: &timeout})
+		sb, spans, err := c.c.CreateTimed(ctx, e2bwire.NewSandbox{TemplateID: c.cfg.Template, Timeout: &timeout})
 		d := time.Since(start)
 		if err != nil {
 			return nil, d, fmt.Errorf("create %d: %w", len(alive)+1, err)
+		}
+		if phases != nil {
+			phases.addCreate(d, spans, 0)
 		}
 		s := c.c.Sandbox(sb.SandboxID, sb.EnvdAccessToken)
 		mu.Lock()
@@ -85,6 +95,7 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 		mu.Unlock()
 		return s, d, nil
 	}
+	pageSize := cmp.Or(cfg.ListPageSize, 10)
 	for _, step := range cfg.Steps {
 		// Fill up to the step's timed creates, Fill at a time.
 		for len(alive) < step-cfg.Sample {
@@ -92,7 +103,7 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 			errs := make(chan error, n)
 			for i := 0; i < n; i++ {
 				go func() {
-					_, _, err := create(ctx)
+					_, _, err := create(ctx, nil)
 					errs <- err
 				}()
 			}
@@ -106,8 +117,13 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 			}
 		}
 		row := DensityRow{Alive: step}
+		if cfg.CPUProfile != nil && step == cfg.Steps[len(cfg.Steps)-1] {
+			if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
+				return res, fmt.Errorf("cpu profile: %w", err)
+			}
+		}
 		for len(alive) < step {
-			_, d, err := create(ctx)
+			_, d, err := create(ctx, &row.Phases)
 			if err != nil {
 				return res, err
 			}
@@ -123,10 +139,13 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 		}
 		for i := 0; i < cfg.Sample; i++ {
 			start := time.Now()
-			if _, err := c.c.ListPage(ctx, e2bclient.ListQuery{State: "running", PageSize: 100}); err != nil {
+			if _, err := c.c.ListPage(ctx, e2bclient.ListQuery{State: "running", PageSize: pageSize}); err != nil {
 				return res, fmt.Errorf("list with %d alive: %w", step, err)
 			}
 			row.List = append(row.List, time.Since(start))
+		}
+		if cfg.CPUProfile != nil && step == cfg.Steps[len(cfg.Steps)-1] {
+			pprof.StopCPUProfile()
 		}
 		used, err := hostMemUsed()
 		if err != nil {
@@ -239,6 +258,12 @@ func PrintDensity(w io.Writer, r DensityResult) {
 			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)), row.Threads, row.Goroutines)
 	}
 	tw.Flush()
+	for _, row := range []DensityRow{r.Rows[0], r.Rows[len(r.Rows)-1]} {
+		PrintBreakdown(w, Row{Name: fmt.Sprintf("create with %d alive", row.Alive), Samples: row.Create, Phases: row.Phases})
+		if len(r.Rows) == 1 {
+			break
+		}
+	}
 	fmt.Fprintf(w, "\nkilled %d sandboxes in %.1f s (every kill answered), all torn down in %.1f s; left behind: %s\n",
 		r.Killed, r.KillAll.Seconds(), r.Clean.Seconds(), leftovers(r.Leftovers))
 }

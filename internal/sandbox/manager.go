@@ -412,17 +412,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
 		e = m.claim(ctx, info, tpl)
 		stop()
 	}
-	if e != nil {
+	claimed := e != nil
+	if claimed {
 		// Already serving: its one record write is the commit below.
 		m.pushRecord(e)
 	} else {
 		e = m.newEntry(info)
 		err = m.createCold(ctx, e, tpl)
 	}
-	if err == nil {
+	if err == nil && claimed {
 		// A pooled sandbox's boot record was written for the pool; this one
 		// is the client's (its timeout and lifecycle), with the envd it
-		// booted.
+		// booted. A cold one's was written with the client's already.
 		stop = timing.Start(ctx, "boot_record")
 		var rec bootRecord
 		if rec, err = readBootRecord(e.dir); err == nil {
