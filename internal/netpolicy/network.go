@@ -116,7 +116,19 @@ type Network struct {
 	sbx   map[string]*state
 	byIP  map[netip.Addr]*state
 	last  Timings
+	// foreign are the slots whose addresses some interface this Network
+	// did not make holds (kernelSlots), as read at foreignAt: a dump of
+	// every host address, whose cost grows with the sandboxes alive, so it
+	// is read again only after foreignTTL. A link of ours whose delete
+	// failed keeps its slot in slots instead (teardown).
+	foreign   map[int]bool
+	foreignAt time.Time
 }
+
+// foreignTTL is how long a read of the host's addresses in the range is
+// trusted. Foreign addresses there come from misconfiguration (another
+// server on the same range), not from this server's own creates.
+const foreignTTL = 10 * time.Second
 
 // state is what the Network keeps per sandbox.
 type state struct {
@@ -370,8 +382,23 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	// Addresses the kernel already has in the range (another server
 	// misconfigured onto the same range, or links this one does not know)
 	// are skipped: a duplicate gateway would misroute both sandboxes.
-	taken := n.kernelSlots()
 	n.mu.Lock()
+	stale := time.Since(n.foreignAt) > foreignTTL
+	n.mu.Unlock()
+	if stale {
+		taken := n.kernelSlots()
+		n.mu.Lock()
+		// Ours are in slots already; only the others' need remembering.
+		for slot := range taken {
+			if _, ours := n.slots[slot]; ours {
+				delete(taken, slot)
+			}
+		}
+		n.foreign, n.foreignAt = taken, time.Now()
+		n.mu.Unlock()
+	}
+	n.mu.Lock()
+	taken := n.foreign
 	st.slot = -1
 	for i := 0; i < (1<<(32-n.cfg.CIDR.Bits()))/slotSize; i++ {
 		if _, used := n.slots[i]; !used && !taken[i] {
@@ -606,8 +633,9 @@ func (n *Network) teardown(st *state) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := deleteLink(st.hostIf); err != nil {
-		errs = append(errs, err)
+	linkErr := deleteLink(st.hostIf)
+	if linkErr != nil {
+		errs = append(errs, linkErr)
 	}
 	if st.NetNS != "" {
 		if err := RemoveNetNS(st.NetNS); err != nil {
@@ -623,7 +651,13 @@ func (n *Network) teardown(st *state) error {
 		delete(n.byIP, st.Addr)
 	}
 	if st.slot >= 0 && n.slots[st.slot] == st.ID {
-		delete(n.slots, st.slot)
+		if linkErr == nil {
+			delete(n.slots, st.slot)
+		} else {
+			// The veth may still hold the slot's addresses: reserved as
+			// kernel state until a restart's scan finds it gone.
+			n.slots[st.slot] = ""
+		}
 	}
 	n.mu.Unlock()
 	return errors.Join(errs...)

@@ -173,6 +173,35 @@ func TestSetupTeardown(t *testing.T) {
 	t.Logf("netns+veth+nft setup: median %v, teardown: median %v (%d rounds)", median(setup), median(teardown), rounds)
 }
 
+// An address of the range that an interface this Network did not make holds
+// (another server misconfigured onto the same range) is never handed out,
+// though the host's addresses are read only once per foreignTTL.
+func TestSetupSkipsForeignAddresses(t *testing.T) {
+	n := testNetwork(t)
+	gw, _ := n.slotAddrs(0)
+	name := fmt.Sprintf("alf%d", os.Getpid()%100000)
+	// A veth pair, as the test kernel may lack the dummy driver.
+	dummy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
+	if err := netlink.LinkAdd(dummy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(dummy) })
+	if err := netlink.AddrAdd(dummy, &netlink.Addr{IPNet: ipNet(gw, 30)}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("f%dforeign%011d", i, i)
+		sb, err := n.Setup(context.Background(), id, Policy{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Teardown(id) })
+		if sb.Gateway == gw {
+			t.Fatalf("setup %d got gateway %s, which %s holds", i, gw, name)
+		}
+	}
+}
+
 func checkNamespace(t *testing.T, sb *Sandbox) {
 	t.Helper()
 	ns, err := netns.GetFromPath(sb.NetNS)

@@ -133,6 +133,15 @@ type Restorer interface {
 	Restore(ctx context.Context, spec Spec, imageDir string) (Sandbox, error)
 }
 
+// ResourceStatter is implemented by a Sandbox that can sample its resource
+// use without Stats.WritableBytes, whose measurement walks the writable
+// layer. The manager uses it when it accounts the disk itself (a disk pool's
+// quota) and samples every live sandbox.
+type ResourceStatter interface {
+	// ResourceStats is Stats with WritableBytes left 0.
+	ResourceStats() (Stats, error)
+}
+
 // EnvdReadier is implemented by a Sandbox that has something to do once envd
 // answers and before any user process runs: the manager calls EnvdReady once,
 // right after a create. (gVisor marks envd's host stub processes.)

@@ -1333,28 +1333,35 @@ func (m *Manager) expire(e *entry) {
 	m.kill(context.Background(), e, lifecycle.KillTimeout)
 }
 
+// sampleLoop samples every running sandbox once per MetricsInterval, spread
+// evenly over the interval: at once, a thousand sandboxes' samples were a
+// burst every few seconds that creates and commands queued behind.
 func (m *Manager) sampleLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(m.opts.MetricsInterval)
-	defer t.Stop()
 	for {
-		select {
-		case <-m.stop:
+		m.mu.Lock()
+		entries := make([]*entry, 0, len(m.sandboxes))
+		for _, e := range m.sandboxes {
+			e.mu.Lock()
+			if e.info.State == StateRunning {
+				entries = append(entries, e)
+			}
+			e.mu.Unlock()
+		}
+		m.mu.Unlock()
+		// In a stable order, so a sandbox's samples stay about an
+		// interval apart.
+		slices.SortFunc(entries, func(a, b *entry) int { return strings.Compare(a.id, b.id) })
+		round := time.Now()
+		gap := m.opts.MetricsInterval / time.Duration(max(len(entries), 1))
+		for i, e := range entries {
+			if !m.sleep(time.Until(round.Add(gap * time.Duration(i)))) {
+				return
+			}
+			m.sample(e)
+		}
+		if !m.sleep(time.Until(round.Add(m.opts.MetricsInterval))) {
 			return
-		case <-t.C:
-			m.mu.Lock()
-			entries := make([]*entry, 0, len(m.sandboxes))
-			for _, e := range m.sandboxes {
-				e.mu.Lock()
-				if e.info.State == StateRunning {
-					entries = append(entries, e)
-				}
-				e.mu.Unlock()
-			}
-			m.mu.Unlock()
-			for _, e := range entries {
-				m.sample(e)
-			}
 		}
 	}
 }
@@ -1374,7 +1381,7 @@ func (m *Manager) sample(e *entry) {
 	if e.gone || e.rt == nil {
 		return
 	}
-	st, err := e.rt.Stats()
+	st, err := m.stats(e.rt)
 	e.mu.Lock()
 	oom := err == nil && st.OOMKills > e.seenOOM
 	e.mu.Unlock()

@@ -28,3 +28,12 @@ func (m *Manager) Stats(_ context.Context, id string) (runtime.Stats, error) {
 	})
 	return st, err
 }
+
+// stats samples rt; without the writable layer's walk when the disk pool
+// accounts for it (diskUsed).
+func (m *Manager) stats(rt runtime.Sandbox) (runtime.Stats, error) {
+	if rs, ok := rt.(runtime.ResourceStatter); ok && m.opts.Disk != nil {
+		return rs.ResourceStats()
+	}
+	return rt.Stats()
+}

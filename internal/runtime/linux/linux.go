@@ -756,31 +756,6 @@ func (s *sandbox) Status() (runtime.Status, error) {
 	}
 }
 
-func (s *sandbox) Stats() (runtime.Stats, error) {
-	if s.c == nil {
-		return runtime.Stats{}, fmt.Errorf("linux runtime: stats: sandbox %s is released", s.id)
-	}
-	st, err := s.c.Stats()
-	if err != nil {
-		return runtime.Stats{}, fmt.Errorf("linux runtime: stats: %w", err)
-	}
-	out := runtime.Stats{Time: time.Now()}
-	if cg := st.CgroupStats; cg != nil {
-		out.CPUUsage = time.Duration(cg.CpuStats.CpuUsage.TotalUsage)
-		mem := cg.MemoryStats
-		out.MemoryCache = int64(mem.Cache)
-		out.MemoryUsed = int64(mem.Usage.Usage) - int64(mem.Cache)
-		if out.MemoryUsed < 0 {
-			out.MemoryUsed = int64(mem.Usage.Usage)
-		}
-		out.MemoryLimit = int64(mem.Usage.Limit)
-		out.Pids = int64(cg.PidsStats.Current)
-	}
-	out.WritableBytes = runtime.DiskUsage(s.upperDir())
-	out.OOMKills = oomKills(s.c)
-	return out, nil
-}
-
 func (s *sandbox) Pause() error {
 	if s.c == nil {
 		return fmt.Errorf("linux runtime: pause: sandbox %s is released", s.id)
