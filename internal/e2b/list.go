@@ -320,7 +320,8 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		return managerError(fmt.Errorf("list sandboxes: %w", err), "", lq.filter.Template)
 	}
 
-	kept := make([]sandbox.Info, 0, len(infos))
+	// Filtered in place: the manager's list is this request's own copy.
+	kept := infos[:0]
 	running := 0
 	for _, info := range infos {
 		// The manager already filtered; this only keeps states the API cannot

@@ -35,6 +35,23 @@ func MountedUnder(dir string) []string {
 	return out
 }
 
+// IsMountPoint reports whether path is the root of a mount. Unlike
+// MountedUnder it does not read the mount table, whose size grows with the
+// sandboxes alive: statx reports it for path alone (Linux >= 5.8).
+func IsMountPoint(path string) (bool, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("statx %s: %w", path, err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return false, fmt.Errorf("statx %s: the kernel does not report mount roots", path)
+	}
+	return stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+}
+
 // Unescape undoes mountinfo's octal escapes (\040 for a space, ...).
 func Unescape(s string) string {
 	if !strings.Contains(s, `\`) {

@@ -100,7 +100,11 @@ func (s *idmapStore) acquire(lower, id string) (string, error) {
 	defer unlock()
 	k := s.key(lower)
 	target, refs := filepath.Join(s.dir, k), filepath.Join(s.dir, k+".refs")
-	if len(mountutil.MountedUnder(target)) == 0 {
+	mounted, err := mountutil.IsMountPoint(target)
+	if err != nil {
+		return "", fmt.Errorf("idmap view: %w", err)
+	}
+	if !mounted {
 		if err := os.MkdirAll(target, 0o700); err != nil {
 			return "", fmt.Errorf("idmap mount point: %w", err)
 		}
