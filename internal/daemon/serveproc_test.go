@@ -121,8 +121,25 @@ func freeDataDir(t *testing.T) string {
 }
 
 // start starts a server on the data dir, with extra environment
-// variables, and waits until it answers.
+// variables, and waits until it answers. The ports are picked free, then
+// closed before the server binds them, so another listener (the server's own
+// ephemeral ones among them) may take one in between: a server that exits
+// with "address already in use" is started again on other ports.
 func (h *host) start(env ...string) *serveProc {
+	h.t.Helper()
+	for attempt := 1; ; attempt++ {
+		s, err := h.startOnce(env)
+		if err == nil {
+			return s
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			h.t.Fatal(err)
+		}
+		h.t.Logf("start %d: %v; again on other ports", attempt, err)
+	}
+}
+
+func (h *host) startOnce(env []string) (*serveProc, error) {
 	h.t.Helper()
 	if h.srv != nil {
 		h.t.Fatal("a server is running already")
@@ -156,17 +173,17 @@ func (h *host) start(env ...string) *serveProc {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return s
+				return s, nil
 			}
 		}
 		select {
 		case <-s.done:
 			h.srv = nil
-			h.t.Fatalf("airlock serve exited before answering (%v):\n%s", s.cmd.ProcessState, tail(s.log, 60))
+			return nil, fmt.Errorf("airlock serve exited before answering (%v):\n%s", s.cmd.ProcessState, tail(s.log, 60))
 		default:
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("airlock serve did not answer /health in 2 minutes:\n%s", tail(s.log, 60))
+			return nil, fmt.Errorf("airlock serve did not answer /health in 2 minutes:\n%s", tail(s.log, 60))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
