@@ -385,19 +385,20 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	n.mu.Lock()
 	stale := time.Since(n.foreignAt) > foreignTTL
 	n.mu.Unlock()
+	var fresh map[int]bool
 	if stale {
-		taken := n.kernelSlots()
-		n.mu.Lock()
-		// Ours are in slots already; only the others' need remembering.
-		for slot := range taken {
-			if _, ours := n.slots[slot]; ours {
-				delete(taken, slot)
-			}
-		}
-		n.foreign, n.foreignAt = taken, time.Now()
-		n.mu.Unlock()
+		fresh = n.kernelSlots() // a netlink dump: not under n.mu
 	}
 	n.mu.Lock()
+	if stale {
+		// Ours are in slots already; only the others' need remembering.
+		for slot := range fresh {
+			if _, ours := n.slots[slot]; ours {
+				delete(fresh, slot)
+			}
+		}
+		n.foreign, n.foreignAt = fresh, time.Now()
+	}
 	taken := n.foreign
 	st.slot = -1
 	for i := 0; i < (1<<(32-n.cfg.CIDR.Bits()))/slotSize; i++ {

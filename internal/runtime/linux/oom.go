@@ -1,12 +1,8 @@
 package linux
 
 import (
-	"bufio"
-	"bytes"
 	"io/fs"
-	"os"
 	"path/filepath"
-	"strconv"
 )
 
 // oomKillsUnder returns how many processes the kernel has killed because the
@@ -23,26 +19,9 @@ func oomKillsUnder(dir string) int64 {
 	var n int64
 	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err == nil && d.IsDir() {
-			n += readOOMKill(filepath.Join(path, "memory.oom_control"))
+			n += cgroupKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
 		}
 		return nil
 	})
 	return n
-}
-
-func readOOMKill(path string) int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("oom_kill ")); ok {
-			n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
-			if err == nil {
-				return n
-			}
-		}
-	}
-	return 0
 }

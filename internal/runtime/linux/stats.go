@@ -49,7 +49,7 @@ func (s *sandbox) ResourceStats() (runtime.Stats, error) {
 	}
 	// The usage counts the "user" child's pages too (use_hierarchy), so the
 	// cache is the subtree's: total_cache.
-	out.MemoryCache = memoryStat(filepath.Join(mem, "memory.stat"), "total_cache")
+	out.MemoryCache = cgroupKey(filepath.Join(mem, "memory.stat"), "total_cache")
 	out.MemoryUsed = usage - out.MemoryCache
 	if out.MemoryUsed < 0 {
 		out.MemoryUsed = usage
@@ -73,8 +73,10 @@ func readCgroupInt(path string) (int64, error) {
 	return v, nil
 }
 
-// memoryStat is one key of a memory.stat file (0 when absent).
-func memoryStat(path, key string) int64 {
+// cgroupKey is the value of key in a cgroup file of "key value" lines
+// (memory.stat, memory.oom_control); 0 when absent or unreadable: a missing
+// counter must not fail a whole sample.
+func cgroupKey(path, key string) int64 {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
@@ -82,8 +84,10 @@ func memoryStat(path, key string) int64 {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		k, v, ok := bytes.Cut(sc.Bytes(), []byte(" "))
-		if ok && string(k) == key {
-			n, _ := strconv.ParseInt(string(v), 10, 64)
+		if !ok || string(k) != key {
+			continue
+		}
+		if n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64); err == nil {
 			return n
 		}
 	}
