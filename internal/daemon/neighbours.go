@@ -1,0 +1,57 @@
+package daemon
+
+import (
+	"fmt"
+
+	"github.com/airlock-sandbox/airlock/internal/proxy"
+	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
+	"github.com/airlock-sandbox/airlock/internal/schedslice"
+)
+
+// NeighbourConfig bounds what one sandbox can take of what every sandbox on
+// the host shares and no cgroup limit of its own covers: the server's work
+// on its traffic and the disk pool's device.
+type NeighbourConfig struct {
+	// ProxyBudget bounds each sandbox's bytes through the sandbox proxy;
+	// nil means proxy.DefaultBudget, a zero Rate none.
+	ProxyBudget *proxy.Budget
+	// DiskThrottle holds the rates of each sandbox's I/O on the disk pool
+	// (linux runtime; its device fields are ignored: the pool's are used);
+	// nil means linux.DefaultDiskThrottle, zero rates none.
+	DiskThrottle *linux.DiskThrottle
+}
+
+// shortSlices gives the server's threads a short scheduler slice (and so
+// the sandboxes' envd, which inherit it): every sandbox request passes
+// through the proxy, and a proxy thread that waits for a busy sandbox's slice
+// to end delays a neighbour's round trip by it (internal/schedslice). Not
+// fatal: on a kernel that cannot, the server is only slower to answer under
+// load.
+func (d *Daemon) shortSlices() {
+	if err := schedslice.SetProcess(schedslice.Short); err != nil {
+		d.log.Warn("scheduler slice of the server's threads", "err", err)
+	}
+}
+
+// throttleDisk gives the linux backend the pool's device and the rates to
+// throttle every sandbox's I/O on it with.
+func (d *Daemon) throttleDisk() error {
+	t := linux.DefaultDiskThrottle
+	if d.cfg.Neighbours.DiskThrottle != nil {
+		t = *d.cfg.Neighbours.DiskThrottle
+	}
+	if t.ReadBps == 0 && t.WriteBps == 0 && t.ReadIOPS == 0 && t.WriteIOPS == 0 {
+		return nil
+	}
+	major, minor, err := d.Disk.Device()
+	if err != nil {
+		return fmt.Errorf("disk throttle: %w", err)
+	}
+	t.Major, t.Minor = major, minor
+	for _, r := range d.Runtimes {
+		if lx, ok := r.(*linux.Runtime); ok {
+			lx.SetDiskThrottle(t)
+		}
+	}
+	return nil
+}
