@@ -98,9 +98,8 @@ func run() int {
 
 	// envd answers every request the host proxies to this sandbox: with a
 	// short slice it preempts a CPU-bound neighbour sandbox at once when a
-	// request wakes it, and so do the commands it starts, which inherit it
-	// (internal/schedslice). The server's envd inherits it too; asking again
-	// keeps it where envd was started otherwise.
+	// request wakes it (internal/schedslice). The user processes it starts
+	// get the default back (internal/usercgroup).
 	if err := schedslice.SetProcess(schedslice.Short); err != nil {
 		logger.Warn("short scheduler slice", "err", err)
 	}
