@@ -37,7 +37,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/envd"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/mcpgateway"
-	"github.com/airlock-sandbox/airlock/internal/schedslice"
 	"github.com/airlock-sandbox/airlock/internal/sudo"
 	"github.com/airlock-sandbox/airlock/internal/unixuser"
 	"github.com/airlock-sandbox/airlock/internal/usercgroup"
@@ -96,13 +95,6 @@ func run() int {
 		return 2
 	}
 
-	// envd answers every request the host proxies to this sandbox: with a
-	// short slice it preempts a CPU-bound neighbour sandbox at once when a
-	// request wakes it (internal/schedslice). The user processes it starts
-	// get the default back (internal/usercgroup).
-	if err := schedslice.SetProcess(schedslice.Short); err != nil {
-		logger.Warn("short scheduler slice", "err", err)
-	}
 	if os.Getpid() == 1 && os.Getenv(envd.ChildEnv) == "" {
 		return envd.RunReaper(raw, logger)
 	}

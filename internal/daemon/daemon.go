@@ -272,7 +272,6 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.lockDataDir(); err != nil {
 		return err
 	}
-	d.shortSlices()
 	if d.APIKeys = d.cfg.APIKeys; len(d.APIKeys) == 0 {
 		key, err := StoredAPIKey(d.Layout)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
-	"github.com/airlock-sandbox/airlock/internal/schedslice"
 )
 
 // NeighbourConfig bounds what one sandbox can take of what every sandbox on
@@ -19,18 +18,6 @@ type NeighbourConfig struct {
 	// (linux runtime; its device fields are ignored: the pool's are used);
 	// nil means linux.DefaultDiskThrottle, zero rates none.
 	DiskThrottle *linux.DiskThrottle
-}
-
-// shortSlices gives the server's threads a short scheduler slice (and so
-// the sandboxes' envd, which inherit it): every sandbox request passes
-// through the proxy, and a proxy thread that waits for a busy sandbox's slice
-// to end delays a neighbour's round trip by it (internal/schedslice). Not
-// fatal: on a kernel that cannot, the server is only slower to answer under
-// load.
-func (d *Daemon) shortSlices() {
-	if err := schedslice.SetProcess(schedslice.Short); err != nil {
-		d.log.Warn("scheduler slice of the server's threads", "err", err)
-	}
 }
 
 // throttleDisk gives the linux backend the pool's device and the rates to

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +13,11 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/daemon/daemontest"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
-	"github.com/airlock-sandbox/airlock/internal/schedslice"
 )
 
 // TestNeighbourBounds: a server on the disk pool throttles its sandboxes'
 // I/O on the pool's loop device at the configured rates (the default ones
-// when none are given), and its threads run with the short scheduler slice.
+// when none are given).
 func TestNeighbourBounds(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/blkio"); err != nil {
 		t.Skip("no cgroup v1 blkio controller on this host")
@@ -62,24 +60,5 @@ func TestNeighbourBounds(t *testing.T) {
 				}
 			}
 		})
-	}
-
-	// daemontest servers ran Start in this process: every thread of it has
-	// the short slice now (when the kernel shows slices at all).
-	tasks, err := filepath.Glob("/proc/self/task/*/sched")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := strconv.FormatInt(schedslice.Short.Nanoseconds(), 10)
-	for _, f := range tasks {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if fs := strings.Fields(l); len(fs) == 3 && fs[0] == "se.slice" && fs[2] != want {
-				t.Errorf("%s: se.slice %s after the server started, want %s", f, fs[2], want)
-			}
-		}
 	}
 }

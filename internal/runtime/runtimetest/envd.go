@@ -20,7 +20,6 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/process/processconnect"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/runtime"
-	"github.com/airlock-sandbox/airlock/internal/schedslice"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -433,35 +432,4 @@ func (e *envdSandbox) envdThreads(t *testing.T) int {
 		t.Fatalf("counting envd's threads: exit %d: %s", code, out)
 	}
 	return n
-}
-
-// testEnvdShortSlice: envd's threads and the commands it starts run with the
-// short scheduler slice (internal/schedslice), so that a request or a command
-// that wakes up preempts a neighbour sandbox spinning on its CPU at once. The
-// host process of this test does not ask for it: envd must. Only where the
-// host kernel schedules the sandbox's threads (not in gVisor's sentry) and
-// honours a requested slice.
-func testEnvdShortSlice(t *testing.T, h Harness) {
-	if h.GuestKernel {
-		t.Skip("the guest kernel schedules the sandbox's tasks")
-	}
-	own, err := os.ReadFile("/proc/self/sched")
-	if err != nil || !strings.Contains(string(own), "se.slice") {
-		t.Skip("no se.slice in /proc/self/sched: a kernel without EEVDF")
-	}
-	e := newEnvdSandbox(t, h, runtime.Resources{CPUs: 1, MemoryMB: 256, PidsMax: 256})
-	want := strconv.FormatInt(schedslice.Short.Nanoseconds(), 10)
-	pid := e.envdServerPid(t)
-	// Every thread of envd's server, then the command itself.
-	out, code := e.run(t, "user", `for f in /proc/`+pid+`/task/*/sched; do awk '/^se.slice/{print $3}' $f; done | sort | uniq -c; echo self $(awk '/^se.slice/{print $3}' /proc/self/sched)`)
-	if code != 0 {
-		t.Fatalf("reading slices: exit %d: %s", code, out)
-	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[0]), " "+want) {
-		t.Errorf("envd's threads run with slices (count, ns) %q, want all %s ns", lines[:len(lines)-1], want)
-	}
-	if got := lines[len(lines)-1]; got != "self "+want {
-		t.Errorf("a command envd started runs with %q, want self %s", got, want)
-	}
 }

@@ -97,7 +97,6 @@ func Run(t *testing.T, h Harness) {
 	t.Run("StatsAndLimits", func(t *testing.T) { testStats(t, h) })
 	t.Run("OwnLimitsVisible", func(t *testing.T) { testOwnLimits(t, h) })
 	t.Run("EnvdSysinfo", func(t *testing.T) { testEnvdSysinfo(t, h) })
-	t.Run("EnvdShortSlice", func(t *testing.T) { testEnvdShortSlice(t, h) })
 	t.Run("CreateFailsCleanly", func(t *testing.T) { testCreateFails(t, h) })
 	t.Run("UpperKeptAfterDestroy", func(t *testing.T) { testUpperKept(t, h) })
 	t.Run("EscapeAttemptsFail", func(t *testing.T) { testEscape(t, h) })
