@@ -30,6 +30,7 @@ func serveCmd() *cobra.Command {
 	var acme daemon.ACMEConfig
 	var logLevel string
 	var mirrors []string
+	var nb neighbourFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the E2B-compatible API and the sandbox-traffic proxy",
@@ -48,6 +49,9 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 			defer stop()
 			var err error
 			if c.RegistryMirrors, err = registryMirrors(mirrors); err != nil {
+				return err
+			}
+			if err := nb.apply(&c); err != nil {
 				return err
 			}
 			if acme.DNSProvider != "" {
@@ -112,6 +116,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.IntVar(&c.Volumes.PerKey, "volumes-per-key", volume.DefaultMaxCount, "volumes one API key may have (0: no limit)")
 	f.Int64Var(&c.Volumes.SizePerKeyMB, "volume-size-per-key", volume.DefaultMaxBytes>>20, "total quota in MiB of one API key's volumes (0: no limit)")
 	f.IntVar(&c.Secrets.PerKey, "secrets-per-key", secret.DefaultMaxCount, "secrets one API key may have (POST /secrets past it answers 429; 0: no limit)")
+	nb.add(f)
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }

@@ -142,6 +142,9 @@ type Config struct {
 	Volumes VolumeConfig
 	// Secrets bounds each key's secrets.
 	Secrets SecretConfig
+	// Neighbours bounds what one sandbox can take of what the host's
+	// sandboxes share (README: Neighbours under attack).
+	Neighbours NeighbourConfig
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -331,6 +334,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			// stays for the next start).
 			return d.Disk.Close(false)
 		})
+		if err := d.throttleDisk(); err != nil {
+			return err
+		}
 	}
 	if err := d.startVolumes(ctx); err != nil {
 		return err
@@ -529,6 +535,9 @@ func (d *Daemon) startListeners() error {
 	}
 	api := e2b.NewHandler(d.Manager, opts)
 	d.Proxy = proxy.New(d.Manager, d.log)
+	if b := d.cfg.Neighbours.ProxyBudget; b != nil {
+		d.Proxy.SetBudget(*b)
+	}
 	// The API listener also serves MCP (/mcp), whose tools call this
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()

@@ -558,3 +558,26 @@ func (p *Pool) Close(removeImage bool) error {
 	}
 	return nil
 }
+
+// Device returns the major and minor numbers of the block device (the loop
+// device) under the pool, which is what the blkio cgroup throttles sandbox
+// I/O on: a sandbox's reads and writes reach the image through it.
+func (p *Pool) Device() (major, minor uint32, err error) {
+	dir := filepath.Join(p.sysfs, "devices")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("diskquota: pool devices: %w", err)
+	}
+	// One entry: the image is a single-device filesystem (createImage).
+	if len(entries) != 1 {
+		return 0, 0, fmt.Errorf("diskquota: pool has %d devices in %s, want 1", len(entries), dir)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, entries[0].Name(), "dev"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("diskquota: pool device: %w", err)
+	}
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err != nil {
+		return 0, 0, fmt.Errorf("diskquota: pool device %q: %w", b, err)
+	}
+	return major, minor, nil
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,5 +160,41 @@ func BenchmarkUsage(b *testing.B) {
 		if _, _, err := p.Usage(dir); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDevice: Device names the loop device the pool is mounted from (the
+// device the blkio cgroup throttles sandboxes on).
+func TestDevice(t *testing.T) {
+	p := openTestPool(t)
+	major, minor, err := p.Device()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := ""
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[4] != p.MountPoint() {
+			continue
+		}
+		for i := 6; i < len(f)-2; i++ {
+			if f[i] == "-" {
+				source = f[i+2]
+			}
+		}
+	}
+	if !strings.HasPrefix(source, "/dev/loop") {
+		t.Fatalf("pool %s is mounted from %q, not a loop device", p.MountPoint(), source)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(source, &st); err != nil {
+		t.Fatal(err)
+	}
+	if unix.Major(st.Rdev) != major || unix.Minor(st.Rdev) != minor {
+		t.Errorf("Device() = %d:%d; the pool is mounted from %s (%d:%d)", major, minor, source, unix.Major(st.Rdev), unix.Minor(st.Rdev))
 	}
 }

@@ -72,6 +72,8 @@ type Proxy struct {
 	// ports reaches user ports over the sandbox network: one dialer for all
 	// sandboxes, since the address is in each request's URL.
 	ports *http.Transport
+	// budgets meter each sandbox's traffic (Budget); nil: unmetered.
+	budgets *budgets
 }
 
 // New returns the sandbox-traffic handler.
@@ -79,7 +81,7 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{sandboxes: s, log: log}
+	p := &Proxy{sandboxes: s, log: log, budgets: newBudgets(DefaultBudget)}
 	p.ports = &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 		MaxIdleConnsPerHost:   16,
@@ -127,6 +129,8 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 				closeIfBodyUnread(res.Request.Context(), res.Header)
 			}
 			rt := res.Request.Context().Value(routeKey{}).(route)
+			// Innermost, so what the client is sent is what was paid for.
+			res.Body = meter(res.Request.Context(), res.Body, rt.bucket)
 			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
 				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
 				res.Body = &connectTail{body: res.Body, id: rt.id}
@@ -168,6 +172,10 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 	return p
 }
 
+// SetBudget replaces the per-sandbox traffic budget (DefaultBudget; a zero
+// Rate turns it off). Call it before the proxy serves.
+func (p *Proxy) SetBudget(b Budget) { p.budgets = newBudgets(b) }
+
 type routeKey struct{}
 
 type route struct {
@@ -178,6 +186,7 @@ type route struct {
 	interp    bool       // the code interpreter (port 49999)
 	transport http.RoundTripper
 	body      *proxyBody // nil when the request has no body
+	bucket    *bucket    // the sandbox's traffic budget; nil: unmetered
 }
 
 // routedTransport sends a request over the transport the router chose for it.
@@ -253,8 +262,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
 	ctx := r.Context()
+	// Held for the whole exchange: ReverseProxy copies the response (and an
+	// upgraded connection) before it returns.
+	rt.bucket = p.budgets.acquire(id)
+	defer p.budgets.release(rt.bucket)
 	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
-		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1}
+		// The transport may wait on the budget inside a Read that finish
+		// then waits out; cancelling the wait first keeps finish prompt.
+		bodyCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1, stopWait: cancel}
+		if rt.bucket != nil {
+			rt.body.rc = &meteredBody{meteredReader: meteredReader{r: r.Body, bk: rt.bucket, ctx: bodyCtx}, rc: r.Body}
+		}
 		// Deferred, so it also runs when ReverseProxy aborts a response whose
 		// upstream died mid-copy (panic(http.ErrAbortHandler)).
 		defer rt.body.finish(rc)
@@ -301,6 +321,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // would never hear that its sandbox is gone: watch cuts such a Read.
 type proxyBody struct {
 	rc       io.ReadCloser
+	stopWait context.CancelFunc // ends a wait on the sandbox's budget in rc
 	http1    bool
 	mu       sync.Mutex // held across each Read, so finish can wait one out
 	done     bool       // under mu: Reads fail from now on
@@ -386,6 +407,7 @@ func (b *proxyBody) watch(rc *http.ResponseController, stop <-chan struct{}) {
 // (closeIfBodyUnread) and the server gets drainGrace to drain the rest; over
 // HTTP/2 it fails only the stream's body, not the response.
 func (b *proxyBody) finish(rc *http.ResponseController) {
+	b.stopWait()
 	if !b.mu.TryLock() {
 		if !b.eof.Load() {
 			_ = rc.SetReadDeadline(time.Now())

@@ -37,6 +37,7 @@ import (
 	goruntime "runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	devices "github.com/opencontainers/cgroups/devices/config"
@@ -97,6 +98,9 @@ type Runtime struct {
 	views       *lxcfs.Service
 	viewsWarned sync.Once
 	cpus        *runtime.CPUPicker
+	// disk is the blkio throttle sandboxes start with (SetDiskThrottle);
+	// nil: none.
+	disk atomic.Pointer[DiskThrottle]
 }
 
 // Options configure a backend beyond its state directory.
@@ -251,7 +255,7 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	if err := r.chownWritableMounts(spec.Mounts); err != nil {
 		return nil, err
 	}
-	cfg, err := containerConfig(spec, s.rootfs, r.ids, r.viewDir(), r.cpus.Pick(spec.ID, spec.Resources.CPUs))
+	cfg, err := containerConfig(spec, s.rootfs, r.ids, r.viewDir(), r.cpus.Pick(spec.ID, spec.Resources.CPUs), r.disk.Load())
 	if err != nil {
 		return nil, err
 	}
@@ -492,8 +496,9 @@ var allowedDevices = []struct{ major, minor int64 }{
 
 // containerConfig is the libcontainer config of a sandbox. viewDir, when set,
 // is the lxcfs mount its /proc and cpu/online views are bound from; cpuset,
-// when set, the host CPUs it runs on (limitsview.go).
-func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuset string) (*configs.Config, error) {
+// when set, the host CPUs it runs on (limitsview.go); disk, when set, its
+// blkio throttle on the disk pool's device (diskio.go).
+func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuset string, disk *DiskThrottle) (*configs.Config, error) {
 	s := specconv.Example()
 	s.Root = &specs.Root{Path: rootfs}
 	s.Hostname = spec.Hostname
@@ -519,6 +524,7 @@ func containerConfig(spec runtime.Spec, rootfs string, ids IDMap, viewDir, cpuse
 	idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.HostID, Size: ids.Size}}
 	s.Linux.UIDMappings, s.Linux.GIDMappings = idm, idm
 	runtime.ApplyToOCI(s, spec)
+	applyDiskThrottle(s, disk)
 	for _, m := range spec.Mounts {
 		if !m.IDMapped {
 			continue
