@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
@@ -371,7 +372,24 @@ func (n *Network) HostIf(id string) string {
 func (n *Network) dir(id string) string { return filepath.Join(n.cfg.StateDir, id) }
 
 // Setup creates a sandbox's network with its initial policy.
-func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error) {
+func (n *Network) Setup(ctx context.Context, id string, p Policy) (*Sandbox, error) {
+	sb, err := n.Prepare(ctx, id, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Link(id, sb.NetNS); err != nil {
+		_ = n.Teardown(id)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Prepare is Setup without the link: the namespace at Sandbox.NetNS is
+// empty until Link puts the sandbox's veth in it or in another namespace
+// (the sandbox's own, made by its runtime: a veth made in place is cheap,
+// one moved between namespaces waits out an RCU grace period). Teardown
+// undoes it either way.
+func (n *Network) Prepare(_ context.Context, id string, p Policy) (*Sandbox, error) {
 	c, err := p.compile()
 	if err != nil {
 		return nil, err
@@ -432,12 +450,7 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	if err != nil {
 		return fail(err)
 	}
-	err = setupLink(ns, link{hostIf: st.hostIf, gateway: st.Gateway, addr: st.Addr, bits: 30,
-		gateway6: st.Gateway6, addr6: st.Addr6})
 	ns.Close()
-	if err != nil {
-		return fail(err)
-	}
 	if err := n.fw.addSandbox(id, st.Addr, c, nil); err != nil {
 		return fail(err)
 	}
@@ -451,6 +464,30 @@ func (n *Network) Setup(_ context.Context, id string, p Policy) (*Sandbox, error
 	n.mu.Unlock()
 	out := st.Sandbox
 	return &out, nil
+}
+
+// Link makes a prepared sandbox's veth: the host end addressed and up, its
+// peer (eth0) made inside the network namespace at netnsPath, addressed,
+// routed to the host end and up, with loopback up there too. Call it once per
+// Prepare.
+func (n *Network) Link(id, netnsPath string) error {
+	n.mu.Lock()
+	st := n.sbx[id]
+	n.mu.Unlock()
+	if st == nil {
+		return fmt.Errorf("netpolicy: link of %s: no network prepared for it", id)
+	}
+	ns, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return fmt.Errorf("netpolicy: link of %s: %w", id, err)
+	}
+	defer ns.Close()
+	err = setupLink(ns, link{hostIf: st.hostIf, gateway: st.Gateway, addr: st.Addr, bits: 30,
+		gateway6: st.Gateway6, addr6: st.Addr6})
+	if err != nil {
+		return fmt.Errorf("netpolicy: link of %s: %w", id, err)
+	}
+	return nil
 }
 
 // writeFiles writes the resolv.conf (the gateway is the DNS server) and hosts

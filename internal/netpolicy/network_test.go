@@ -173,6 +173,60 @@ func TestSetupTeardown(t *testing.T) {
 	t.Logf("netns+veth+nft setup: median %v, teardown: median %v (%d rounds)", median(setup), median(teardown), rounds)
 }
 
+// Prepare leaves the namespace at NetNS empty; Link makes the veth with its
+// sandbox end in another namespace (the sandbox's own, made by its runtime);
+// Teardown removes the host end, and a second Link of the same sandbox fails
+// without harm.
+func TestPrepareThenLink(t *testing.T) {
+	n := testNetwork(t)
+	id := "unitprepare00000001"
+	sb, err := n.Prepare(context.Background(), id, Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Teardown(id) })
+	park, err := netns.GetFromPath(sb.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph, err := netlink.NewHandleAt(park)
+	park.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ph.LinkByName("eth0"); err == nil {
+		t.Error("Prepare made eth0 in NetNS; Link is to make it")
+	}
+	ph.Close()
+	if _, err := netlink.LinkByName(n.HostIf(id)); err == nil {
+		t.Error("Prepare made the host end; Link is to make it")
+	}
+
+	own := filepath.Join(t.TempDir(), "own")
+	h, err := NewNetNS(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	t.Cleanup(func() { _ = RemoveNetNS(own) })
+	if err := n.Link(id, own); err != nil {
+		t.Fatalf("Link: %v", err)
+	}
+	checkNamespace(t, &Sandbox{NetNS: own, Addr: sb.Addr, Gateway: sb.Gateway, ResolvConf: sb.ResolvConf})
+	if err := n.Link(id, own); err == nil {
+		t.Error("a second Link of the same sandbox succeeded")
+	}
+	if err := n.Link("unitnosuch000000001", own); err == nil {
+		t.Error("Link of a sandbox never prepared succeeded")
+	}
+	if err := n.Teardown(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlink.LinkByName(n.HostIf(id)); err == nil {
+		t.Fatalf("veth of %s survived teardown", id)
+	}
+}
+
 // An address of the range that an interface this Network did not make holds
 // (another server misconfigured onto the same range) is never handed out,
 // though the host's addresses are read only once per foreignTTL.

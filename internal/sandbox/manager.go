@@ -197,6 +197,8 @@ type Manager struct {
 	creating map[string]int
 	// envd is the current envd binary's stored copy (envdstore.go).
 	envd envdStore
+	// sockets wakes a create when its envd's socket appears (envdwait.go).
+	sockets socketWatch
 
 	stop chan struct{}
 	// life ends at Close; background work that may wait long (a pooled
@@ -662,7 +664,16 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 			p = netpolicy.Policy{DenyOut: []string{netpolicy.AllTraffic}}
 		}
 		stop := timing.Start(ctx, "network")
-		ns, err := m.opts.Network.Setup(ctx, info.ID, p)
+		var ns *netpolicy.Sandbox
+		if mode.image == "" {
+			// The runtime has the veth made in the sandbox's own
+			// namespace (Spec.NetLink), not moved there.
+			ns, err = m.opts.Network.Prepare(ctx, info.ID, p)
+			spec.NetLink = func(netns string) error { return m.opts.Network.Link(info.ID, netns) }
+		} else {
+			// A restore moves the interfaces from NetNS.
+			ns, err = m.opts.Network.Setup(ctx, info.ID, p)
+		}
 		stop()
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", info.ID, err)
@@ -713,7 +724,7 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		}
 	}
 	stop = timing.Start(ctx, "envd")
-	err = waitEnvd(ctx, e.transport, 10*time.Second)
+	err = m.waitEnvd(ctx, e, 10*time.Second)
 	stop()
 	if err != nil {
 		// The log goes with the teardown; keep its end in the error.
@@ -764,32 +775,6 @@ func envdTransport(socket string, conns *connTracker) *http.Transport {
 		ResponseHeaderTimeout: 0,
 		DisableCompression:    true,
 	}
-}
-
-// waitEnvd polls envd's health endpoint with a short, growing delay: envd is
-// usually up within a few milliseconds, and this is on the create path.
-func waitEnvd(ctx context.Context, tr *http.Transport, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	client := &http.Client{Transport: tr, Timeout: time.Second}
-	var lastErr error
-	for delay := 200 * time.Microsecond; time.Now().Before(deadline); delay = min(delay*2, 10*time.Millisecond) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode < 300 {
-				return nil
-			}
-			err = fmt.Errorf("health answered %s", resp.Status)
-		}
-		lastErr = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
-		}
-	}
-	return lastErr
 }
 
 // netTeardown removes a sandbox's network in the background: deleting a veth
@@ -1532,7 +1517,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			reason = lifecycle.KillTimeout
 		}
 		if alive && st == runtime.StatusRunning {
-			if err := waitEnvd(ctx, e.transport, 2*time.Second); err != nil {
+			if err := m.waitEnvd(ctx, e, 2*time.Second); err != nil {
 				// The server may have died while envd was quiesced for a
 				// checkpoint that never came: wake it.
 				alive = m.wakeEnvd(ctx, e, 2*time.Second) == nil
@@ -1741,6 +1726,7 @@ func (m *Manager) Close() {
 		e.interp.CloseIdleConnections()
 	}
 	m.netWG.Wait()
+	m.sockets.close()
 }
 
 // KillAll destroys every sandbox (for tests and `serve --kill-on-exit`).

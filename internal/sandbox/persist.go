@@ -230,7 +230,7 @@ func (m *Manager) wakeEnvd(ctx context.Context, e *entry, limit time.Duration) e
 	if err := sig.SignalInit(envdapi.WakeSignal); err != nil {
 		return fmt.Errorf("wake envd: %w", err)
 	}
-	if err := waitEnvd(ctx, e.transport, limit); err != nil {
+	if err := m.waitEnvd(ctx, e, limit); err != nil {
 		return fmt.Errorf("wake envd: envd does not answer: %w", err)
 	}
 	return nil

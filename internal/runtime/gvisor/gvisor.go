@@ -200,6 +200,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ runtime.Sand
 	if err != nil {
 		return nil, err
 	}
+	if spec.NetNS != "" && spec.NetLink != nil {
+		// runsc joins NetNS itself: the interfaces go there.
+		if err := spec.NetLink(spec.NetNS); err != nil {
+			return nil, fmt.Errorf("gvisor runtime: network of %s: %w", spec.ID, err)
+		}
+	}
 	if err := r.launch(ctx, spec, s.dir, spec.Init.Stdin, "create", "--bundle="+bundle, cid(spec.ID)); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // Every boot of a sandbox gets a boot id of its own in
@@ -89,12 +92,14 @@ func bindBootID(rootfs string, pid int) error {
 
 // bootIDHook makes every boot of cfg's sandbox (not a restore) get a boot id
 // of its own.
-func bootIDHook(cfg *configs.Config, rootfs string) {
+// ctx carries the start's timing (rt.hook.boot_id).
+func bootIDHook(ctx context.Context, cfg *configs.Config, rootfs string) {
 	if cfg.Hooks == nil {
 		cfg.Hooks = configs.Hooks{}
 	}
 	cfg.Hooks[configs.CreateRuntime] = append(cfg.Hooks[configs.CreateRuntime],
 		configs.NewFunctionHook(func(st *specs.State) error {
+			defer timing.Start(ctx, "rt.hook.boot_id")()
 			if err := bindBootID(rootfs, st.Pid); err != nil {
 				return fmt.Errorf("linux runtime: %w", err)
 			}

@@ -265,13 +265,16 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	}
 	if spec.NetNS != "" {
 		s.parkNetNS = spec.NetNS
+		if !restoring {
+			s.netLink = spec.NetLink
+		}
 		cfg.Labels = append(cfg.Labels, netnsLabel+spec.NetNS)
-		networkHook(cfg, s)
+		networkHook(ctx, cfg, s)
 	}
 	if !restoring && spec.Upper == "" {
 		// Not for a build step (Spec.Upper): its writes become a template
 		// layer, which must not carry a boot's id.
-		bootIDHook(cfg, s.rootfs)
+		bootIDHook(ctx, cfg, s.rootfs)
 	}
 	if restoring {
 		if err := stageBindSources(cfg, s.stageDir(), r.idmaps); err != nil {
@@ -732,6 +735,9 @@ type sandbox struct {
 	// parkNetNS is Spec.NetNS: where the sandbox's interfaces are kept
 	// while it does not run (netns.go).
 	parkNetNS string
+	// netLink is Spec.NetLink on a Create: it makes the interfaces in the
+	// sandbox's own namespace instead of their move from parkNetNS.
+	netLink func(netns string) error
 }
 
 func (s *sandbox) ID() string { return s.id }

@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // Networking. The caller (the sandbox manager, through netpolicy) prepares a
@@ -24,10 +27,13 @@ import (
 // before. So every start of the sandbox, a restore included, gets a network
 // namespace of its own, made inside its user namespace (by libcontainer, or
 // by CRIU with --empty-ns net), and a hook of ours, run once the namespaces
-// exist and before any process of the sandbox runs, moves the caller's
-// interfaces into it with their addresses and routes, brings loopback up and
-// opens ports below 1024 to every uid of the namespace (what Docker does in
-// every container: the namespace holds this sandbox alone).
+// exist and before any process of the sandbox runs, fills it: on a Create
+// with Spec.NetLink, the caller makes the interfaces in place; otherwise (a
+// restore, a caller without NetLink) the hook moves the caller's interfaces
+// from Spec.NetNS with their addresses and routes, which costs an RCU grace
+// period per interface. Either way it brings loopback up and opens ports
+// below 1024 to every uid of the namespace (what Docker does in every
+// container: the namespace holds this sandbox alone).
 //
 // A bind mount of the sandbox's namespace (netnsMount) keeps it past its last
 // process: when the sandbox stops (a checkpoint ends its processes, a release,
@@ -43,7 +49,8 @@ func (s *sandbox) netnsMount() string { return s.rootfs + ".netns" }
 
 // attachNetwork is the hook: pid is the sandbox's first process, in its new
 // namespaces.
-func (s *sandbox) attachNetwork(pid int) error {
+func (s *sandbox) attachNetwork(ctx context.Context, pid int) error {
+	defer timing.Start(ctx, "rt.hook.net")()
 	own := s.netnsMount()
 	f, err := os.OpenFile(own, os.O_CREATE|os.O_RDONLY, 0o444)
 	if err != nil {
@@ -53,7 +60,16 @@ func (s *sandbox) attachNetwork(pid int) error {
 	if err := unix.Mount("/proc/"+strconv.Itoa(pid)+"/ns/net", own, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind the sandbox's network namespace: %w", err)
 	}
-	if err := moveLinks(s.parkNetNS, own); err != nil {
+	if s.netLink != nil {
+		stop := timing.Start(ctx, "rt.hook.net.link")
+		err = s.netLink(own)
+		stop()
+	} else {
+		stop := timing.Start(ctx, "rt.hook.net.move")
+		err = moveLinks(s.parkNetNS, own)
+		stop()
+	}
+	if err != nil {
 		return err
 	}
 	if _, err := inNetNS(own, func() (int, error) {
@@ -196,13 +212,13 @@ func moveLinks(from, to string) error {
 // exist, and a CRIU restore runs them at its setup-namespaces step.
 // Function hooks are not saved with the container's state, so a sandbox
 // loaded after a restart of ours has none, and needs none.
-func networkHook(cfg *configs.Config, s *sandbox) {
+func networkHook(ctx context.Context, cfg *configs.Config, s *sandbox) {
 	if cfg.Hooks == nil {
 		cfg.Hooks = configs.Hooks{}
 	}
 	cfg.Hooks[configs.CreateRuntime] = append(cfg.Hooks[configs.CreateRuntime],
 		configs.NewFunctionHook(func(st *specs.State) error {
-			if err := s.attachNetwork(st.Pid); err != nil {
+			if err := s.attachNetwork(ctx, st.Pid); err != nil {
 				return fmt.Errorf("linux runtime: network of %s: %w", s.id, err)
 			}
 			return nil

@@ -54,8 +54,9 @@ while True:
     time.sleep(0.2)
 `
 
-// netSpec is a counter spec in a network made by h.Network, with netServer
-// started beside the counter.
+// netSpec is a counter spec in a network of its own, with netServer
+// started beside the counter; from: a fork's spec, restored from from's
+// image.
 func netSpec(t *testing.T, h Harness, from *runtime.Spec) (runtime.Spec, string, *Network) {
 	t.Helper()
 	var spec runtime.Spec
@@ -63,9 +64,15 @@ func netSpec(t *testing.T, h Harness, from *runtime.Spec) (runtime.Spec, string,
 	if from == nil {
 		spec, out = counterSpec(t, h)
 		spec.Init.Args = []string{"/bin/sh", "-c", "python3 -c '" + netServer + "' >/root/server.out 2>&1 &\n" + counter}
-	} else {
-		spec, out = forkSpec(t, h, *from)
+		// Made as the sandbox manager makes a new sandbox's: the veth
+		// in the sandbox's own namespace (Spec.NetLink).
+		n := NewUnlinkedNetwork(t)
+		spec.NetNS, spec.NetLink = n.NetNS, n.Link
+		return spec, out, n
 	}
+	// A restore: the veth waits in NetNS.
+	spec, out = forkSpec(t, h, *from)
+	spec.NetLink = nil
 	n := NewNetwork(t)
 	spec.NetNS = n.NetNS
 	return spec, out, n
@@ -124,6 +131,9 @@ func testCheckpointInNetwork(t *testing.T, h Harness) {
 	r := h.New(t)
 	spec, out, net := netSpec(t, h, nil)
 	sb := create(t, r, spec)
+	if got := net.Links.Load(); got != 1 {
+		t.Fatalf("Create called Spec.NetLink %d times, want once", got)
+	}
 	before := waitCounter(t, out, 2)
 	pings := waitPings(t, out, 2)
 	secret := askSecret(t, net)
@@ -167,6 +177,9 @@ func testCheckpointInNetwork(t *testing.T, h Harness) {
 		t.Fatalf("Release: %v", err)
 	}
 	restore(t, r, spec, img)
+	if got := net.Links.Load(); got != 1 {
+		t.Fatalf("Spec.NetLink called %d times after a restore, want once (the Create's): a restore moves the veth from NetNS", got)
+	}
 	checkIntact(t, "restored in its network", before, waitCounter(t, out, at.I))
 	waitPings(t, out, atPings)
 	if got := askSecret(t, net); got != secret {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	goruntime "runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,8 @@ import (
 type Network struct {
 	NetNS string
 	outer string
+	// Links counts the calls of Link.
+	Links atomic.Int32
 }
 
 var (
@@ -33,6 +36,17 @@ var (
 
 // NewNetwork makes a Network and removes it at the test's end.
 func NewNetwork(t *testing.T) *Network {
+	t.Helper()
+	n := NewUnlinkedNetwork(t)
+	if err := n.linkInto(n.NetNS); err != nil {
+		t.Fatalf("test network: %v", err)
+	}
+	return n
+}
+
+// NewUnlinkedNetwork makes a Network whose NetNS is empty: Link, a
+// Spec.NetLink, makes eth0 in the namespace a backend gives it.
+func NewUnlinkedNetwork(t *testing.T) *Network {
 	t.Helper()
 	dir := t.TempDir()
 	n := &Network{NetNS: filepath.Join(dir, "netns"), outer: filepath.Join(dir, "outer")}
@@ -44,19 +58,23 @@ func NewNetwork(t *testing.T) *Network {
 		h.Close()
 		t.Cleanup(func() { _ = netpolicy.RemoveNetNS(p) })
 	}
-	if err := n.link(); err != nil {
-		t.Fatalf("test network: %v", err)
-	}
 	return n
 }
 
-func (n *Network) link() error {
+// Link is a Spec.NetLink: it makes the veth with eth0 in the namespace at
+// path.
+func (n *Network) Link(path string) error {
+	n.Links.Add(1)
+	return n.linkInto(path)
+}
+
+func (n *Network) linkInto(path string) error {
 	outer, err := netns.GetFromPath(n.outer)
 	if err != nil {
 		return err
 	}
 	defer outer.Close()
-	inner, err := netns.GetFromPath(n.NetNS)
+	inner, err := netns.GetFromPath(path)
 	if err != nil {
 		return err
 	}
