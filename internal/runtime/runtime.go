@@ -18,7 +18,10 @@
 //	           held go with them) and the cgroup removed, then the mounts
 //	           (the overlay and the views bound into it), then the sandbox
 //	           directory; a Spec.Upper outside it and a prepared network
-//	           namespace (Spec.NetNS, the caller's) stay. Destroy is idempotent
+//	           namespace (Spec.NetNS, the caller's) stay, though not
+//	           necessarily the interfaces the sandbox used (a backend with a
+//	           namespace of its own drops them with it; Checkpointer.Release
+//	           is what keeps them for a restore). Destroy is idempotent
 //	           and must leave nothing behind even if Create failed half-way.
 //
 // A backend must survive the restart of the process that drives it: Load finds a

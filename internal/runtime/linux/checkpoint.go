@@ -163,7 +163,7 @@ var _ runtime.CheckpointChecker = (*sandbox)(nil)
 
 // Release implements runtime.Checkpointer.
 func (s *sandbox) Release(ctx context.Context) error {
-	return s.teardown(ctx, false)
+	return s.teardown(ctx, false, true)
 }
 
 // Restore implements runtime.Restorer: the sandbox is assembled as Create

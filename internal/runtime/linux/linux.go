@@ -236,7 +236,7 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 	existed := statErr == nil
 	defer func() {
 		if retErr != nil {
-			_ = s.teardown(context.WithoutCancel(ctx), !existed)
+			_ = s.teardown(context.WithoutCancel(ctx), !existed, true)
 		}
 	}()
 	stop := timing.Start(ctx, "rt.idmap")
@@ -793,12 +793,18 @@ func (s *sandbox) Resume() error {
 // the sandbox directory with the writable layer (a Spec.Upper, outside the
 // directory, stays).
 func (s *sandbox) Destroy(ctx context.Context) error {
-	return s.teardown(ctx, true)
+	// The caller tears its network down next: the interfaces go with
+	// the sandbox's namespace instead of moving back (an RCU grace
+	// period each).
+	return s.teardown(ctx, true, false)
 }
 
 // teardown is Destroy, and with removeDir false Release: everything but
 // Spec.Dir goes.
-func (s *sandbox) teardown(ctx context.Context, removeDir bool) error {
+// teardown ends the sandbox and undoes its mounts; removeDir: Dir too;
+// keepLinks: the interfaces go back into Spec.NetNS (for a later start)
+// rather than with the sandbox's own namespace.
+func (s *sandbox) teardown(ctx context.Context, removeDir, keepLinks bool) error {
 	var errs []error
 	if s.c == nil {
 		// Create failed before the container existed, or state was lost: there
@@ -850,7 +856,7 @@ func (s *sandbox) teardown(ctx context.Context, removeDir bool) error {
 	if err := mountutil.Unmount(filepath.Join(s.dir, "sys")); err != nil {
 		errs = append(errs, err)
 	}
-	if err := s.detachNetwork(); err != nil {
+	if err := s.detachNetwork(keepLinks); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.idmaps.release(s.lower, s.id); err != nil {

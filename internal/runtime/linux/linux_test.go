@@ -126,8 +126,8 @@ time.sleep(100000)
 // namespace of its own (CRIU could not save it in the host's; netns.go) into
 // which the prepared namespace's interfaces moved with their addresses; it
 // sees them (not the host's) in a read-only /sys, its root can serve on port
-// 80, and Destroy gives the interfaces back, addressed, to the prepared
-// namespace.
+// 80; Release gives the interfaces back, addressed, to the prepared
+// namespace, and Destroy drops them with the sandbox's.
 func TestJoinPreparedNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
@@ -198,15 +198,41 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	if got := read("bind80"); got != "ok" {
 		t.Errorf("root inside cannot bind port 80: %s", got)
 	}
+	// A release (what a pause does after its checkpoint) gives the
+	// interfaces back, addressed, for the restore.
+	if err := sb.(runtime.Checkpointer).Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := links(); !strings.Contains(got, "airlockva") || !strings.Contains(got, "10.201.0.1/30") {
+		t.Errorf("after Release the prepared netns has %q, want airlockva back with 10.201.0.1/30", got)
+	}
 	if err := sb.Destroy(context.Background()); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
 	if m := mountutil.MountedUnder(spec.Dir); len(m) > 0 {
 		t.Errorf("mounts left after Destroy: %v", m)
 	}
-	if got := links(); !strings.Contains(got, "airlockva") || !strings.Contains(got, "10.201.0.1/30") {
-		t.Errorf("after Destroy the prepared netns has %q, want airlockva back with 10.201.0.1/30", got)
+
+	// A Destroy drops them with the sandbox's namespace instead (its caller
+	// tears the network down next); the prepared namespace stays.
+	spec.ID += "b"
+	if err := os.Remove(filepath.Join(out, "done")); err != nil {
+		t.Fatal(err)
 	}
+	sb, err = r.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Create again: %v", err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the second probe", func() bool {
+		_, err := os.Stat(filepath.Join(out, "done"))
+		return err == nil
+	})
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the veth gone with the destroyed sandbox's namespace", func() bool {
+		return !strings.Contains(links(), "airlockva")
+	})
 }
 
 // TestIDMappedTemplateShared: sandboxes of one template share one idmapped view

@@ -84,15 +84,16 @@ func (s *sandbox) attachNetwork(ctx context.Context, pid int) error {
 	return nil
 }
 
-// detachNetwork moves the interfaces back to the caller's namespace and
-// drops the sandbox's; a sandbox without one has nothing to do.
-func (s *sandbox) detachNetwork() error {
+// detachNetwork drops the sandbox's namespace, having moved its interfaces
+// back to the caller's if keepLinks (else they go with it: a veth's host end
+// with its peer); a sandbox without one has nothing to do.
+func (s *sandbox) detachNetwork(keepLinks bool) error {
 	own := s.netnsMount()
 	if _, err := os.Stat(own); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	var errs []error
-	if s.parkNetNS != "" {
+	if s.parkNetNS != "" && keepLinks {
 		if err := moveLinks(own, s.parkNetNS); err != nil {
 			errs = append(errs, err)
 		}
