@@ -188,7 +188,9 @@ func deleteLink(name string) error {
 		}
 		return fmt.Errorf("find veth %s: %w", name, err)
 	}
-	if err := netlink.LinkDel(l); err != nil {
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		// ENODEV: gone meanwhile with its peer's namespace (a destroyed
+		// sandbox's, which the kernel cleans up in the background).
 		return fmt.Errorf("delete veth %s: %w", name, err)
 	}
 	return nil

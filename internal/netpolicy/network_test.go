@@ -406,3 +406,66 @@ func TestPolicyAllTraffic(t *testing.T) {
 		t.Errorf("allowOut 0.0.0.0/0 compiles to %v: IPv6 not allowed", c.allowNets)
 	}
 }
+
+// A sandbox prepared closed has no map element (its forwarded traffic falls
+// to the fail-closed drop) and empty sets while DNS sees a deny-all policy;
+// its first Update maps it with the policy's elements, and later Updates
+// replace them as for any sandbox.
+func TestPrepareClosedThenOpen(t *testing.T) {
+	n := testNetwork(t)
+	id := "unitclosed000000001"
+	sb, err := n.PrepareClosed(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Teardown(id) })
+	mapped := func() bool {
+		t.Helper()
+		els, err := n.fw.conn.GetSetElements(n.fw.vmap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range els {
+			if netip.AddrFrom4([4]byte(e.Key)) == sb.Addr {
+				return true
+			}
+		}
+		return false
+	}
+	elems := func(name string) int {
+		t.Helper()
+		s, err := n.fw.conn.GetSetByName(n.fw.table, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		els, err := n.fw.conn.GetSetElements(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(els)
+	}
+	if mapped() {
+		t.Fatal("a closed sandbox's address is in the policy map")
+	}
+	if got := elems("d_" + id); got != 0 {
+		t.Errorf("a closed sandbox's deny set has %d elements, want none (its first Update only adds)", got)
+	}
+	if p, _ := n.Policy(id); len(p.DenyOut) != 1 || p.DenyOut[0] != AllTraffic {
+		t.Errorf("a closed sandbox's policy (what DNS answers by) is %+v, want all traffic denied", p)
+	}
+	if err := n.Update(id, Policy{DenyOut: []string{"192.0.2.0/24"}}); err != nil {
+		t.Fatalf("first Update: %v", err)
+	}
+	if !mapped() {
+		t.Fatal("the first Update did not map the sandbox")
+	}
+	if got := elems("d_" + id); got == 0 {
+		t.Error("the first Update left the deny set empty")
+	}
+	if err := n.Update(id, Policy{}); err != nil {
+		t.Fatalf("second Update: %v", err)
+	}
+	if got := elems("d_" + id); got != 0 || !mapped() {
+		t.Errorf("after an Update to no policy: deny set %d elements, mapped %v", got, mapped())
+	}
+}

@@ -322,10 +322,10 @@ type learnedElem struct {
 	expires time.Time
 }
 
-// addSandbox installs a sandbox's sets, chain and map elements (its IPv4
-// address, and with IPv6 on the IPv6 address that goes with it) in one
-// transaction.
-func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem) error {
+// addSandbox installs a sandbox's sets, chain and, if mapped, map elements
+// (its IPv4 address, and with IPv6 on the IPv6 address that goes with it)
+// in one transaction. Unmapped, its traffic finds no chain: dropped.
+func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem, mapped bool) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	s := fw.sets(id)
@@ -351,17 +351,50 @@ func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned [
 		cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: cat(guard, daddrLookup(r.set, v4), verdict(r.v))})
 	}
 	cn.AddRule(&nftables.Rule{Table: fw.table, Chain: ch, Exprs: verdict(expr.VerdictAccept)})
-	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}
-	if err := cn.SetAddElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice(), VerdictData: jump}}); err != nil {
-		return fmt.Errorf("nftables: map %s: %w", addr, err)
-	}
-	if a6 := fw.addr6(addr); a6.IsValid() {
-		if err := cn.SetAddElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice(), VerdictData: jump}}); err != nil {
-			return fmt.Errorf("nftables: map %s: %w", a6, err)
+	if mapped {
+		if err := fw.mapSandbox(id, addr); err != nil {
+			return err
 		}
 	}
 	if err := cn.Flush(); err != nil {
 		return fmt.Errorf("nftables: add sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// mapSandbox queues the map elements that send a sandbox's traffic to its
+// chain (fw.mu held; the caller flushes).
+func (fw *firewall) mapSandbox(id string, addr netip.Addr) error {
+	jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: "s_" + id}
+	if err := fw.conn.SetAddElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice(), VerdictData: jump}}); err != nil {
+		return fmt.Errorf("nftables: map %s: %w", addr, err)
+	}
+	if a6 := fw.addr6(addr); a6.IsValid() {
+		if err := fw.conn.SetAddElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice(), VerdictData: jump}}); err != nil {
+			return fmt.Errorf("nftables: map %s: %w", a6, err)
+		}
+	}
+	return nil
+}
+
+// openSandbox gives an unmapped sandbox (its sets empty) its policy and maps
+// it, in one transaction that only adds.
+func (fw *firewall) openSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem) error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	cn := fw.conn
+	for _, x := range fw.sets(id).contents(c, learned) {
+		if len(x.elems) > 0 {
+			if err := cn.SetAddElements(x.set, x.elems); err != nil {
+				return fmt.Errorf("nftables: %s: %w", x.set.Name, err)
+			}
+		}
+	}
+	if err := fw.mapSandbox(id, addr); err != nil {
+		return err
+	}
+	if err := cn.Flush(); err != nil {
+		return fmt.Errorf("nftables: open sandbox %s: %w", id, err)
 	}
 	return nil
 }

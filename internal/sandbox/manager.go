@@ -668,7 +668,13 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 		if mode.image == "" {
 			// The runtime has the veth made in the sandbox's own
 			// namespace (Spec.NetLink), not moved there.
-			ns, err = m.opts.Network.Prepare(ctx, info.ID, p)
+			if pooled {
+				// Closed rather than under a deny-all policy: the claim's
+				// Update then only adds to the firewall (PrepareClosed).
+				ns, err = m.opts.Network.PrepareClosed(ctx, info.ID)
+			} else {
+				ns, err = m.opts.Network.Prepare(ctx, info.ID, p)
+			}
 			spec.NetLink = func(netns string) error { return m.opts.Network.Link(info.ID, netns) }
 		} else {
 			// A restore moves the interfaces from NetNS.

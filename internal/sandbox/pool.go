@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // The warm pool keeps a few sandboxes per template started ahead of demand, so
@@ -190,7 +191,10 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	if m.opts.Disk != nil {
 		// Warm sandboxes start with the template's disk size; the claimer's
 		// request decides.
-		if err := m.opts.Disk.SetLimit(e.dir, int64(info.DiskSizeMB)<<20); err != nil {
+		stop := timing.Start(ctx, "claim.disk")
+		err := m.opts.Disk.SetLimit(e.dir, int64(info.DiskSizeMB)<<20)
+		stop()
+		if err != nil {
 			m.log.Warn("warm pool: set disk limit failed; starting cold", "id", e.id, "err", err)
 			return drop()
 		}
@@ -201,14 +205,20 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 		return drop()
 	}
 	init := envdapi.InitRequest{AccessToken: info.AccessToken, EnvVars: env}
-	if err := postInit(ctx, e.transport, init); err != nil {
+	stop := timing.Start(ctx, "claim.init")
+	err = postInit(ctx, e.transport, init)
+	stop()
+	if err != nil {
 		m.log.Warn("warm pool: claim failed; starting cold", "id", e.id, "err", err)
 		return drop()
 	}
 	if m.opts.Network != nil {
 		// The pooled sandbox started with all egress denied; now it gets the
 		// client's policy, before any client code runs in it.
-		if err := m.opts.Network.Update(e.id, policyOf(info)); err != nil {
+		stop := timing.Start(ctx, "claim.network")
+		err := m.opts.Network.Update(e.id, policyOf(info))
+		stop()
+		if err != nil {
 			m.log.Warn("warm pool: applying network policy failed; starting cold", "id", e.id, "err", err)
 			return drop()
 		}
