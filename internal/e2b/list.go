@@ -267,34 +267,63 @@ func compareKeys(a, b pageKey, asc bool) int {
 	return -c
 }
 
-// sortPage sorts items in pq's direction.
-func sortPage[T any](items []T, key func(T) pageKey, asc bool) {
-	slices.SortFunc(items, func(a, b T) int { return compareKeys(key(a), key(b), asc) })
+// sortPage returns items sorted in page order (ascending if asc), a new
+// slice.
+func sortPage[T any](items []T, key func(T) pageKey, asc bool) []T {
+	order := sortedKeys(items, key, asc)
+	out := make([]T, len(order))
+	for j, o := range order {
+		out[j] = items[o.i]
+	}
+	return out
+}
+
+// keyed is an item's page key and its index.
+type keyed struct {
+	k pageKey
+	i int
+}
+
+// sortedKeys is items' keys in page order. Each key is taken once and the
+// items are not moved: an item can be large (a sandbox's Info), and a sort
+// that took keys from copies at each comparison and swapped the items
+// themselves copied megabytes per list at a thousand sandboxes.
+func sortedKeys[T any](items []T, key func(T) pageKey, asc bool) []keyed {
+	order := make([]keyed, len(items))
+	for i := range items {
+		order[i] = keyed{key(items[i]), i}
+	}
+	slices.SortFunc(order, func(a, b keyed) int { return compareKeys(a.k, b.k, asc) })
+	return order
 }
 
 // page sorts items, skips to just after pq's cursor and returns at most
 // pq.limit of them, setting X-Next-Token only when another page exists (the
-// SDKs' hasNext is the header's presence).
+// SDKs' hasNext is the header's presence). Only the page's items are copied.
 func page[T any](w http.ResponseWriter, items []T, key func(T) pageKey, pq pageQuery) []T {
-	sortPage(items, key, pq.asc)
+	order := sortedKeys(items, key, pq.asc)
 	if c := pq.after; c != nil {
 		// The cursor's own item may have gone since; searching by key
 		// rather than by id resumes at the right place either way.
 		after := pageKey{start: c.start, id: c.id}
-		i, found := slices.BinarySearchFunc(items, after, func(it T, k pageKey) int {
-			return compareKeys(key(it), k, pq.asc)
+		i, found := slices.BinarySearchFunc(order, after, func(it keyed, k pageKey) int {
+			return compareKeys(it.k, k, pq.asc)
 		})
 		if found {
 			i++
 		}
-		items = items[i:]
+		order = order[i:]
 	}
-	if len(items) > pq.limit {
-		last := key(items[pq.limit-1])
+	if len(order) > pq.limit {
+		last := order[pq.limit-1].k
 		w.Header().Set(headerNextToken, cursor{start: last.start, id: last.id, asc: pq.asc}.encode())
-		items = items[:pq.limit]
+		order = order[:pq.limit]
 	}
-	return items
+	out := make([]T, len(order))
+	for j, o := range order {
+		out[j] = items[o.i]
+	}
+	return out
 }
 
 func sandboxKey(info sandbox.Info) pageKey { return keyOf(info.StartedAt, info.ID) }
@@ -369,7 +398,7 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request) error {
 		}
 		kept = append(kept, info)
 	}
-	sortPage(kept, sandboxKey, false)
+	kept = sortPage(kept, sandboxKey, false)
 	out := make([]e2bwire.ListedSandbox, 0, len(kept))
 	for _, info := range kept {
 		out = append(out, h.listedJSON(info))

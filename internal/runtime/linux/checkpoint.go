@@ -107,6 +107,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	if err := os.Mkdir(opts.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("linux runtime: checkpoint: %w", err)
 	}
+	// The dump ends every process: the namespace must outlive them, and a
+	// restart of ours, until the release moves its interfaces back.
+	if err := s.bindOwnNS(); err != nil {
+		return err
+	}
 	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning, s.parkNetNS != "")); err != nil {
 		why := criuErrors(filepath.Join(opts.ImageDir, "dump.log"))
 		switch {

@@ -35,6 +35,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -380,6 +381,14 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 		}
 		if v, ok := strings.CutPrefix(l, netnsLabel); ok {
 			s.parkNetNS = v
+		}
+	}
+	if s.parkNetNS != "" {
+		// Held from now on, as the start's hook holds it (netns.go).
+		if pid, ok := s.initPid(); ok {
+			if ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/net"); err == nil {
+				s.holdNS(ns)
+			}
 		}
 	}
 	return s, nil
@@ -738,6 +747,9 @@ type sandbox struct {
 	// netLink is Spec.NetLink on a Create: it makes the interfaces in the
 	// sandbox's own namespace instead of their move from parkNetNS.
 	netLink func(netns string) error
+	// ownNS holds the sandbox's own network namespace open while this
+	// process has it (netns.go); nil without a network of the caller's.
+	ownNS *os.File
 }
 
 func (s *sandbox) ID() string { return s.id }

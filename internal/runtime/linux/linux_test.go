@@ -126,8 +126,9 @@ time.sleep(100000)
 // namespace of its own (CRIU could not save it in the host's; netns.go) into
 // which the prepared namespace's interfaces moved with their addresses; it
 // sees them (not the host's) in a read-only /sys, its root can serve on port
-// 80; Release gives the interfaces back, addressed, to the prepared
-// namespace, and Destroy drops them with the sandbox's.
+// 80; the server holds that namespace without a mount; Release (from a
+// handle loaded as after a restart) gives the interfaces back, addressed, to
+// the prepared namespace, and Destroy drops them with the sandbox's.
 func TestJoinPreparedNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
@@ -198,9 +199,25 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	if got := read("bind80"); got != "ok" {
 		t.Errorf("root inside cannot bind port 80: %s", got)
 	}
+	// The server holds the sandbox's namespace open, not mounted: a mount
+	// per sandbox in the server's namespace is walked by every start.
+	for _, m := range mountutil.MountedUnder(base) {
+		if strings.HasSuffix(m, ".netns") {
+			t.Errorf("the sandbox's network namespace is mounted at %s while it runs", m)
+		}
+	}
 	// A release (what a pause does after its checkpoint) gives the
-	// interfaces back, addressed, for the restore.
-	if err := sb.(runtime.Checkpointer).Release(context.Background()); err != nil {
+	// interfaces back, addressed, for the restore; here through a handle
+	// loaded as after a restart of the server.
+	r2, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := r2.Load(spec.ID)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if err := loaded.(runtime.Checkpointer).Release(context.Background()); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	if got := links(); !strings.Contains(got, "airlockva") || !strings.Contains(got, "10.201.0.1/30") {

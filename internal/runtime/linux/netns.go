@@ -8,12 +8,14 @@ import (
 	goruntime "runtime"
 	"strconv"
 
+	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/airlock-sandbox/airlock/internal/mountutil"
 	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
@@ -35,13 +37,19 @@ import (
 // below 1024 to every uid of the namespace (what Docker does in every
 // container: the namespace holds this sandbox alone).
 //
-// A bind mount of the sandbox's namespace (netnsMount) keeps it past its last
-// process: when the sandbox stops (a checkpoint ends its processes, a release,
-// a destroy), teardown moves the interfaces back into Spec.NetNS, so that a
-// paused sandbox keeps its interface and address for the next restore, then
-// drops the mount. The root of the sandbox has no CAP_NET_ADMIN
-// (Capabilities), so it cannot reconfigure what the host set up, though the
-// namespace is its user namespace's.
+// The server holds the sandbox's namespace open (sandbox.ownNS, from the hook
+// or from Load) while it runs, so that a release, which comes after a
+// checkpoint has ended every process, can still move the interfaces back into
+// Spec.NetNS: a paused sandbox keeps its interface and address for the next
+// restore. A checkpoint first binds the namespace at netnsMount, so that it
+// also outlives a restart of the server between the dump and the release. It
+// is not mounted otherwise: a sandbox's start copies the server's mount
+// namespace and walks every mount in it (propagation, then the old root's
+// detach), so a mount per live sandbox there made every start slower with
+// each sandbox alive. A destroy lets the interfaces go with the namespace.
+// The root of the sandbox has no CAP_NET_ADMIN (Capabilities), so it cannot
+// reconfigure what the host set up, though the namespace is its user
+// namespace's.
 
 // netnsMount is where the sandbox's own network namespace is bind-mounted on
 // the host while it lives.
@@ -51,15 +59,12 @@ func (s *sandbox) netnsMount() string { return s.rootfs + ".netns" }
 // namespaces.
 func (s *sandbox) attachNetwork(ctx context.Context, pid int) error {
 	defer timing.Start(ctx, "rt.hook.net")()
-	own := s.netnsMount()
-	f, err := os.OpenFile(own, os.O_CREATE|os.O_RDONLY, 0o444)
+	own := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+	ns, err := os.Open(own)
 	if err != nil {
-		return fmt.Errorf("network namespace mount point: %w", err)
+		return fmt.Errorf("the sandbox's network namespace: %w", err)
 	}
-	f.Close()
-	if err := unix.Mount("/proc/"+strconv.Itoa(pid)+"/ns/net", own, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind the sandbox's network namespace: %w", err)
-	}
+	s.holdNS(ns)
 	if s.netLink != nil {
 		stop := timing.Start(ctx, "rt.hook.net.link")
 		err = s.netLink(own)
@@ -89,22 +94,83 @@ func (s *sandbox) attachNetwork(ctx context.Context, pid int) error {
 // with its peer); a sandbox without one has nothing to do.
 func (s *sandbox) detachNetwork(keepLinks bool) error {
 	own := s.netnsMount()
-	if _, err := os.Stat(own); errors.Is(err, os.ErrNotExist) {
-		return nil
+	mounted, _ := mountutil.IsMountPoint(own)
+	src := ""
+	switch {
+	case mounted:
+		src = own
+	case s.ownNS != nil:
+		src = "/proc/self/fd/" + strconv.Itoa(int(s.ownNS.Fd()))
 	}
 	var errs []error
-	if s.parkNetNS != "" && keepLinks {
-		if err := moveLinks(own, s.parkNetNS); err != nil {
+	if s.parkNetNS != "" && keepLinks && src != "" {
+		if err := moveLinks(src, s.parkNetNS); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := unix.Unmount(own, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", own, err))
+	s.holdNS(nil)
+	if mounted {
+		if err := unix.Unmount(own, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", own, err))
+		}
 	}
 	if err := os.Remove(own); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// holdNS replaces the sandbox's held network namespace (nil: none).
+func (s *sandbox) holdNS(ns *os.File) {
+	if s.ownNS != nil {
+		s.ownNS.Close()
+	}
+	s.ownNS = ns
+}
+
+// bindOwnNS binds the sandbox's network namespace at netnsMount (before a
+// checkpoint ends its processes; see the package comment on networking). A
+// sandbox without a network of the caller's has none to keep.
+func (s *sandbox) bindOwnNS() error {
+	if s.parkNetNS == "" {
+		return nil
+	}
+	own := s.netnsMount()
+	if mounted, _ := mountutil.IsMountPoint(own); mounted {
+		return nil
+	}
+	src := ""
+	if s.ownNS != nil {
+		src = "/proc/self/fd/" + strconv.Itoa(int(s.ownNS.Fd()))
+	} else if pid, ok := s.initPid(); ok {
+		src = "/proc/" + strconv.Itoa(pid) + "/ns/net"
+	} else {
+		return fmt.Errorf("linux runtime: %s: no running init to hold its network namespace", s.id)
+	}
+	f, err := os.OpenFile(own, os.O_CREATE|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("linux runtime: network namespace mount point: %w", err)
+	}
+	f.Close()
+	if err := unix.Mount(src, own, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("linux runtime: bind the sandbox's network namespace: %w", err)
+	}
+	return nil
+}
+
+// initPid is the pid of the sandbox's running (or frozen) init.
+func (s *sandbox) initPid() (int, bool) {
+	if s.c == nil {
+		return 0, false
+	}
+	if st, err := s.c.Status(); err != nil || (st != libcontainer.Running && st != libcontainer.Paused) {
+		return 0, false
+	}
+	state, err := s.c.State()
+	if err != nil {
+		return 0, false
+	}
+	return state.InitProcessPid, true
 }
 
 // moveLinks moves every interface but loopback from the namespace mounted at

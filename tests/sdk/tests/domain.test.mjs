@@ -249,13 +249,17 @@ describe('serve --domain with only E2B_DOMAIN', { concurrency: true }, () => {
     })
     // Chromium aborts a navigation with ERR_NETWORK_CHANGED when the host's
     // interfaces change under it, which the other test files' sandboxes do
-    // (a veth per create): that is the host, not the server; go again.
+    // (a veth per create, one gone per kill): that is the host, not the
+    // server; go again. Playwright reports it either by that name or as the
+    // navigation "interrupted by another navigation" to Chromium's error
+    // page, which a certificate refusal never is (that one names ERR_CERT_).
+    const networkChanged = /ERR_NETWORK_CHANGED|interrupted by another navigation to "chrome-error:\/\/chromewebdata\/"/
     const goto = async (tab, u) => {
       for (let i = 0; ; i++) {
         try {
           return await tab.goto(u)
         } catch (e) {
-          if (i >= 4 || !/ERR_NETWORK_CHANGED/.test(String(e))) throw e
+          if (i >= 4 || !networkChanged.test(String(e))) throw e
         }
       }
     }
