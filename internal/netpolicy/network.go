@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
+	"github.com/airlock-sandbox/airlock/internal/nsfile"
 )
 
 // Config configures a Network.
@@ -464,11 +465,11 @@ func (n *Network) prepare(_ context.Context, id string, p Policy, closed bool) (
 	if err := n.writeFiles(st); err != nil {
 		return fail(err)
 	}
-	ns, err := NewNetNS(st.NetNS)
-	if err != nil {
-		return fail(err)
-	}
-	ns.Close()
+	// The namespace at NetNS is made by its first user (Link into it, or a
+	// runtime keeping the interfaces there at a pause): a mount per live
+	// sandbox in the server's mount namespace is copied and walked by every
+	// sandbox start, and one whose veth lives in its own namespace needs
+	// this one only once it is paused.
 	if closed {
 		err = n.fw.addSandbox(id, st.Addr, compiled{}, nil, false)
 	} else {
@@ -499,6 +500,11 @@ func (n *Network) Link(id, netnsPath string) error {
 	n.mu.Unlock()
 	if st == nil {
 		return fmt.Errorf("netpolicy: link of %s: no network prepared for it", id)
+	}
+	if netnsPath == st.NetNS {
+		if err := nsfile.Ensure(netnsPath); err != nil {
+			return fmt.Errorf("netpolicy: link of %s: %w", id, err)
+		}
 	}
 	ns, err := netns.GetFromPath(netnsPath)
 	if err != nil {
@@ -711,7 +717,7 @@ func (n *Network) teardown(st *state) error {
 		errs = append(errs, linkErr)
 	}
 	if st.NetNS != "" {
-		if err := RemoveNetNS(st.NetNS); err != nil {
+		if err := nsfile.Remove(st.NetNS); err != nil {
 			errs = append(errs, err)
 		}
 	}

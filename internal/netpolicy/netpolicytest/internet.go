@@ -39,7 +39,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/nsfile"
 )
 
 // Addresses of the stand-in internet. Every web server answers
@@ -183,11 +183,11 @@ func Open(nsPath string, logf func(format string, args ...any)) (in *Internet, e
 			return nil, fmt.Errorf("stand-in internet: lock %s: %w", lockPath, err)
 		}
 	}
-	ns, err := netpolicy.NewNetNS(in.nsPath)
+	ns, err := nsfile.Make(in.nsPath)
 	if err != nil {
 		return nil, fmt.Errorf("stand-in internet: %w", err)
 	}
-	in.closers = append(in.closers, func() { _ = netpolicy.RemoveNetNS(in.nsPath) })
+	in.closers = append(in.closers, func() { _ = nsfile.Remove(in.nsPath) })
 	defer ns.Close()
 	if err := in.link(ns); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/nsfile"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
@@ -506,5 +507,44 @@ func TestDiskThrottle(t *testing.T) {
 	t.Logf("unthrottled: 2 MiB direct in %s, 2 MiB + fsync in %s", direct, synced)
 	if direct > time.Second || synced > time.Second {
 		t.Errorf("unthrottled, 2 MiB took %s (direct) and %s (fsync): the control is too slow to tell", direct, synced)
+	}
+}
+
+// TestReleaseMakesTheCallersNetNS: a sandbox whose veth was made in its own
+// namespace (Spec.NetLink) with no namespace at Spec.NetNS yet (netpolicy
+// leaves it to its first user) has its interfaces kept there by a release,
+// which makes it: the next start of a paused sandbox finds them.
+func TestReleaseMakesTheCallersNetNS(t *testing.T) {
+	testenv.NeedRoot(t)
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	r, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := runtimetest.NewUnlinkedNetwork(t)
+	park := filepath.Join(base, "park")
+	t.Cleanup(func() { _ = nsfile.Remove(park) })
+	spec := runtime.Spec{
+		ID: fmt.Sprintf("park%d", time.Now().UnixNano()%1e9), Hostname: "park", Lower: lower,
+		Dir:     filepath.Join(base, "sandbox"),
+		Init:    runtime.Process{Args: []string{"/bin/sleep", "1000"}, LogPath: filepath.Join(base, "init.log")},
+		NetNS:   park,
+		NetLink: n.Link,
+	}
+	sb, err := r.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	if _, err := os.Stat(park); !os.IsNotExist(err) {
+		t.Fatalf("the caller's namespace exists before any release (%v)", err)
+	}
+	if err := sb.(runtime.Checkpointer).Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	out, err := exec.Command("nsenter", "--net="+park, "ip", "-4", "-o", "addr", "show", "eth0").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "10.200.0.2/30") {
+		t.Fatalf("after Release the namespace at Spec.NetNS has %q (%v), want eth0 with 10.200.0.2/30", out, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/mountutil"
+	"github.com/airlock-sandbox/airlock/internal/nsfile"
 	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
@@ -104,7 +105,13 @@ func (s *sandbox) detachNetwork(keepLinks bool) error {
 	}
 	var errs []error
 	if s.parkNetNS != "" && keepLinks && src != "" {
-		if err := moveLinks(src, s.parkNetNS); err != nil {
+		// The caller's namespace is made by its first user: for a sandbox
+		// whose veth was made in its own (Spec.NetLink), this.
+		err := nsfile.Ensure(s.parkNetNS)
+		if err == nil {
+			err = moveLinks(src, s.parkNetNS)
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/nsfile"
 )
 
 // Network is a sandbox network as netpolicy makes one, in miniature and
@@ -51,12 +51,12 @@ func NewUnlinkedNetwork(t *testing.T) *Network {
 	dir := t.TempDir()
 	n := &Network{NetNS: filepath.Join(dir, "netns"), outer: filepath.Join(dir, "outer")}
 	for _, p := range []string{n.NetNS, n.outer} {
-		h, err := netpolicy.NewNetNS(p)
+		h, err := nsfile.Make(p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		h.Close()
-		t.Cleanup(func() { _ = netpolicy.RemoveNetNS(p) })
+		t.Cleanup(func() { _ = nsfile.Remove(p) })
 	}
 	return n
 }
