@@ -135,6 +135,7 @@ func waitEnvd(ctx context.Context, tr *http.Transport, socket string, created <-
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
+	var lastErr error // the last try's error that was not the limit's
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://envd/health", nil)
 		resp, err := client.Do(req)
@@ -145,6 +146,12 @@ func waitEnvd(ctx context.Context, tr *http.Transport, socket string, created <-
 			}
 			err = fmt.Errorf("health answered %s", resp.Status)
 		}
+		if ctx.Err() != nil {
+			// The limit (or the caller) ended this try: the one before
+			// says more about why envd does not answer.
+			return waitEnd(ctx, lastErr)
+		}
+		lastErr = err
 		wake := created
 		if _, statErr := os.Stat(socket); statErr == nil {
 			wake = nil // there: only the delay is worth waiting for
@@ -159,10 +166,7 @@ func waitEnvd(ctx context.Context, tr *http.Transport, socket string, created <-
 		timer.Reset(delay)
 		select {
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) && err != nil {
-				return err
-			}
-			return ctx.Err()
+			return waitEnd(ctx, lastErr)
 		case <-wake:
 			if !timer.Stop() {
 				<-timer.C
@@ -171,4 +175,13 @@ func waitEnvd(ctx context.Context, tr *http.Transport, socket string, created <-
 		}
 		delay = min(delay*2, most)
 	}
+}
+
+// waitEnd is waitEnvd's error once ctx is done: the caller's own error if it
+// cancelled, else the last try's (the limit passed), else the limit's.
+func waitEnd(ctx context.Context, last error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && last != nil {
+		return last
+	}
+	return ctx.Err()
 }
