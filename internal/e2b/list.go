@@ -270,7 +270,11 @@ func compareKeys(a, b pageKey, asc bool) int {
 // sortPage returns items sorted in page order (ascending if asc), a new
 // slice.
 func sortPage[T any](items []T, key func(T) pageKey, asc bool) []T {
-	order := sortedKeys(items, key, asc)
+	return pick(items, sortedKeys(items, key, asc))
+}
+
+// pick copies the items order names, in its order.
+func pick[T any](items []T, order []keyed) []T {
 	out := make([]T, len(order))
 	for j, o := range order {
 		out[j] = items[o.i]
@@ -319,11 +323,7 @@ func page[T any](w http.ResponseWriter, items []T, key func(T) pageKey, pq pageQ
 		w.Header().Set(headerNextToken, cursor{start: last.start, id: last.id, asc: pq.asc}.encode())
 		order = order[:pq.limit]
 	}
-	out := make([]T, len(order))
-	for j, o := range order {
-		out[j] = items[o.i]
-	}
-	return out
+	return pick(items, order)
 }
 
 func sandboxKey(info sandbox.Info) pageKey { return keyOf(info.StartedAt, info.ID) }

@@ -35,7 +35,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -384,11 +383,10 @@ func (r *Runtime) Load(id string) (runtime.Sandbox, error) {
 		}
 	}
 	if s.parkNetNS != "" {
-		// Held from now on, as the start's hook holds it (netns.go).
+		// Held from now on, as the start's hook holds it (netns.go); best
+		// effort: without it a checkpoint binds the namespace by the pid.
 		if pid, ok := s.initPid(); ok {
-			if ns, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/net"); err == nil {
-				s.holdNS(ns)
-			}
+			_ = s.holdNSOf(pid)
 		}
 	}
 	return s, nil

@@ -48,16 +48,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// newRuntime is a linux backend with its state under base.
+func newRuntime(tb testing.TB, base string) *linux.Runtime {
+	tb.Helper()
+	r, err := linux.New(filepath.Join(base, "state"), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
 // BenchmarkCreateDestroy measures the backend alone: Create (the first process
 // has started) then Destroy, with the default isolation layers.
 func BenchmarkCreateDestroy(b *testing.B) {
 	testenv.NeedRoot(b)
 	lower := testenv.BaseRootfs(b)
 	base := b.TempDir()
-	r, err := linux.New(filepath.Join(base, "state"), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	r := newRuntime(b, base)
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("bench%d", i)
 		sb, err := r.Create(context.Background(), runtime.Spec{
@@ -134,10 +141,7 @@ func TestJoinPreparedNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
 	base := t.TempDir()
-	r, err := linux.New(filepath.Join(base, "state"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRuntime(t, base)
 	netns := newNetNS(t)
 	var st unix.Stat_t
 	if err := unix.Stat(netns, &st); err != nil {
@@ -348,10 +352,7 @@ func TestDevicesCgroup(t *testing.T) {
 	}
 	lower := testenv.BaseRootfs(t)
 	base := t.TempDir()
-	r, err := linux.New(filepath.Join(base, "state"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRuntime(t, base)
 	id := fmt.Sprintf("dev%d", time.Now().UnixNano()%1e9)
 	sb, err := r.Create(context.Background(), runtime.Spec{
 		ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
@@ -450,10 +451,7 @@ func TestDiskThrottle(t *testing.T) {
 	if _, err := os.Stat(fmt.Sprintf("/sys/dev/block/%d:%d", major, minor)); err != nil {
 		t.Skipf("%s is not on a block device (%d:%d)", base, major, minor)
 	}
-	r, err := linux.New(filepath.Join(base, "state"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRuntime(t, base)
 	const rate = 1 << 20
 	run := func(name string) (direct, synced time.Duration, cgroup string) {
 		t.Helper()
@@ -518,10 +516,7 @@ func TestReleaseMakesTheCallersNetNS(t *testing.T) {
 	testenv.NeedRoot(t)
 	lower := testenv.BaseRootfs(t)
 	base := t.TempDir()
-	r, err := linux.New(filepath.Join(base, "state"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRuntime(t, base)
 	n := runtimetest.NewUnlinkedNetwork(t)
 	park := filepath.Join(base, "park")
 	t.Cleanup(func() { _ = nsfile.Remove(park) })

@@ -60,12 +60,11 @@ func (s *sandbox) netnsMount() string { return s.rootfs + ".netns" }
 // namespaces.
 func (s *sandbox) attachNetwork(ctx context.Context, pid int) error {
 	defer timing.Start(ctx, "rt.hook.net")()
-	own := "/proc/" + strconv.Itoa(pid) + "/ns/net"
-	ns, err := os.Open(own)
-	if err != nil {
+	own := procNetNS(pid)
+	if err := s.holdNSOf(pid); err != nil {
 		return fmt.Errorf("the sandbox's network namespace: %w", err)
 	}
-	s.holdNS(ns)
+	var err error
 	if s.netLink != nil {
 		stop := timing.Start(ctx, "rt.hook.net.link")
 		err = s.netLink(own)
@@ -101,7 +100,7 @@ func (s *sandbox) detachNetwork(keepLinks bool) error {
 	case mounted:
 		src = own
 	case s.ownNS != nil:
-		src = "/proc/self/fd/" + strconv.Itoa(int(s.ownNS.Fd()))
+		src = s.heldNSPath()
 	}
 	var errs []error
 	if s.parkNetNS != "" && keepLinks && src != "" {
@@ -135,6 +134,25 @@ func (s *sandbox) holdNS(ns *os.File) {
 	s.ownNS = ns
 }
 
+// holdNSOf holds the network namespace process pid is in.
+func (s *sandbox) holdNSOf(pid int) error {
+	ns, err := os.Open(procNetNS(pid))
+	if err != nil {
+		return err
+	}
+	s.holdNS(ns)
+	return nil
+}
+
+// heldNSPath names the held namespace (s.ownNS, not nil) for what opens a
+// namespace by path.
+func (s *sandbox) heldNSPath() string {
+	return "/proc/self/fd/" + strconv.Itoa(int(s.ownNS.Fd()))
+}
+
+// procNetNS names the network namespace of process pid.
+func procNetNS(pid int) string { return "/proc/" + strconv.Itoa(pid) + "/ns/net" }
+
 // bindOwnNS binds the sandbox's network namespace at netnsMount (before a
 // checkpoint ends its processes; see the package comment on networking). A
 // sandbox without a network of the caller's has none to keep.
@@ -148,9 +166,9 @@ func (s *sandbox) bindOwnNS() error {
 	}
 	src := ""
 	if s.ownNS != nil {
-		src = "/proc/self/fd/" + strconv.Itoa(int(s.ownNS.Fd()))
+		src = s.heldNSPath()
 	} else if pid, ok := s.initPid(); ok {
-		src = "/proc/" + strconv.Itoa(pid) + "/ns/net"
+		src = procNetNS(pid)
 	} else {
 		return fmt.Errorf("linux runtime: %s: no running init to hold its network namespace", s.id)
 	}
