@@ -100,6 +100,15 @@ func (t e2bTemplates) Get(_ context.Context, ref string) (e2b.TemplateInfo, erro
 	return info, nil
 }
 
+func (t e2bTemplates) Access(_ context.Context, ref string) (e2b.TemplateAccess, error) {
+	tpl, err := t.s.Get(ref)
+	if err != nil {
+		return e2b.TemplateAccess{}, storeError(ref, err)
+	}
+	info := e2bTemplateInfo(tpl)
+	return e2b.TemplateAccess{Owner: info.Owner, Public: info.Public}, nil
+}
+
 // storeError maps the template store's errors to the e2b package's.
 func storeError(ref string, err error) error {
 	switch {

@@ -285,7 +285,8 @@ func equalMaps(a, b map[string]string) bool {
 }
 
 // A create's answer says where its time went, as a Server-Timing header
-// with the manager's steps and the handler's total.
+// with the handler's template access check, the manager's steps and the
+// handler's total.
 func TestCreateServerTiming(t *testing.T) {
 	h, _ := newTestHandler(t)
 	rec := request(t, h, "POST", "/v2/sandboxes", `{"templateID":"base"}`)
@@ -293,8 +294,8 @@ func TestCreateServerTiming(t *testing.T) {
 		t.Fatalf("status = %d, want 201: %s", rec.Code, rec.Body)
 	}
 	spans := timing.ParseServerTiming(rec.Header().Get("Server-Timing"))
-	if len(spans) != 2 || spans[0].Name != "fake_step" || spans[1].Name != "total" || spans[1].D < spans[0].D {
-		t.Fatalf("Server-Timing %q: want fake_step then a total at least as long", rec.Header().Get("Server-Timing"))
+	if len(spans) != 3 || spans[0].Name != "access" || spans[1].Name != "fake_step" || spans[2].Name != "total" || spans[2].D < spans[0].D+spans[1].D {
+		t.Fatalf("Server-Timing %q: want access, fake_step, then a total at least as long as both", rec.Header().Get("Server-Timing"))
 	}
 	rec = request(t, h, "POST", "/v2/sandboxes", `{"templateID":""}`)
 	if rec.Code != http.StatusBadRequest || rec.Header().Get("Server-Timing") != "" {

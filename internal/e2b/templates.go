@@ -38,6 +38,10 @@ type TemplateCatalog interface {
 	List(ctx context.Context) ([]TemplateInfo, error)
 	// Get returns one template; unknown names wrap ErrTemplateNotFound.
 	Get(ctx context.Context, idOrAlias string) (TemplateInfo, error)
+	// Access returns who may use a template, as Get's Owner and Public, and
+	// errs as Get does. It is the create path's check: Get also lists the
+	// builds, which cost milliseconds that a create should not pay.
+	Access(ctx context.Context, idOrAlias string) (TemplateAccess, error)
 	// Delete removes a template with all its tags and builds. Errors wrap
 	// ErrTemplateNotFound, ErrTemplateInUse (preferably as
 	// *TemplateInUseError, so the answer can say how many sandboxes hold it)
@@ -249,7 +253,17 @@ func (h *Handler) routeTemplates() {
 
 // visibleTo reports whether the API key owner may see and use t.
 func (t TemplateInfo) visibleTo(owner string) bool {
-	return t.Owner == "" || t.Public || t.Owner == owner
+	return TemplateAccess{Owner: t.Owner, Public: t.Public}.visibleTo(owner)
+}
+
+// TemplateAccess is who may use a template: TemplateInfo's Owner and Public.
+type TemplateAccess struct {
+	Owner  string
+	Public bool
+}
+
+func (a TemplateAccess) visibleTo(owner string) bool {
+	return a.Owner == "" || a.Public || a.Owner == owner
 }
 
 // visibleTemplate is Templates.Get for the request's API key: another key's

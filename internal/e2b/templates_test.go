@@ -170,6 +170,11 @@ func (f *fakeTemplates) Get(_ context.Context, ref string) (TemplateInfo, error)
 	return f.ts[i], nil
 }
 
+func (f *fakeTemplates) Access(ctx context.Context, ref string) (TemplateAccess, error) {
+	t, err := f.Get(ctx, ref)
+	return TemplateAccess{Owner: t.Owner, Public: t.Public}, err
+}
+
 func (f *fakeTemplates) Delete(_ context.Context, ref string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

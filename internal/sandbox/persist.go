@@ -57,13 +57,45 @@ type bootRecord struct {
 
 const bootRecordName = "boot.json"
 
+// writeBootRecord replaces dir's boot record whole (a temporary file renamed
+// over it), without syncing it: a running sandbox does not outlive the host,
+// so until a pause its record needs to survive only the server, which the
+// page cache does. A pause makes it durable first (syncBootRecord), so that
+// the paused sandbox it describes comes back after a power cut. Two fsyncs
+// cost a create about 1.5 ms.
 func writeBootRecord(dir string, rec bootRecord) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
-	if err := writeDurable(filepath.Join(dir, bootRecordName), b); err != nil {
+	path := filepath.Join(dir, bootRecordName)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("boot record: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("boot record: %w", err)
+	}
+	return nil
+}
+
+// syncBootRecord makes dir's boot record durable: its data, then the
+// directory entry its rename made.
+func syncBootRecord(dir string) error {
+	f, err := os.Open(filepath.Join(dir, bootRecordName))
+	if err != nil {
+		return fmt.Errorf("boot record: %w", err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("boot record: sync: %w", err)
 	}
 	return nil
 }
@@ -250,6 +282,10 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err e
 	if !ok {
 		// A runtime without checkpoints freezes the sandbox in place.
 		return m.freeze(ctx, e)
+	}
+	// The paused sandbox outlives the host: so must how to boot it again.
+	if err := syncBootRecord(e.dir); err != nil {
+		return fmt.Errorf("pause %s: %w", e.id, err)
 	}
 	dirs := m.layout()
 	m.quiesce(e)

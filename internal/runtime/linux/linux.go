@@ -45,6 +45,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	// The device cgroup rules and the namespace-joining C constructor are
@@ -135,6 +136,12 @@ func NewWithOptions(stateRoot string, log *slog.Logger, opts Options) (*Runtime,
 	if log == nil {
 		log = slog.Default()
 	}
+	// libcontainer logs through logrus. At its default level it warns, at
+	// every save of a sandbox's state, that it cannot serialize the
+	// in-process hooks (netns.go, bootid.go), which are in-process by
+	// design: a line per create in the server's log that says nothing. Its
+	// failures come back to us as errors.
+	logrus.SetLevel(logrus.ErrorLevel)
 	ids := opts.IDMap
 	if ids == (IDMap{}) {
 		ids = DefaultIDMap
