@@ -289,10 +289,19 @@ func serverProtocols() *http.Protocols {
 	return p
 }
 
+// compressMinBytes is the smallest RPC message envd compresses for a client
+// that accepts compression.
+const compressMinBytes = 1024
+
 func (s *Server) buildHandler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(authInterceptor{id: &s.id}, legacyClientInterceptor{}),
 		connect.WithReadMaxBytes(maxRPCMessage),
+		// A process's start and end events are tens of bytes: gzip makes
+		// them no smaller, and setting up its encoder for each (about 1 MiB
+		// of state to clear) cost a command round trip more CPU than
+		// starting the command. Output chunks worth compressing still are.
+		connect.WithCompressMinBytes(compressMinBytes),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, v any) error {
 			s.log.Error("rpc handler panicked", "procedure", spec.Procedure, "panic", v, "stack", string(debug.Stack()))
 			return connect.NewError(connect.CodeInternal, errors.New("internal error"))

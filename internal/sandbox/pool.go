@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
@@ -168,8 +169,12 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 	m.mu.Lock()
 	var e *entry
 	if list := m.pool[tpl.ID]; len(list) > 0 {
-		e = list[len(list)-1]
-		m.pool[tpl.ID] = list[:len(list)-1]
+		// The oldest: the one that has settled longest. A sandbox just
+		// refilled is still finishing its own start (envd readies its
+		// first user cgroup, the Go runtime grows), which the claimer's
+		// first command would wait behind.
+		e = list[0]
+		m.pool[tpl.ID] = slices.Delete(list, 0, 1)
 		m.lastClaim = time.Now()
 		m.kickPoolLocked()
 	}

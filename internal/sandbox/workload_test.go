@@ -273,6 +273,46 @@ done`, 30*time.Second)
 	}
 }
 
+// TestUserLeavesReused: a command forked after the last one's tree is gone
+// runs in that tree's leaf again (no thread readied, no leaf made for it);
+// one forked while a tree still runs gets a leaf of its own, and so does the
+// one after it while both still run.
+func TestUserLeavesReused(t *testing.T) {
+	m := workloadManager(t, false)
+	ctx := context.Background()
+	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	leaf := func(cmd string) string {
+		t.Helper()
+		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3`, 30*time.Second)
+		if res.err != nil || !strings.HasPrefix(res.out, "/user/t") {
+			t.Fatalf("%q: %+v", cmd, res)
+		}
+		return strings.TrimSpace(res.out)
+	}
+	first := leaf("")
+	for i := 0; i < 3; i++ {
+		if again := leaf(""); again != first {
+			t.Fatalf("command %d after the first tree was gone ran in %s, not in its leaf %s", i+2, again, first)
+		}
+	}
+	// This tree stays: sleep holds the leaf after the command's end.
+	held := leaf(`setsid sleep 300 >/dev/null 2>&1 </dev/null & `)
+	if held != first {
+		t.Fatalf("the background command ran in %s, want the reused %s", held, first)
+	}
+	beside := leaf("")
+	if beside == held {
+		t.Fatalf("a command ran in %s, the leaf a running tree holds", beside)
+	}
+	// The one after it reuses beside's leaf (gone), never the held one.
+	if next := leaf(""); next == held {
+		t.Fatalf("a command ran in %s, the leaf a running tree holds", next)
+	}
+}
+
 // TestGVisorTaskLimit: in a gVisor sandbox envd builds the task limit in the
 // sentry's cgroup v2 hierarchy (usercgroup.SetupV2): envd in /envd, a command
 // in a leaf of /user, the users' pids.max the task limit minus envd's

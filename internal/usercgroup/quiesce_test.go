@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/airlock-sandbox/airlock/internal/sysinfo"
 )
 
@@ -46,5 +48,37 @@ func TestQuiesceHoldsStarts(t *testing.T) {
 	Wake()
 	if err := <-start(); err != nil {
 		t.Fatalf("Start after a second Wake: %v", err)
+	}
+}
+
+// TestStartsShareASpare: trees started one after another are forked from
+// one thread (readying a thread is the cost of a start), and a Quiesce
+// retires it: the start after the Wake forks from a new one.
+func TestStartsShareASpare(t *testing.T) {
+	if !sysinfo.HoldsPtrace() {
+		t.Skip("spare threads are kept only by a process holding CAP_SYS_PTRACE (or with v1 user cgroups)")
+	}
+	forker := func() int {
+		t.Helper()
+		var tid int
+		err, _ := Start(nil, func() error {
+			tid = unix.Gettid()
+			return exec.Command("/bin/true").Run()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tid
+	}
+	first := forker()
+	for i := 0; i < 3; i++ {
+		if tid := forker(); tid != first {
+			t.Fatalf("start %d forked from thread %d, the one before from %d", i+2, tid, first)
+		}
+	}
+	Quiesce()
+	Wake()
+	if tid := forker(); tid == first {
+		t.Fatalf("the start after a Quiesce forked from thread %d, which the Quiesce retired", tid)
 	}
 }

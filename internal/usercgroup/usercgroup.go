@@ -17,19 +17,21 @@
 //	                         limits = user's - reserve
 //
 // A leaf per tree means a held fork bomb fills its own leaf only: the next
-// command gets a fresh leaf with the reserve's worth of slots.
+// command gets a fresh leaf with the reserve's worth of slots (a leaf is
+// used again only once the tree it held is gone).
 //
 // Placement is race-free without a helper process: cgroup v1 places threads,
 // not only processes, and a forked child starts in the cgroups of the thread
 // that forked it. Start locks a goroutine to a new OS thread, moves that
-// thread (its tid, written to the leaf's tasks file) into the leaf, forks the
-// child from it, and lets the thread end with the goroutine. The child never
-// runs a single instruction in envd's cgroup. envd's memory stays charged to
-// envd's cgroup: v1 charges a process's pages to the cgroup of its thread
-// group leader, the main thread, which never becomes a spare (envd keeps its
-// main goroutine on it, and a spare that lands there anyway leaves it
-// alone). Go starts new runtime threads from its template thread, never from
-// a locked one, so no runtime thread of envd lands in a leaf either.
+// thread (its tid, written to the leaf's tasks file) into the leaf and forks
+// the child from it; the thread forks the next tree too if this one is gone
+// by then (its leaf is then as good as new), and ends with the goroutine. The
+// child never runs a single instruction in envd's cgroup. envd's memory stays
+// charged to envd's cgroup: v1 charges a process's pages to the cgroup of its
+// thread group leader, the main thread, which never becomes a spare (envd
+// keeps its main goroutine on it, and a spare that lands there anyway leaves
+// it alone). Go starts new runtime threads from its template thread, never
+// from a locked one, so no runtime thread of envd lands in a leaf either.
 //
 // The same per-thread trick carries two more things into every user process
 // and nowhere else in envd (internal/sysinfo): the spare thread drops
@@ -114,14 +116,11 @@ const UserCPUShares = 128
 var root = "/sys/fs/cgroup"
 
 type placer struct {
-	dirs  []string // <root>/<ctrl>/user, one per controller; v2: <root>/user
-	v2    bool
-	next  atomic.Uint64
-	ready chan *spare // a thread readied to fork (keepSpare); nil: fork from any thread
-	// quiesce and wake reach keepSpare (Quiesce, Wake); each request is
-	// acknowledged by closing the channel it carries.
-	quiesce, wake chan chan struct{}
-	mu            sync.Mutex // serializes leaf creation and the sweep of empty leaves
+	dirs   []string // <root>/<ctrl>/user, one per controller; v2: <root>/user
+	v2     bool
+	next   atomic.Uint64
+	spares *spares    // the threads user processes are forked from; nil: fork from any thread
+	mu     sync.Mutex // serializes leaf creation and the sweep of empty leaves
 	// unborn are v2 leaves made for a start that has not forked into them
 	// yet: empty, but not to be swept (v1 leaves hold their spare thread).
 	unborn map[string]bool
@@ -152,9 +151,12 @@ func get() *placer {
 		// Spare threads where a thread must be placed in a v1 leaf, or must
 		// shed CAP_SYS_PTRACE (and carry the sysinfo filter) before it forks.
 		if (len(global.dirs) > 0 && !global.v2) || sysinfo.HoldsPtrace() {
-			global.ready = make(chan *spare)
-			global.quiesce, global.wake = make(chan chan struct{}), make(chan chan struct{})
-			go global.keepSpare()
+			sp := &spares{}
+			sp.changed = sync.NewCond(&sp.mu)
+			global.spares = sp
+			sp.mu.Lock()
+			global.readyAheadLocked() // for the first command
+			sp.mu.Unlock()
 		}
 	})
 	return global
@@ -178,15 +180,18 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // listener of its own. A thread that could not drop it forks nothing: Start
 // returns that error instead.
 //
-// Moving a thread between v1 cgroups waits for an RCU grace period per
-// hierarchy (milliseconds), so a thread already readied is kept (spare) and
-// the next one is readied in the background after each use. A start that
-// finds none ready waits for the one being readied: placements are
-// serialized (p.mu) anyway, so placing its own would not be sooner.
+// Readying a thread costs about 1 ms of CPU, most of it the moves between
+// v1 cgroups, which also wait for an RCU grace period per hierarchy. So the
+// thread that forked the latest tree is kept (parked) and forks the next one
+// too once that tree is gone: its leaf then holds nothing but the thread
+// itself, as good as a fresh one, and commands run one after another never
+// ready another thread. While the latest tree still runs, the next is forked
+// from a thread readied ahead (fresh), and the one after that is readied in
+// the background at once: trees that overlap keep overlapping.
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
 	if p.v2 {
-		if p.ready == nil {
+		if p.spares == nil {
 			return p.startV2(sys, start)
 		}
 		inner := start
@@ -194,113 +199,193 @@ func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 			err, placeErr = p.startV2(sys, inner)
 			return err
 		}
-	} else if p.ready == nil {
+	} else if p.spares == nil {
 		return start(), nil
 	}
-	s := <-p.ready
+	s := p.acquire()
 	if s.err != nil {
-		close(s.run) // the thread ends without forking
+		s.retire() // the thread ends without forking
 		return s.err, errors.Join(placeErr, s.placeErr)
 	}
 	s.run <- start
 	err = <-s.done
+	p.park(s)
 	return err, errors.Join(placeErr, s.placeErr)
 }
 
-// spare is an OS thread readied to fork a user process (sysinfo.PrepareThread)
-// and, on v1, moved into a fresh leaf, parked until a Start hands it the
-// function that forks a child.
+// spares are the OS threads user processes are forked from: at most one
+// readied ahead and one parked, so at most two idle threads (a task each in
+// a leaf's pids count) exist per sandbox. While quiesced (Quiesce) there are
+// none, and none is readied until Wake.
+type spares struct {
+	mu       sync.Mutex
+	changed  *sync.Cond // quiesced, readying or fresh changed
+	quiesced bool
+	readying int    // threads being readied (readyAheadLocked)
+	fresh    *spare // readied, never used
+	parked   *spare // forked the latest tree
+}
+
+// spare is an OS thread readied to fork user processes
+// (sysinfo.PrepareThread) and, on v1, moved into a leaf of its own; it forks
+// what each Start hands it until retired.
 type spare struct {
 	err      error // the thread kept a privilege no user process may have
 	placeErr error // no leaf or no sysinfo filter: logged, the child starts anyway
-	run      chan func() error
-	done     chan error
+	// tasks is the thread's pids leaf's tasks file and tid the thread's id
+	// as it lists it ("" and "" without leaves).
+	tasks, tid string
+	run        chan func() error
+	done       chan error
 }
 
-// keepSpare readies one thread after another and offers it on p.ready; it
-// blocks while the offered one is unused, so at most one idle thread (one
-// task in a leaf's pids count) exists per sandbox. While quiesced (Quiesce)
-// it holds none and readies none until Wake.
-func (p *placer) keepSpare() {
+// idle reports whether the tree s forked last is gone: its leaf holds no
+// task but s's thread.
+func (s *spare) idle() bool {
+	if s.tasks == "" {
+		return true
+	}
+	b, err := os.ReadFile(s.tasks)
+	return err == nil && strings.TrimSpace(string(b)) == s.tid
+}
+
+// retire ends s's thread, taking its leaf membership, dropped capability and
+// seccomp filter with it; the leaf goes in a later sweep, once empty.
+func (s *spare) retire() { close(s.run) }
+
+// acquire returns a spare for one Start, held by it alone until park: the
+// parked one if its tree is gone, else the fresh one (readying the next),
+// else the one being readied. While quiesced it waits for Wake.
+func (p *placer) acquire() *spare {
+	sp := p.spares
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
 	for {
-		s := &spare{run: make(chan func() error), done: make(chan error, 1)}
-		readied := make(chan struct{})
-		sysinfo.OnDisposableThread(func() { p.spareThread(s, readied) })
-		<-readied
-		if !p.offer(s) {
-			p.asleep()
+		if !sp.quiesced {
+			if s := sp.parked; s != nil && s.idle() {
+				sp.parked = nil
+				return s
+			}
+			if s := sp.fresh; s != nil {
+				sp.fresh = nil
+				p.readyAheadLocked()
+				return s
+			}
+			if sp.readying == 0 {
+				p.readyAheadLocked()
+			}
 		}
+		sp.changed.Wait()
 	}
 }
 
-// offer offers s until a Start takes it (true) or a Quiesce discards it
-// (false).
-func (p *placer) offer(s *spare) bool {
-	for {
-		select {
-		case p.ready <- s:
-			return true
-		case ack := <-p.wake:
-			close(ack) // awake already
-		case ack := <-p.quiesce:
-			// The thread ends without forking, taking its filter, whose
-			// listener the caller then closes (sysinfo.CloseListeners), with
-			// it.
-			close(s.run)
-			close(ack)
-			return false
-		}
+// park keeps s, which forked a tree, for the next Start, retiring the one
+// parked before; a spare that could not be placed or filtered is retired
+// instead, so that the next Start tries again with a new one.
+func (p *placer) park(s *spare) {
+	sp := p.spares
+	sp.mu.Lock()
+	old := s
+	if !sp.quiesced && s.placeErr == nil {
+		old, sp.parked = sp.parked, s
+	}
+	sp.mu.Unlock()
+	if old != nil {
+		old.retire()
 	}
 }
 
-// asleep is keepSpare while quiesced: it readies nothing until a Wake, and
-// acknowledges further Quiesces at once.
-func (p *placer) asleep() {
-	for {
-		select {
-		case ack := <-p.quiesce:
-			close(ack)
-		case ack := <-p.wake:
-			close(ack)
-			return
+// readyAheadLocked readies a fresh spare in the background. The caller
+// holds sp.mu.
+func (p *placer) readyAheadLocked() {
+	sp := p.spares
+	sp.readying++
+	go func() {
+		s := p.newSpare()
+		sp.mu.Lock()
+		sp.readying--
+		if sp.quiesced || sp.fresh != nil {
+			s.retire()
+		} else {
+			sp.fresh = s
 		}
-	}
+		sp.changed.Broadcast()
+		sp.mu.Unlock()
+	}()
 }
 
-// Quiesce discards the spare thread readied to fork the next user process,
-// if any, and readies no other until Wake; a Start meanwhile waits for the
-// Wake. envd calls it before a checkpoint (envdapi.QuiesceSignal): a spare
-// carries a seccomp filter whose listener is about to be closed
+// newSpare readies a thread and returns it once it is ready to fork.
+func (p *placer) newSpare() *spare {
+	s := &spare{run: make(chan func() error), done: make(chan error, 1)}
+	readied := make(chan struct{})
+	sysinfo.OnDisposableThread(func() { p.spareThread(s, readied) })
+	<-readied
+	return s
+}
+
+// Quiesce retires the spare threads, waiting for any being readied, and
+// readies no other until Wake; a Start meanwhile waits for the Wake. envd
+// calls it before a checkpoint (envdapi.QuiesceSignal): a spare carries a
+// seccomp filter whose listener is about to be closed
 // (sysinfo.CloseListeners), and a filter cannot get a new one, so every tree
 // forked from that thread would get ENOSYS from sysinfo(2). Where no spares
 // are kept (gVisor, envd outside a sandbox) it does nothing.
-func Quiesce() { get().request(get().quiesce) }
-
-// Wake ends a Quiesce: spares are readied again (each with a new filter and
-// listener). A Wake without a Quiesce does nothing.
-func Wake() { get().request(get().wake) }
-
-func (p *placer) request(c chan chan struct{}) {
-	if c == nil {
+func Quiesce() {
+	sp := get().spares
+	if sp == nil {
 		return
 	}
-	ack := make(chan struct{})
-	c <- ack
-	<-ack
+	sp.mu.Lock()
+	sp.quiesced = true
+	for sp.readying > 0 {
+		sp.changed.Wait()
+	}
+	fresh, parked := sp.fresh, sp.parked
+	sp.fresh, sp.parked = nil, nil
+	sp.mu.Unlock()
+	for _, s := range []*spare{fresh, parked} {
+		if s != nil {
+			s.retire()
+		}
+	}
+}
+
+// Wake ends a Quiesce: a spare is readied again (with a new sysinfo filter
+// and listener). A Wake without a Quiesce does nothing.
+func Wake() {
+	p := get()
+	sp := p.spares
+	if sp == nil {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if !sp.quiesced {
+		return
+	}
+	sp.quiesced = false
+	p.readyAheadLocked()
+	sp.changed.Broadcast()
 }
 
 // spareThread readies the thread of one spare (a disposable thread: it ends
 // with the goroutine, taking its leaf membership, its dropped capability and
-// its seccomp filter with it), then forks what Start hands it.
+// its seccomp filter with it), then forks what each Start hands it until the
+// spare is retired.
 func (p *placer) spareThread(s *spare, readied chan<- struct{}) {
 	var filterErr error
 	s.err, filterErr = sysinfo.PrepareThread()
 	if s.err == nil && !p.v2 && len(p.dirs) > 0 {
-		s.placeErr = p.enter()
+		var leaf string
+		leaf, s.placeErr = p.enter()
+		if s.placeErr == nil {
+			s.tasks = filepath.Join(p.dirs[0], leaf, "tasks")
+			s.tid = strconv.Itoa(unix.Gettid())
+		}
 	}
 	s.placeErr = errors.Join(s.placeErr, filterErr)
 	close(readied)
-	if run, ok := <-s.run; ok {
+	for run := range s.run {
 		s.done <- run()
 	}
 }
@@ -350,9 +435,9 @@ func (p *placer) leafV2() (int, string, error) {
 	return fd, name, nil
 }
 
-// enter creates a leaf in every controller and moves the calling thread
-// into it.
-func (p *placer) enter() error {
+// enter creates a leaf in every controller, moves the calling thread into
+// it and returns its name.
+func (p *placer) enter() (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
@@ -361,13 +446,13 @@ func (p *placer) enter() error {
 	for _, d := range p.dirs {
 		leaf, err := makeLeaf(filepath.Base(filepath.Dir(d)), d, name)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if err := os.WriteFile(filepath.Join(leaf, "tasks"), tid, 0); err != nil {
-			return fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
+			return "", fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
 		}
 	}
-	return nil
+	return name, nil
 }
 
 // leafName names the next process tree's leaf (the same in every hierarchy).
