@@ -356,15 +356,22 @@ func (c *client) run(ctx context.Context, sb *e2bclient.Sandbox, cmd string) (in
 		return 0, err
 	}
 	defer stream.Close()
+	// To the stream's end, past the end event, as the SDKs read it: a
+	// stream closed early costs its connection, which the next command
+	// dials again.
+	var end *process.ProcessEvent_EndEvent
 	for stream.Receive() {
-		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
-			return end.GetExitCode(), nil
+		if e := stream.Msg().GetEvent().GetEnd(); e != nil {
+			end = e
 		}
 	}
 	if err := stream.Err(); err != nil {
 		return 0, err
 	}
-	return 0, errors.New("stream ended without an end event")
+	if end == nil {
+		return 0, errors.New("stream ended without an end event")
+	}
+	return end.GetExitCode(), nil
 }
 
 // createAndRun is time to interactive; the kill afterwards is not timed.

@@ -269,6 +269,8 @@ func (c *client) outputAs(ctx context.Context, sb *e2bclient.Sandbox, envs map[s
 			out.Write(d.GetStderr())
 		}
 		if end := ev.GetEnd(); end != nil {
+			for stream.Receive() { // to the end, as the SDKs read it (see run)
+			}
 			return out.String(), end.GetExitCode(), nil
 		}
 	}

@@ -418,6 +418,10 @@ func (h *HTTPBackend) RunCommand(ctx context.Context, r RunCommandRequest) (Comm
 			res.Error = end.GetError()
 			res.Stdout, res.Stderr = stdout.String(), stderr.String()
 			res.Truncated = stdout.truncated() || stderr.truncated()
+			// Read on to the stream's end, as the SDKs do: a stream closed
+			// early costs the connection, which the next command dials again.
+			for stream.Receive() {
+			}
 			return res, nil
 		}
 	}
