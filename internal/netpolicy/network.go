@@ -17,6 +17,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -408,7 +409,7 @@ func (n *Network) PrepareClosed(ctx context.Context, id string) (*Sandbox, error
 	return n.prepare(ctx, id, Policy{DenyOut: []string{AllTraffic}}, true)
 }
 
-func (n *Network) prepare(_ context.Context, id string, p Policy, closed bool) (*Sandbox, error) {
+func (n *Network) prepare(ctx context.Context, id string, p Policy, closed bool) (*Sandbox, error) {
 	c, err := p.compile()
 	if err != nil {
 		return nil, err
@@ -424,7 +425,9 @@ func (n *Network) prepare(_ context.Context, id string, p Policy, closed bool) (
 	n.mu.Unlock()
 	var fresh map[int]bool
 	if stale {
+		stop := timing.Start(ctx, "net.scan")
 		fresh = n.kernelSlots() // a netlink dump: not under n.mu
+		stop()
 	}
 	n.mu.Lock()
 	if stale {
@@ -470,11 +473,13 @@ func (n *Network) prepare(_ context.Context, id string, p Policy, closed bool) (
 	// sandbox in the server's mount namespace is copied and walked by every
 	// sandbox start, and one whose veth lives in its own namespace needs
 	// this one only once it is paused.
+	stop := timing.Start(ctx, "net.nft")
 	if closed {
 		err = n.fw.addSandbox(id, st.Addr, compiled{}, nil, false)
 	} else {
 		err = n.fw.addSandbox(id, st.Addr, c, nil, true)
 	}
+	stop()
 	if err != nil {
 		return fail(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -461,5 +462,71 @@ func TestPrepareClosedThenOpen(t *testing.T) {
 	}
 	if got := elems("d_" + id); got != 0 || !mapped() {
 		t.Errorf("after an Update to no policy: deny set %d elements, mapped %v", got, mapped())
+	}
+}
+
+// TestTeardownsTogether: teardowns that arrive together are committed
+// together and each leaves nothing of its sandbox in the table, even when one
+// of them is half gone already (its map entry deleted behind the server's back),
+// which sends the batch down the piece-by-piece path.
+func TestTeardownsTogether(t *testing.T) {
+	n := testNetwork(t)
+	const count = 12
+	ids := make([]string, count)
+	addrs := map[netip.Addr]bool{}
+	for i := range ids {
+		ids[i] = fmt.Sprintf("unitbatch%010d", i)
+		sb, err := n.Prepare(context.Background(), ids[i], Policy{DenyOut: []string{"192.0.2.0/24"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[sb.Addr] = true
+	}
+	var halfAddr netip.Addr
+	for a := range addrs {
+		halfAddr = a
+		break
+	}
+	if err := n.fw.conn.SetDeleteElements(n.fw.vmap, []nftables.SetElement{{Key: halfAddr.AsSlice()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.fw.conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, count)
+	for _, id := range ids {
+		go func() { errs <- n.Teardown(id) }()
+	}
+	for range ids {
+		if err := <-errs; err != nil {
+			t.Errorf("Teardown: %v", err)
+		}
+	}
+	els, err := n.fw.conn.GetSetElements(n.fw.vmap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range els {
+		if a := netip.AddrFrom4([4]byte(e.Key)); addrs[a] {
+			t.Errorf("%s is still in the policy map", a)
+		}
+	}
+	chains, err := n.fw.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range chains {
+		if c.Table.Name == n.fw.table.Name && strings.HasPrefix(c.Name, "s_unitbatch") {
+			t.Errorf("chain %s survived its teardown", c.Name)
+		}
+	}
+	sets, err := n.fw.conn.GetSets(n.fw.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sets {
+		if strings.Contains(s.Name, "_unitbatch") {
+			t.Errorf("set %s survived its teardown", s.Name)
+		}
 	}
 }

@@ -93,6 +93,7 @@ type firewall struct {
 	// noEgress drops all forwarded sandbox traffic whatever the policy
 	// (serve --sandbox-egress=false).
 	noEgress bool
+	rm       remover
 }
 
 func newFirewall(table, prefix string, cidr, cidr6 netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
@@ -111,6 +112,7 @@ func newFirewall(table, prefix string, cidr, cidr6 netip.Prefix, dnsPort, egress
 		noEgress:   noEgress,
 		closed:     closed,
 	}
+	fw.rm.fw = fw
 	return fw, fw.install()
 }
 
@@ -451,46 +453,125 @@ func (fw *firewall) learn(id string, add []learnedElem, present []netip.Addr) er
 	return nil
 }
 
-// removeSandbox deletes the map entry, chain and sets. It tries everything in
-// one transaction and, if that fails (something already gone), each piece on
-// its own, so that a half-installed sandbox is cleaned too.
+// removeSandbox deletes the map entry, chain and sets of a sandbox, through
+// the remover: never under fw.mu, and in one transaction with the removals
+// that arrive meanwhile.
 func (fw *firewall) removeSandbox(id string, addr netip.Addr) error {
-	fw.mu.Lock()
-	defer fw.mu.Unlock()
+	return fw.rm.remove(id, addr)
+}
+
+// remover deletes sandboxes' nftables state. A transaction that deletes
+// commits only after an RCU grace period (5-20 ms measured): held under
+// fw.mu it made the next create's Prepare wait for the last kill's teardown,
+// and a thousand kills waited out a thousand grace periods one after
+// another. So removals go through their own netlink connection, and those
+// that arrive while one commits are committed together after it.
+type remover struct {
+	fw      *firewall
+	mu      sync.Mutex
+	pending []*removal
+	running bool // a goroutine commits pending batches
+}
+
+type removal struct {
+	id   string
+	addr netip.Addr
+	done chan error
+}
+
+// maxRemovalBatch bounds the sandboxes one transaction removes (nine
+// messages each), well within a netlink socket's buffer.
+const maxRemovalBatch = 128
+
+func (rm *remover) remove(id string, addr netip.Addr) error {
+	r := &removal{id: id, addr: addr, done: make(chan error, 1)}
+	rm.mu.Lock()
+	rm.pending = append(rm.pending, r)
+	if !rm.running {
+		rm.running = true
+		go rm.run()
+	}
+	rm.mu.Unlock()
+	return <-r.done
+}
+
+// run commits the pending removals, a batch at a time, until none is left.
+func (rm *remover) run() {
+	for {
+		rm.mu.Lock()
+		n := min(len(rm.pending), maxRemovalBatch)
+		batch := rm.pending[:n:n]
+		rm.pending = rm.pending[n:]
+		if n == 0 {
+			rm.running = false
+			rm.mu.Unlock()
+			return
+		}
+		rm.mu.Unlock()
+		rm.commit(batch)
+	}
+}
+
+// commit removes batch in one transaction or, if that fails (something of
+// one already gone), each sandbox piece by piece, so that a half-installed
+// one is cleaned too; each removal gets its own outcome.
+func (rm *remover) commit(batch []*removal) {
+	conn, err := nftables.New()
+	if err != nil {
+		for _, r := range batch {
+			r.done <- fmt.Errorf("nftables: remove sandbox %s: %w", r.id, err)
+		}
+		return
+	}
+	steps := make([][]func(), len(batch))
+	for i, r := range batch {
+		steps[i] = rm.fw.removalSteps(conn, r.id, r.addr)
+		for _, st := range steps[i] {
+			st()
+		}
+	}
+	if conn.Flush() == nil {
+		for _, r := range batch {
+			r.done <- nil
+		}
+		return
+	}
+	for i, r := range batch {
+		var errs []error
+		for _, st := range steps[i] {
+			st()
+			if e := conn.Flush(); e != nil && !errors.Is(e, unix.ENOENT) {
+				errs = append(errs, e)
+			}
+		}
+		if len(errs) > 0 {
+			r.done <- fmt.Errorf("nftables: remove sandbox %s: %w", r.id, errors.Join(errs...))
+		} else {
+			r.done <- nil
+		}
+	}
+}
+
+// removalSteps queue, each, one piece of a sandbox's removal on conn: its
+// map entries, its chain, its sets.
+func (fw *firewall) removalSteps(conn *nftables.Conn, id string, addr netip.Addr) []func() {
 	s := fw.sets(id)
 	ch := &nftables.Chain{Name: "s_" + id, Table: fw.table}
 	steps := []func(){
 		func() {
-			_ = fw.conn.SetDeleteElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice()}})
+			_ = conn.SetDeleteElements(fw.vmap, []nftables.SetElement{{Key: addr.AsSlice()}})
 		},
 	}
 	if a6 := fw.addr6(addr); a6.IsValid() {
 		steps = append(steps, func() {
-			_ = fw.conn.SetDeleteElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice()}})
+			_ = conn.SetDeleteElements(fw.vmap6, []nftables.SetElement{{Key: a6.AsSlice()}})
 		})
 	}
-	steps = append(steps, func() { fw.conn.FlushChain(ch); fw.conn.DelChain(ch) })
+	steps = append(steps, func() { conn.FlushChain(ch); conn.DelChain(ch) })
 	for _, set := range []*nftables.Set{s.allow, s.learned, s.deny, s.allow6, s.learned6, s.deny6} {
-		steps = append(steps, func() { fw.conn.DelSet(set) })
+		steps = append(steps, func() { conn.DelSet(set) })
 	}
-	for _, st := range steps {
-		st()
-	}
-	err := fw.conn.Flush()
-	if err == nil {
-		return nil
-	}
-	var errs []error
-	for _, st := range steps {
-		st()
-		if e := fw.conn.Flush(); e != nil && !errors.Is(e, unix.ENOENT) {
-			errs = append(errs, e)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("nftables: remove sandbox %s: %w", id, errors.Join(errs...))
-	}
-	return nil
+	return steps
 }
 
 // ifMatch matches the interface name's prefix (iifname "alk*"); eq=false is
