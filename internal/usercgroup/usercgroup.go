@@ -187,7 +187,7 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // itself, as good as a fresh one, and commands run one after another never
 // ready another thread. While the latest tree still runs, the next is forked
 // from a thread readied ahead (fresh), and the one after that is readied in
-// the background at once: trees that overlap keep overlapping.
+// the background at once: trees that overlapped once likely overlap again.
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
 	if p.v2 {
@@ -254,8 +254,10 @@ func (s *spare) idle() bool {
 func (s *spare) retire() { close(s.run) }
 
 // acquire returns a spare for one Start, held by it alone until park: the
-// parked one if its tree is gone, else the fresh one (readying the next),
-// else the one being readied. While quiesced it waits for Wake.
+// parked one if its tree is gone, else the fresh one (readying the next if
+// the parked one is busy), else one readied now. While quiesced it waits for
+// Wake. The first start takes the fresh one and readies nothing: a readying
+// in the background would compete for the CPU with the first command.
 func (p *placer) acquire() *spare {
 	sp := p.spares
 	sp.mu.Lock()
@@ -268,7 +270,11 @@ func (p *placer) acquire() *spare {
 			}
 			if s := sp.fresh; s != nil {
 				sp.fresh = nil
-				p.readyAheadLocked()
+				if sp.parked != nil {
+					// Its tree still runs: trees overlap here, and the
+					// next start will likely want a fresh one too.
+					p.readyAheadLocked()
+				}
 				return s
 			}
 			if sp.readying == 0 {
