@@ -88,6 +88,13 @@ func TestPythonInTemplates(t *testing.T) {
 			if got := pyMustRun(t, k, "x * 2 + 2").main(t)["text/plain"]; got != "42" {
 				t.Errorf("x*2+2 = %v", got)
 			}
+			if tc.jupyter {
+				// IPython keeps In, Out and _ in memory; only its SQLite
+				// history file is off (StartIPykernel).
+				if got := pyMustRun(t, k, "(_, In[-2], len(Out) > 0)").main(t)["text/plain"]; got != "(42, 'x * 2 + 2', True)" {
+					t.Errorf("in-memory history: %v", got)
+				}
+			}
 			out := pyRun(t, k, "import os\nprint(os.environ.get('E1'))", map[string]string{"E1": "v"})
 			if strings.TrimSpace(out.text("stdout")) != "v" {
 				t.Errorf("env: %q %v", out.text("stdout"), out.err)
