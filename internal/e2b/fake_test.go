@@ -252,6 +252,15 @@ func (f *fakeManager) List(_ context.Context, filter sandbox.ListFilter) ([]sand
 	return out, nil
 }
 
+func (f *fakeManager) ListKeys(ctx context.Context, filter sandbox.ListFilter) ([]sandbox.ListKey, error) {
+	infos, err := f.List(ctx, filter)
+	keys := make([]sandbox.ListKey, len(infos))
+	for i, info := range infos {
+		keys[i] = sandbox.ListKey{ID: info.ID, StartedAt: info.StartedAt, State: info.State}
+	}
+	return keys, err
+}
+
 func contains(states []sandbox.State, s sandbox.State) bool {
 	for _, st := range states {
 		if st == s {

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"container/heap"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -301,29 +302,63 @@ func sortedKeys[T any](items []T, key func(T) pageKey, asc bool) []keyed {
 	return order
 }
 
-// page sorts items, skips to just after pq's cursor and returns at most
-// pq.limit of them, setting X-Next-Token only when another page exists (the
-// SDKs' hasNext is the header's presence). Only the page's items are copied.
+// page returns at most pq.limit of items, in page order from just after pq's
+// cursor, setting X-Next-Token only when another page exists (the SDKs'
+// hasNext is the header's presence). Only the page is ordered: one pass keeps
+// the limit+1 first items after the cursor in a bounded heap, instead of a
+// sort of them all (a thousand sandboxes for a page of ten), and only the
+// page's items are copied.
 func page[T any](w http.ResponseWriter, items []T, key func(T) pageKey, pq pageQuery) []T {
-	order := sortedKeys(items, key, pq.asc)
+	var after *pageKey
 	if c := pq.after; c != nil {
-		// The cursor's own item may have gone since; searching by key
-		// rather than by id resumes at the right place either way.
-		after := pageKey{start: c.start, id: c.id}
-		i, found := slices.BinarySearchFunc(order, after, func(it keyed, k pageKey) int {
-			return compareKeys(it.k, k, pq.asc)
-		})
-		if found {
-			i++
-		}
-		order = order[i:]
+		// The cursor's own item may have gone since; comparing keys rather
+		// than looking for its id resumes at the right place either way.
+		after = &pageKey{start: c.start, id: c.id}
 	}
+	first := &firstKeys{asc: pq.asc, n: pq.limit + 1}
+	for i := range items {
+		k := key(items[i])
+		if after != nil && compareKeys(k, *after, pq.asc) <= 0 {
+			continue
+		}
+		first.offer(keyed{k, i})
+	}
+	order := first.keys
+	slices.SortFunc(order, func(a, b keyed) int { return compareKeys(a.k, b.k, pq.asc) })
 	if len(order) > pq.limit {
 		last := order[pq.limit-1].k
 		w.Header().Set(headerNextToken, cursor{start: last.start, id: last.id, asc: pq.asc}.encode())
 		order = order[:pq.limit]
 	}
 	return pick(items, order)
+}
+
+// firstKeys keeps the n first keys offered, in page order: a heap whose root
+// is the last of them, which a key before it replaces.
+type firstKeys struct {
+	asc  bool
+	n    int
+	keys []keyed
+}
+
+func (f *firstKeys) Len() int           { return len(f.keys) }
+func (f *firstKeys) Less(i, j int) bool { return compareKeys(f.keys[i].k, f.keys[j].k, f.asc) > 0 }
+func (f *firstKeys) Swap(i, j int)      { f.keys[i], f.keys[j] = f.keys[j], f.keys[i] }
+func (f *firstKeys) Push(x any)         { f.keys = append(f.keys, x.(keyed)) }
+func (f *firstKeys) Pop() any {
+	last := f.keys[len(f.keys)-1]
+	f.keys = f.keys[:len(f.keys)-1]
+	return last
+}
+
+func (f *firstKeys) offer(k keyed) {
+	switch {
+	case len(f.keys) < f.n:
+		heap.Push(f, k)
+	case compareKeys(k.k, f.keys[0].k, f.asc) < 0:
+		f.keys[0] = k
+		heap.Fix(f, 0)
+	}
 }
 
 func sandboxKey(info sandbox.Info) pageKey { return keyOf(info.StartedAt, info.ID) }
@@ -335,7 +370,8 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 	}
 	wantRunning := slices.Contains(lq.filter.States, sandbox.StateRunning)
 
-	infos, err := h.m.List(r.Context(), lq.filter)
+	// Keys of every match, then the Infos of the page's alone.
+	keys, err := h.m.ListKeys(r.Context(), lq.filter)
 	if errors.Is(err, sandbox.ErrTemplateNotFound) {
 		// No such template means no sandboxes from it; upstream answers an
 		// empty page rather than an error here.
@@ -349,27 +385,34 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 		return managerError(fmt.Errorf("list sandboxes: %w", err), "", lq.filter.Template)
 	}
 
-	// Filtered in place: the manager's list is this request's own copy.
-	kept := infos[:0]
-	running := 0
-	for _, info := range infos {
+	// Filtered in place: the manager's keys are this request's own copy.
+	listed := func(s sandbox.State) bool {
 		// The manager already filtered; this only keeps states the API cannot
 		// express (killed) out of the response and honours the request's states.
-		if info.State == sandbox.StateKilled || !slices.Contains(lq.filter.States, sandbox.State(wireState(info.State))) {
+		return s != sandbox.StateKilled && slices.Contains(lq.filter.States, sandbox.State(wireState(s)))
+	}
+	kept := keys[:0]
+	running := 0
+	for _, k := range keys {
+		if !listed(k.State) {
 			continue
 		}
-		if wireState(info.State) == string(sandbox.StateRunning) {
+		if wireState(k.State) == string(sandbox.StateRunning) {
 			running++
 		}
-		kept = append(kept, info)
+		kept = append(kept, k)
 	}
 	if wantRunning {
 		w.Header().Set(headerTotalRunning, strconv.Itoa(running))
 	}
 
-	kept = page(w, kept, sandboxKey, lq.pageQuery)
+	kept = page(w, kept, func(k sandbox.ListKey) pageKey { return keyOf(k.StartedAt, k.ID) }, lq.pageQuery)
 	out := make([]e2bwire.ListedSandbox, 0, len(kept))
-	for _, info := range kept {
+	for _, k := range kept {
+		info, err := h.m.Get(r.Context(), k.ID)
+		if err != nil || !listed(info.State) {
+			continue // gone, or changed state, since its key was taken
+		}
 		out = append(out, h.listedJSON(info))
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"testing"
@@ -317,6 +319,48 @@ func TestCursorRoundTrip(t *testing.T) {
 		}
 		if !got.start.Equal(c.start) || got.id != c.id || got.asc != c.asc {
 			t.Errorf("round trip %+v -> %+v", c, got)
+		}
+	}
+}
+
+// TestPageKeepsTheFirstOnly: page, which keeps only the page's keys in a
+// bounded heap, gives the same pages and next tokens as sorting every item
+// and searching for the cursor does, in both orders, with start times shared
+// by several items, cursors of items that are gone, and every limit.
+func TestPageKeepsTheFirstOnly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	base := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	for round := 0; round < 300; round++ {
+		n := rng.IntN(40)
+		items := make([]pageKey, n)
+		for i := range items {
+			items[i] = keyOf(base.Add(time.Duration(rng.IntN(8))*time.Second), fmt.Sprintf("s%03d", rng.IntN(1000)))
+		}
+		pq := pageQuery{asc: rng.IntN(2) == 0, limit: 1 + rng.IntN(12)}
+		if rng.IntN(3) > 0 {
+			at := keyOf(base.Add(time.Duration(rng.IntN(8))*time.Second), fmt.Sprintf("s%03d", rng.IntN(1000)))
+			if n > 0 && rng.IntN(2) == 0 {
+				at = items[rng.IntN(n)]
+			}
+			pq.after = &cursor{start: at.start, id: at.id, asc: pq.asc}
+		}
+		// What a sort of every item gives.
+		want := sortPage(items, func(k pageKey) pageKey { return k }, pq.asc)
+		if pq.after != nil {
+			want = slices.DeleteFunc(want, func(k pageKey) bool {
+				return compareKeys(k, pageKey{start: pq.after.start, id: pq.after.id}, pq.asc) <= 0
+			})
+		}
+		wantNext := ""
+		if len(want) > pq.limit {
+			last := want[pq.limit-1]
+			wantNext = cursor{start: last.start, id: last.id, asc: pq.asc}.encode()
+			want = want[:pq.limit]
+		}
+		rec := httptest.NewRecorder()
+		got := page(rec, items, func(k pageKey) pageKey { return k }, pq)
+		if !slices.Equal(got, want) || rec.Header().Get(headerNextToken) != wantNext {
+			t.Fatalf("round %d (%d items, %+v): page %v next %q, want %v next %q", round, n, pq, got, rec.Header().Get(headerNextToken), want, wantNext)
 		}
 	}
 }

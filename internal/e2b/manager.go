@@ -16,6 +16,9 @@ type Manager interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Info, error)
 	Get(ctx context.Context, id string) (sandbox.Info, error)
 	List(ctx context.Context, f sandbox.ListFilter) ([]sandbox.Info, error)
+	// ListKeys returns the keys of the sandboxes List would return, in no
+	// order: a page of GET /v2/sandboxes asks Get for its own few only.
+	ListKeys(ctx context.Context, f sandbox.ListFilter) ([]sandbox.ListKey, error)
 	Kill(ctx context.Context, id string) error
 	// SetTimeout makes the sandbox end d from now.
 	SetTimeout(ctx context.Context, id string, d time.Duration) error

@@ -943,13 +943,37 @@ func (m *Manager) Get(_ context.Context, id string) (Info, error) {
 	return info, err
 }
 
+// ListKey is a sandbox's place in a list: its start, id and state.
+type ListKey struct {
+	ID        string
+	StartedAt time.Time
+	State     State
+}
+
+// ListKeys returns the keys of the sandboxes matching f, in no order. A page
+// of a list takes these of every sandbox and Get of its own few: List copies
+// every sandbox's Info, which took a page about 1 ms at 1,000 sandboxes.
+func (m *Manager) ListKeys(_ context.Context, f ListFilter) ([]ListKey, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keys := make([]ListKey, 0, len(m.sandboxes))
+	for _, e := range m.sandboxes {
+		e.mu.Lock()
+		if matches(&e.info, f) {
+			keys = append(keys, ListKey{ID: e.info.ID, StartedAt: e.info.StartedAt, State: e.info.State})
+		}
+		e.mu.Unlock()
+	}
+	return keys, nil
+}
+
 // List returns the sandboxes matching f, oldest first.
 func (m *Manager) List(_ context.Context, f ListFilter) ([]Info, error) {
 	m.mu.Lock()
 	found := make([]Info, 0, len(m.sandboxes))
 	for _, e := range m.sandboxes {
 		e.mu.Lock()
-		if matches(e.info, f) {
+		if matches(&e.info, f) {
 			found = append(found, e.info)
 		}
 		e.mu.Unlock()
@@ -975,7 +999,7 @@ func (m *Manager) List(_ context.Context, f ListFilter) ([]Info, error) {
 	return out, nil
 }
 
-func matches(info Info, f ListFilter) bool {
+func matches(info *Info, f ListFilter) bool {
 	if len(f.States) > 0 {
 		ok := false
 		for _, s := range f.States {
