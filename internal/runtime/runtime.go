@@ -152,6 +152,15 @@ type EnvdReadier interface {
 	EnvdReady() error
 }
 
+// RootViewer is implemented by a Sandbox whose root filesystem the host can
+// read at a path, through the very mount the sandbox runs on (the linux
+// runtime's overlay), so that what the host looks up there is cached for the
+// sandbox too.
+type RootViewer interface {
+	// RootPath is the host path of the sandbox's root filesystem.
+	RootPath() string
+}
+
 // InitSignaler is implemented by a Sandbox whose first process the host can
 // send a signal to. The manager quiesces and wakes envd, the first process,
 // this way around every checkpoint (envdapi.QuiesceSignal): the host cannot

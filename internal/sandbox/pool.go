@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
@@ -98,6 +99,9 @@ func (m *Manager) poolLoop() {
 			err := m.start(context.Background(), e, want.tpl, true)
 			if err == nil {
 				err = m.startPhase(m.life, e, want.tpl)
+			}
+			if rv, ok := e.rt.(runtime.RootViewer); ok && err == nil {
+				prewarmLoginShell(rv.RootPath(), homeOf(rv.RootPath(), want.tpl.DefaultUser))
 			}
 			if err != nil {
 				_ = m.destroy(context.Background(), e)

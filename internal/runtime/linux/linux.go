@@ -767,6 +767,9 @@ func (s *sandbox) upperDir() string {
 	return filepath.Join(s.dir, "upper")
 }
 
+// RootPath is the sandbox's overlay mount point (runtime.RootViewer).
+func (s *sandbox) RootPath() string { return s.rootfs }
+
 func (s *sandbox) Status() (runtime.Status, error) {
 	if s.c == nil {
 		return runtime.StatusStopped, nil
