@@ -561,15 +561,31 @@ func (d *Daemon) startListeners() error {
 		}()
 	}
 	d.push("listeners", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
 		var errs []error
 		for _, s := range servers {
-			errs = append(errs, s.Shutdown(ctx))
+			errs = append(errs, shutdownHTTP(ctx, s))
 		}
 		return errors.Join(errs...)
 	})
 	return d.startDomainListener(apiMux, d.Proxy)
+}
+
+// shutdownGrace is how long a stopping server lets its requests finish.
+const shutdownGrace = 5 * time.Second
+
+// shutdownHTTP stops s: it lets the requests in flight finish until ctx
+// ends, then cuts the connections still busy. Those are clients holding a
+// stream open (an MCP client's event stream, a command's output, a watch),
+// which would hold a stopping server for as long as they like; they see their
+// connection end, as when the server dies.
+func shutdownHTTP(ctx context.Context, s *http.Server) error {
+	err := s.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return s.Close()
+	}
+	return err
 }
 
 // startBackgroundBuilds builds the other served templates one after another

@@ -143,9 +143,9 @@ func (d *Daemon) startDomainListener(api, sandboxes http.Handler) error {
 		}
 	}()
 	d.push("domain listener", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
-		return srv.Shutdown(ctx)
+		return shutdownHTTP(ctx, srv)
 	})
 	return nil
 }
