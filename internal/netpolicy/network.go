@@ -17,7 +17,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/airlock-sandbox/airlock/internal/timing"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
 	"github.com/airlock-sandbox/airlock/internal/nsfile"
+	"github.com/airlock-sandbox/airlock/internal/timing"
 )
 
 // Config configures a Network.

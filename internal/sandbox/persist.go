@@ -68,13 +68,7 @@ func writeBootRecord(dir string, rec bootRecord) error {
 	if err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
-	path := filepath.Join(dir, bootRecordName)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("boot record: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	if err := replaceFile(filepath.Join(dir, bootRecordName), b, false); err != nil {
 		return fmt.Errorf("boot record: %w", err)
 	}
 	return nil
@@ -104,14 +98,19 @@ func syncBootRecord(dir string) error {
 // renamed over it, then syncs the directory: after a crash, even of the
 // host, path holds the old content or the new, whole. The files that mark
 // a step done (an image complete, a snapshot whole) are written so.
-func writeDurable(path string, data []byte) error {
+func writeDurable(path string, data []byte) error { return replaceFile(path, data, true) }
+
+// replaceFile replaces path with data through a temporary file renamed over
+// it, so that a reader (or a crash of the server) sees the old content or the
+// new, whole; durable syncs both, so that a crash of the host does too.
+func replaceFile(path string, data []byte, durable bool) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -123,6 +122,9 @@ func writeDurable(path string, data []byte) error {
 	if err != nil {
 		_ = os.Remove(tmp)
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(filepath.Dir(path))
 }

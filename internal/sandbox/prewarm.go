@@ -32,11 +32,8 @@ func prewarmLoginShell(root, home string) {
 			files = append(files, filepath.Join("etc/profile.d", e.Name()))
 		}
 	}
-	for _, f := range files {
+	for _, f := range append(files, sharedLibs(root, "bin/bash")...) {
 		_, _ = os.Stat(filepath.Join(root, f))
-	}
-	for _, lib := range sharedLibs(root, "bin/bash") {
-		_, _ = os.Stat(filepath.Join(root, lib))
 	}
 }
 
@@ -67,13 +64,11 @@ func sharedLibs(root, bin string) []string {
 	}
 	defer f.Close()
 	var out []string
-	if p := f.Progs; p != nil {
-		for _, prog := range p {
-			if prog.Type == elf.PT_INTERP {
-				b := make([]byte, prog.Filesz)
-				if _, err := prog.ReadAt(b, 0); err == nil && len(b) > 1 {
-					out = append(out, filepath.Clean(string(b[:len(b)-1]))[1:])
-				}
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			b := make([]byte, prog.Filesz)
+			if _, err := prog.ReadAt(b, 0); err == nil && len(b) > 1 {
+				out = append(out, filepath.Clean(string(b[:len(b)-1]))[1:])
 			}
 		}
 	}

@@ -147,6 +147,16 @@ func shAs(m *sandbox.Manager, info sandbox.Info, user, cmd string, limit time.Du
 	return res
 }
 
+// createIn creates a sandbox of template in m for a workload test.
+func createIn(t *testing.T, m *sandbox.Manager, template string) sandbox.Info {
+	t.Helper()
+	info, err := m.Create(context.Background(), sandbox.CreateRequest{Template: template, Timeout: 10 * time.Minute, Secure: true})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	return info
+}
+
 func TestWorkloadAttacksLinux(t *testing.T)  { runWorkloadAttacks(t, "base") }
 func TestWorkloadAttacksGVisor(t *testing.T) { runWorkloadAttacks(t, "base-gvisor") }
 
@@ -181,10 +191,7 @@ func runWorkloadAttacks(t *testing.T, template string) {
 // usable afterwards.
 func survive(t *testing.T, m *sandbox.Manager, template, user, script string) {
 	ctx := context.Background()
-	info, err := m.Create(ctx, sandbox.CreateRequest{Template: template, Timeout: 10 * time.Minute, Secure: true})
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	info := createIn(t, m, template)
 	defer func() { _ = m.Kill(ctx, info.ID) }()
 	// A file written before the attack, to compare afterwards.
 	const before = `head -c 1048576 /dev/urandom > $HOME/before.bin && sha256sum < $HOME/before.bin`
@@ -252,11 +259,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // or the sandbox's total nor move a process into envd's cgroup.
 func TestUserCgroupsConfined(t *testing.T) {
 	m := workloadManager(t, false)
-	ctx := context.Background()
-	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute, Secure: true})
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	info := createIn(t, m, "base")
 	res := shAs(m, info, "root", `grep -E '^[0-9]+:(pids|memory|cpu):' /proc/self/cgroup | cut -d: -f3 | sort -u; grep -E '^[0-9]+:pids:' /proc/1/cgroup | cut -d: -f3
 for f in pids/pids.max pids/user/pids.max memory/user/memory.limit_in_bytes cpu/user/cpu.shares pids/cgroup.procs pids/tasks memory/cgroup.procs; do
   if { echo $$ > /sys/fs/cgroup/$f; } 2>/dev/null; then echo "wrote $f"; fi
@@ -279,11 +282,7 @@ done`, 30*time.Second)
 // one after it while both still run.
 func TestUserLeavesReused(t *testing.T) {
 	m := workloadManager(t, false)
-	ctx := context.Background()
-	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute, Secure: true})
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	info := createIn(t, m, "base")
 	leaf := func(cmd string) string {
 		t.Helper()
 		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3`, 30*time.Second)
@@ -322,10 +321,7 @@ func TestUserLeavesReused(t *testing.T) {
 func TestGVisorTaskLimit(t *testing.T) {
 	m := workloadManager(t, true)
 	ctx := context.Background()
-	info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base-gvisor", Timeout: 10 * time.Minute, Secure: true})
-	if err != nil {
-		t.Fatalf("Create: %v", err)
-	}
+	info := createIn(t, m, "base-gvisor")
 	defer func() { _ = m.Kill(ctx, info.ID) }()
 	tasks := gvisor.TasksMax(runtime.Resources{MemoryMB: workloadMemoryMB, PidsMax: workloadPidsMax})
 	userMax := tasks - usercgroup.UserReserve(tasks)
