@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -276,39 +277,39 @@ done`, 30*time.Second)
 	}
 }
 
-// TestUserLeavesReused: a command forked after the last one's tree is gone
-// runs in that tree's leaf again (no thread readied, no leaf made for it);
-// one forked while a tree still runs gets a leaf of its own, and so does the
-// one after it while both still run.
-func TestUserLeavesReused(t *testing.T) {
+// TestUserLeavesFresh: every command runs in a leaf of its own, a leaf is
+// removed once its tree is gone (the leaves do not pile up), and a leaf a
+// background tree still holds is never given to another command.
+func TestUserLeavesFresh(t *testing.T) {
 	m := workloadManager(t, false)
 	info := createIn(t, m, "base")
-	leaf := func(cmd string) string {
+	leaf := func(cmd string) (string, int) {
 		t.Helper()
-		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3`, 30*time.Second)
-		if res.err != nil || !strings.HasPrefix(res.out, "/user/t") {
+		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3; ls -d /sys/fs/cgroup/pids/user/t* | wc -l`, 30*time.Second)
+		lines := strings.Fields(res.out)
+		if res.err != nil || len(lines) != 2 || !strings.HasPrefix(lines[0], "/user/t") {
 			t.Fatalf("%q: %+v", cmd, res)
 		}
-		return strings.TrimSpace(res.out)
-	}
-	first := leaf("")
-	for i := 0; i < 3; i++ {
-		if again := leaf(""); again != first {
-			t.Fatalf("command %d after the first tree was gone ran in %s, not in its leaf %s", i+2, again, first)
+		n, err := strconv.Atoi(lines[1])
+		if err != nil {
+			t.Fatalf("%q: %+v", cmd, res)
 		}
+		return lines[0], n
 	}
-	// This tree stays: sleep holds the leaf after the command's end.
-	held := leaf(`setsid sleep 300 >/dev/null 2>&1 </dev/null & `)
-	if held != first {
-		t.Fatalf("the background command ran in %s, want the reused %s", held, first)
-	}
-	beside := leaf("")
-	if beside == held {
-		t.Fatalf("a command ran in %s, the leaf a running tree holds", beside)
-	}
-	// The one after it reuses beside's leaf (gone), never the held one.
-	if next := leaf(""); next == held {
-		t.Fatalf("a command ran in %s, the leaf a running tree holds", next)
+	seen := map[string]bool{}
+	held, _ := leaf(`setsid sleep 300 >/dev/null 2>&1 </dev/null & `)
+	seen[held] = true
+	for i := 0; i < 6; i++ {
+		l, n := leaf("")
+		if seen[l] {
+			t.Fatalf("command %d ran in %s, a leaf an earlier tree had", i+1, l)
+		}
+		seen[l] = true
+		// Its own, the held one, the next command's readied one, and the
+		// one before it if the readying's sweep came first.
+		if n > 4 {
+			t.Fatalf("command %d saw %d leaves: emptied ones are not removed", i+1, n)
+		}
 	}
 }
 

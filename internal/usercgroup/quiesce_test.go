@@ -1,6 +1,7 @@
 package usercgroup
 
 import (
+	"fmt"
 	"os/exec"
 	"testing"
 	"time"
@@ -51,10 +52,12 @@ func TestQuiesceHoldsStarts(t *testing.T) {
 	}
 }
 
-// TestStartsShareASpare: trees started one after another are forked from
-// one thread (readying a thread is the cost of a start), and a Quiesce
-// retires it: the start after the Wake forks from a new one.
-func TestStartsShareASpare(t *testing.T) {
+// TestEachStartTakesAFreshSpare: every tree is forked from a thread of its
+// own, which ends after the fork (a thread kept in the leaves of a tree
+// that still runs stopped envd during attacks), and the next one is
+// readied as a start takes one, without waiting for the next start: a
+// start after a Quiesce forks from one readied after the Wake.
+func TestEachStartTakesAFreshSpare(t *testing.T) {
 	if !sysinfo.HoldsPtrace() {
 		t.Skip("spare threads are kept only by a process holding CAP_SYS_PTRACE (or with v1 user cgroups)")
 	}
@@ -70,15 +73,44 @@ func TestStartsShareASpare(t *testing.T) {
 		}
 		return tid
 	}
-	first := forker()
-	for i := 0; i < 3; i++ {
-		if tid := forker(); tid != first {
-			t.Fatalf("start %d forked from thread %d, the one before from %d", i+2, tid, first)
+	sp := get().spares
+	seen := map[int]bool{}
+	for i := 0; i < 4; i++ {
+		tid := forker()
+		if seen[tid] {
+			t.Fatalf("start %d forked from thread %d, which forked an earlier tree", i+1, tid)
 		}
+		seen[tid] = true
+		waitFresh(t, sp, fmt.Sprintf("start %d", i+1))
 	}
 	Quiesce()
+	sp.mu.Lock()
+	left := sp.fresh != nil || sp.readying > 0
+	sp.mu.Unlock()
+	if left {
+		t.Fatal("a spare is kept or readied while quiesced")
+	}
 	Wake()
-	if tid := forker(); tid == first {
-		t.Fatalf("the start after a Quiesce forked from thread %d, which the Quiesce retired", tid)
+	if tid := forker(); seen[tid] {
+		t.Fatalf("the start after a Quiesce forked from thread %d, which forked an earlier tree", tid)
+	}
+}
+
+// waitFresh waits until a fresh spare is ready, and fails the test after
+// 10 s.
+func waitFresh(t *testing.T, sp *spares, after string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sp.mu.Lock()
+		fresh := sp.fresh != nil
+		sp.mu.Unlock()
+		if fresh {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s no fresh spare was readied", after)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -15,6 +15,8 @@
 //	/airlock/<id>/user       total - reserve; low cpu.shares
 //	/airlock/<id>/user/<n>   one started process tree; pids and memory
 //	                         limits = user's - reserve
+//	/airlock/<id>/user/exit  (cpu only) envd threads on their way out
+//	                         (see Start); the most cpu.shares
 //
 // A leaf per tree means a held fork bomb fills its own leaf only: the next
 // command gets a fresh leaf with the reserve's worth of slots (a leaf is
@@ -24,9 +26,8 @@
 // not only processes, and a forked child starts in the cgroups of the thread
 // that forked it. Start locks a goroutine to a new OS thread, moves that
 // thread (its tid, written to the leaf's tasks file) into the leaf and forks
-// the child from it; the thread forks the next tree too if this one is gone
-// by then (its leaf is then as good as new), and ends with the goroutine. The
-// child never runs a single instruction in envd's cgroup. envd's memory stays
+// the child from it, then ends with the goroutine. The child never runs a
+// single instruction in envd's cgroup. envd's memory stays
 // charged to envd's cgroup: v1 charges a process's pages to the cgroup of its
 // thread group leader, the main thread, which never becomes a spare (envd
 // keeps its main goroutine on it, and a spare that lands there anyway leaves
@@ -71,6 +72,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -181,13 +183,16 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // returns that error instead.
 //
 // Readying a thread costs about 1 ms of CPU, most of it the moves between
-// v1 cgroups, which also wait for an RCU grace period per hierarchy. So the
-// thread that forked the latest tree is kept (parked) and forks the next one
-// too once that tree is gone: its leaf then holds nothing but the thread
-// itself, as good as a fresh one, and commands run one after another never
-// ready another thread. While the latest tree still runs, the next is forked
-// from a thread readied ahead (fresh), and the one after that is readied in
-// the background at once: trees that overlapped once likely overlap again.
+// v1 cgroups, which also wait for an RCU grace period per hierarchy, so one
+// is readied ahead (fresh) and the next is readied in the background once a
+// Start has forked from it. The thread forks one tree and ends at once. It is not kept
+// to fork the next tree once this one is gone (which would save the
+// readying): while it lived in the leaves of a tree still running, a fork
+// and memory bomb there stopped envd for one to two seconds now and then
+// (measured under load: 4 of 20 `echo ok` after an attack, against none of
+// 20 for a thread that ends at once), and to end it must run from those
+// leaves, holding one of envd's Ps (GOMAXPROCS is the sandbox's CPU count,
+// 1 by default) until the kernel schedules it.
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
 	if p.v2 {
@@ -203,78 +208,59 @@ func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 		return start(), nil
 	}
 	s := p.acquire()
+	defer s.retire()
 	if s.err != nil {
-		s.retire() // the thread ends without forking
-		return s.err, errors.Join(placeErr, s.placeErr)
+		return s.err, errors.Join(placeErr, s.placeErr) // the thread ends without forking
 	}
 	s.run <- start
 	err = <-s.done
-	p.park(s)
+	p.readyNext()
 	return err, errors.Join(placeErr, s.placeErr)
 }
 
 // spares are the OS threads user processes are forked from: at most one
-// readied ahead and one parked, so at most two idle threads (a task each in
-// a leaf's pids count) exist per sandbox. While quiesced (Quiesce) there are
-// none, and none is readied until Wake.
+// readied ahead, idle (a task in a fresh leaf's pids count). While quiesced
+// (Quiesce) there is none, and none is readied until Wake.
 type spares struct {
 	mu       sync.Mutex
 	changed  *sync.Cond // quiesced, readying or fresh changed
 	quiesced bool
+	started  bool   // a Start has taken a spare
 	readying int    // threads being readied (readyAheadLocked)
 	fresh    *spare // readied, never used
-	parked   *spare // forked the latest tree
 }
 
-// spare is an OS thread readied to fork user processes
-// (sysinfo.PrepareThread) and, on v1, moved into a leaf of its own; it forks
-// what each Start hands it until retired.
+// firstReadyDelay is how long after the first Start the spare behind it is
+// readied: long enough for a first command such as `echo` to end first
+// (readying competes with it for the sandbox's CPU, and a cold create's time
+// to first answer includes that command), short enough to be ready before
+// a tree the first command left running has grown.
+const firstReadyDelay = 20 * time.Millisecond
+
+// spare is an OS thread readied to fork one user process tree
+// (sysinfo.PrepareThread) and, on v1, moved into a leaf of its own.
 type spare struct {
 	err      error // the thread kept a privilege no user process may have
 	placeErr error // no leaf or no sysinfo filter: logged, the child starts anyway
-	// tasks is the thread's pids leaf's tasks file and tid the thread's id
-	// as it lists it ("" and "" without leaves).
-	tasks, tid string
-	run        chan func() error
-	done       chan error
-}
-
-// idle reports whether the tree s forked last is gone: its leaf holds no
-// task but s's thread.
-func (s *spare) idle() bool {
-	if s.tasks == "" {
-		return true
-	}
-	b, err := os.ReadFile(s.tasks)
-	return err == nil && strings.TrimSpace(string(b)) == s.tid
+	run      chan func() error
+	done     chan error
 }
 
 // retire ends s's thread, taking its leaf membership, dropped capability and
 // seccomp filter with it; the leaf goes in a later sweep, once empty.
 func (s *spare) retire() { close(s.run) }
 
-// acquire returns a spare for one Start, held by it alone until park: the
-// parked one if its tree is gone, else the fresh one (readying the next if
-// the parked one is busy), else one readied now. While quiesced it waits for
-// Wake. The first start takes the fresh one and readies nothing: a readying
-// in the background would compete for the CPU with the first command.
+// acquire returns the fresh spare for one Start; while there is none it
+// waits for the one being readied, readying one if none is. While quiesced
+// it waits for Wake.
 func (p *placer) acquire() *spare {
 	sp := p.spares
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	for {
 		if !sp.quiesced {
-			if s := sp.parked; s != nil && s.idle() {
-				sp.parked = nil
-				return s
-			}
 			if s := sp.fresh; s != nil {
 				sp.fresh = nil
-				if sp.parked != nil {
-					// Its tree still runs: trees overlap here, and the
-					// next start will likely want a fresh one too.
-					p.readyAheadLocked()
-				}
 				return s
 			}
 			if sp.readying == 0 {
@@ -285,19 +271,30 @@ func (p *placer) acquire() *spare {
 	}
 }
 
-// park keeps s, which forked a tree, for the next Start, retiring the one
-// parked before; a spare that could not be placed or filtered is retired
-// instead, so that the next Start tries again with a new one.
-func (p *placer) park(s *spare) {
+// readyNext readies the spare for the next Start once this one has forked,
+// so that neither the readying's work nor its cgroup moves (which hold up
+// every fork while they wait) come before the fork. Behind the first Start
+// it waits firstReadyDelay.
+func (p *placer) readyNext() {
 	sp := p.spares
 	sp.mu.Lock()
-	old := s
-	if !sp.quiesced && s.placeErr == nil {
-		old, sp.parked = sp.parked, s
-	}
+	first := !sp.started
+	sp.started = true
 	sp.mu.Unlock()
-	if old != nil {
-		old.retire()
+	if first {
+		time.AfterFunc(firstReadyDelay, p.keepOneFresh)
+		return
+	}
+	p.keepOneFresh()
+}
+
+// keepOneFresh readies a spare if none is fresh or being readied.
+func (p *placer) keepOneFresh() {
+	sp := p.spares
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if !sp.quiesced && sp.fresh == nil && sp.readying == 0 {
+		p.readyAheadLocked()
 	}
 }
 
@@ -329,7 +326,7 @@ func (p *placer) newSpare() *spare {
 	return s
 }
 
-// Quiesce retires the spare threads, waiting for any being readied, and
+// Quiesce retires the spare thread, waiting for any being readied, and
 // readies no other until Wake; a Start meanwhile waits for the Wake. envd
 // calls it before a checkpoint (envdapi.QuiesceSignal): a spare carries a
 // seccomp filter whose listener is about to be closed
@@ -346,13 +343,11 @@ func Quiesce() {
 	for sp.readying > 0 {
 		sp.changed.Wait()
 	}
-	fresh, parked := sp.fresh, sp.parked
-	sp.fresh, sp.parked = nil, nil
+	fresh := sp.fresh
+	sp.fresh = nil
 	sp.mu.Unlock()
-	for _, s := range []*spare{fresh, parked} {
-		if s != nil {
-			s.retire()
-		}
+	if fresh != nil {
+		fresh.retire()
 	}
 }
 
@@ -376,18 +371,13 @@ func Wake() {
 
 // spareThread readies the thread of one spare (a disposable thread: it ends
 // with the goroutine, taking its leaf membership, its dropped capability and
-// its seccomp filter with it), then forks what each Start hands it until the
-// spare is retired.
+// its seccomp filter with it), then forks what the Start that takes it hands
+// it.
 func (p *placer) spareThread(s *spare, readied chan<- struct{}) {
 	var filterErr error
 	s.err, filterErr = sysinfo.PrepareThread()
 	if s.err == nil && !p.v2 && len(p.dirs) > 0 {
-		var leaf string
-		leaf, s.placeErr = p.enter()
-		if s.placeErr == nil {
-			s.tasks = filepath.Join(p.dirs[0], leaf, "tasks")
-			s.tid = strconv.Itoa(unix.Gettid())
-		}
+		s.placeErr = p.enter()
 	}
 	s.placeErr = errors.Join(s.placeErr, filterErr)
 	close(readied)
@@ -441,9 +431,9 @@ func (p *placer) leafV2() (int, string, error) {
 	return fd, name, nil
 }
 
-// enter creates a leaf in every controller, moves the calling thread into
-// it and returns its name.
-func (p *placer) enter() (string, error) {
+// enter creates a leaf in every controller and moves the calling thread
+// into it.
+func (p *placer) enter() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
@@ -452,13 +442,13 @@ func (p *placer) enter() (string, error) {
 	for _, d := range p.dirs {
 		leaf, err := makeLeaf(filepath.Base(filepath.Dir(d)), d, name)
 		if err != nil {
-			return "", err
+			return err
 		}
 		if err := os.WriteFile(filepath.Join(leaf, "tasks"), tid, 0); err != nil {
-			return "", fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
+			return fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
 		}
 	}
-	return name, nil
+	return nil
 }
 
 // leafName names the next process tree's leaf (the same in every hierarchy).
