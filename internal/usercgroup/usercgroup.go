@@ -185,14 +185,18 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // Readying a thread costs about 1 ms of CPU, most of it the moves between
 // v1 cgroups, which also wait for an RCU grace period per hierarchy, so one
 // is readied ahead (fresh) and the next is readied in the background once a
-// Start has forked from it. The thread forks one tree and ends at once. It is not kept
-// to fork the next tree once this one is gone (which would save the
-// readying): while it lived in the leaves of a tree still running, a fork
-// and memory bomb there stopped envd for one to two seconds now and then
-// (measured under load: 4 of 20 `echo ok` after an attack, against none of
-// 20 for a thread that ends at once), and to end it must run from those
-// leaves, holding one of envd's Ps (GOMAXPROCS is the sandbox's CPU count,
-// 1 by default) until the kernel schedules it.
+// Start has forked from it. The thread forks one tree and ends at once, and
+// every tree gets a fresh leaf. Reusing the thread and leaf of a tree that
+// is gone would save the readying, and was tried twice: keeping the thread
+// until its tree was gone, and ending it when the command was reaped if the
+// command left a tree running. Under load, both made the first command
+// after an all-at-once attack (fork and memory bomb among them) stop for one
+// to two seconds or time out, in 4 and 3 of 20 runs, against none in 60 for
+// a fresh thread and leaf. The mechanism is not pinned down; the candidates
+// are a thread that must run from the leaves of the attack to end (it holds
+// one of envd's Ps meanwhile, and GOMAXPROCS is the sandbox's CPU count),
+// and an attack inheriting a reused leaf's dirty page cache, which v1
+// reclaim waits on while forks hold the kernel's cgroup_threadgroup_rwsem.
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
 	p := get()
 	if p.v2 {
