@@ -191,8 +191,8 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // until its tree was gone, and ending it when the command was reaped if the
 // command left a tree running. Under load, both made the first command
 // after an all-at-once attack (fork and memory bomb among them) stop for one
-// to two seconds or time out, in 4 and 3 of 20 runs, against none in 60 for
-// a fresh thread and leaf. The mechanism is not pinned down; the candidates
+// to two seconds or time out, in 4 and 3 of 20 runs, against 1 of 60 for a
+// fresh thread and leaf (1.6 s, no time-out). The mechanism is not pinned down; the candidates
 // are a thread that must run from the leaves of the attack to end (it holds
 // one of envd's Ps meanwhile, and GOMAXPROCS is the sandbox's CPU count),
 // and an attack inheriting a reused leaf's dirty page cache, which v1
