@@ -222,6 +222,12 @@ func mountImage(image, mountPoint string) error {
 		err = unix.Mount(dev, mountPoint, "btrfs", unix.MS_NOATIME, "discard=async,commit=5")
 		// Until mounted, our open fd keeps the device; after, the mount does.
 		lf.Close()
+		if errors.Is(err, unix.EIO) || errors.Is(err, unix.EUCLEAN) {
+			// Seen after the machine stopped without the image's writes
+			// reaching its disk: btrfs finds its trees inconsistent.
+			return fmt.Errorf("diskquota: mount %s on %s: %w: the filesystem in %s is damaged (the kernel log says how); "+
+				"moving the image aside starts an empty one, without the sandboxes that were on it", dev, mountPoint, err, image)
+		}
 		if err != nil {
 			return fmt.Errorf("diskquota: mount %s on %s: %w", dev, mountPoint, err)
 		}

@@ -198,3 +198,48 @@ func TestDevice(t *testing.T) {
 		t.Errorf("Device() = %d:%d; the pool is mounted from %s (%d:%d)", major, minor, source, unix.Major(st.Rdev), unix.Minor(st.Rdev))
 	}
 }
+
+// TestDamagedImage: an image whose filesystem btrfs cannot read (its
+// metadata zeroed, as a machine that stops before the image's writes reach
+// the disk can leave it) is not mounted, with an error that says the image
+// is damaged and what moving it aside costs; the image stays as it was.
+func TestDamagedImage(t *testing.T) {
+	p := openTestPool(t)
+	image, mnt := p.image, p.mountPoint
+	if err := p.Close(false); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(image, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the primary superblock (64 KiB): the chunk and root trees.
+	zero := make([]byte, 1<<20)
+	for off := int64(1 << 20); off < 200<<20; off += int64(len(zero)) {
+		if _, err := f.WriteAt(zero, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Open(image, mnt, 0)
+	if err == nil {
+		_ = again.Close(false)
+		t.Fatal("a damaged image was mounted")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "damaged") || !strings.Contains(msg, image) {
+		t.Fatalf("error %q does not say the image %s is damaged", msg, image)
+	}
+	after, err := os.Stat(image)
+	if err != nil || after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("the damaged image changed: %v, %v", after, err)
+	}
+	if typ, _ := mountedType(mnt); typ != "" {
+		t.Fatalf("%s is mounted (%s)", mnt, typ)
+	}
+}
