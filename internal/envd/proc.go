@@ -44,10 +44,6 @@ type proc struct {
 
 	tty *os.File // pty master; nil for pipe processes
 
-	// forked releases the thread that forked the process once it is reaped
-	// (usercgroup.Fork).
-	forked func()
-
 	inMu  sync.Mutex
 	stdin *os.File // write end of the stdin pipe; nil when disabled or closed
 
@@ -170,7 +166,6 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 		}(r, kinds[i])
 	}
 	err := p.cmd.Wait()
-	p.forked()
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
 	// Keep waiting while output is still flowing; stop once the readers sit idle

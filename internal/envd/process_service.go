@@ -91,17 +91,16 @@ func (s *Server) processEnv(u *unixuser.User, reqEnv map[string]string) []string
 }
 
 // startUserProcess runs start, which forks a user's process with sys as its
-// SysProcAttr, so that the process lives in a cgroup of its own under the
-// sandbox's "user" cgroup, apart from envd's reserve (internal/usercgroup).
-// The caller calls release once it has reaped the process (or at once if
-// start failed). A failed placement is logged and the process starts
-// anyway: a sandbox without the cgroups is still usable.
-func (s *Server) startUserProcess(sys *syscall.SysProcAttr, start func() error) (release func(), err error) {
-	release, err, placeErr := usercgroup.Fork(sys, start)
+// SysProcAttr, so that the
+// process lives in a cgroup of its own under the sandbox's "user" cgroup, apart
+// from envd's reserve (internal/usercgroup). A failed placement is logged and
+// the process starts anyway: a sandbox without the cgroups is still usable.
+func (s *Server) startUserProcess(sys *syscall.SysProcAttr, start func() error) error {
+	err, placeErr := usercgroup.Start(sys, start)
 	if placeErr != nil {
 		s.log.Warn("placing a user process in its own cgroup", "err", placeErr)
 	}
-	return release, err
+	return err
 }
 
 func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
@@ -157,13 +156,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		// process group leader, so group signals reach its children.
 		attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: unixuser.Credential(u)}
 		var tty *os.File
-		forked, err := s.startUserProcess(attrs, func() (err error) {
+		err := s.startUserProcess(attrs, func() (err error) {
 			tty, err = pty.StartWithAttrs(cmd, ws, attrs)
 			return err
 		})
-		p.forked = forked
 		if err != nil {
-			forked()
 			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("starting process: %w", err))
 		}
 		p.tty = tty
@@ -194,12 +191,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 			childEnds = append(childEnds, inR)
 		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: unixuser.Credential(u)}
-		p.forked, err = s.startUserProcess(cmd.SysProcAttr, cmd.Start)
+		err = s.startUserProcess(cmd.SysProcAttr, cmd.Start)
 		for _, f := range childEnds {
 			f.Close()
 		}
 		if err != nil {
-			p.forked()
 			outR.Close()
 			errR.Close()
 			if p.stdin != nil {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -276,70 +277,39 @@ done`, 30*time.Second)
 	}
 }
 
-// TestUserLeavesReused: a command forked after the last one's tree is gone
-// runs in that tree's leaf again (no thread readied, no leaf made for it)
-// while the leaf holds little; one forked while a tree still runs gets a
-// leaf of its own, and so does the one after it while both still run. The thread that forked a command which
-// left a tree running does not stay in that tree's leaf, and a leaf holding
-// a written file's page cache is not used again.
-func TestUserLeavesReused(t *testing.T) {
+// TestUserLeavesFresh: every command runs in a leaf of its own, a leaf is
+// removed once its tree is gone (the leaves do not pile up), and a leaf a
+// background tree still holds is never given to another command.
+func TestUserLeavesFresh(t *testing.T) {
 	m := workloadManager(t, false)
 	info := createIn(t, m, "base")
-	leaf := func(cmd string) string {
+	leaf := func(cmd string) (string, int) {
 		t.Helper()
-		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3`, 30*time.Second)
-		if res.err != nil || !strings.HasPrefix(res.out, "/user/t") {
+		res := shAs(m, info, "user", cmd+`grep -E '^[0-9]+:pids:' /proc/self/cgroup | cut -d: -f3; ls -d /sys/fs/cgroup/pids/user/t* | wc -l`, 30*time.Second)
+		lines := strings.Fields(res.out)
+		if res.err != nil || len(lines) != 2 || !strings.HasPrefix(lines[0], "/user/t") {
 			t.Fatalf("%q: %+v", cmd, res)
 		}
-		return strings.TrimSpace(res.out)
+		n, err := strconv.Atoi(lines[1])
+		if err != nil {
+			t.Fatalf("%q: %+v", cmd, res)
+		}
+		return lines[0], n
 	}
-	// A leaf is used again while what its trees left charged to it stays
-	// under usercgroup's bound (the first command's may be charged the
-	// page cache of the binaries it is the first to read; kernel objects
-	// such as cached /proc lookups add up): of commands run one after
-	// another, some run in the leaf of the one before.
-	prev, reused := leaf(""), 0
+	seen := map[string]bool{}
+	held, _ := leaf(`setsid sleep 300 >/dev/null 2>&1 </dev/null & `)
+	seen[held] = true
 	for i := 0; i < 6; i++ {
-		l := leaf("")
-		if l == prev {
-			reused++
+		l, n := leaf("")
+		if seen[l] {
+			t.Fatalf("command %d ran in %s, a leaf an earlier tree had", i+1, l)
 		}
-		prev = l
-	}
-	if reused == 0 {
-		t.Fatal("no command ran in the leaf of the one before it, whose tree was gone")
-	}
-	// This tree stays: sleep holds the leaf after the command's end.
-	held := leaf(`setsid sleep 300 >/dev/null 2>&1 </dev/null & `)
-	beside := leaf("")
-	if beside == held {
-		t.Fatalf("a command ran in %s, the leaf a running tree holds", beside)
-	}
-	// Only sleep is left in the held leaf: envd's thread ended when the
-	// command that started sleep was reaped (a thread kept there stopped
-	// envd during attacks).
-	var tasks string
-	for i := 0; i < 50; i++ {
-		res := shAs(m, info, "root", "cat /sys/fs/cgroup/pids"+held+"/tasks | wc -l", 30*time.Second)
-		if tasks = strings.TrimSpace(res.out); tasks == "1" {
-			break
+		seen[l] = true
+		// Its own, the held one, the next command's readied one, and the
+		// one before it if the readying's sweep came first.
+		if n > 4 {
+			t.Fatalf("command %d saw %d leaves: emptied ones are not removed", i+1, n)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if tasks != "1" {
-		t.Fatalf("the held leaf %s lists %s tasks, want sleep's alone", held, tasks)
-	}
-	// The one after it reuses beside's leaf (gone), never the held one.
-	next := leaf("")
-	if next == held {
-		t.Fatalf("a command ran in %s, the leaf a running tree holds", next)
-	}
-	// A command that writes a file leaves its page cache in its leaf: the
-	// one after it gets a fresh leaf (an attack inheriting a leaf's page
-	// cache stopped envd for seconds).
-	wrote := leaf(`head -c 2097152 /dev/zero > $HOME/two-mib && `)
-	if after := leaf(""); after == wrote {
-		t.Fatalf("the command after one that wrote 2 MiB ran in its leaf %s", wrote)
 	}
 }
 

@@ -185,40 +185,27 @@ func Enabled() bool { return len(get().dirs) > 0 }
 // Readying a thread costs about 1 ms of CPU, most of it the moves between
 // v1 cgroups, which also wait for an RCU grace period per hierarchy, so one
 // is readied ahead (fresh) and the next is readied in the background once a
-// Start has forked from it. Start's thread forks one tree and ends at once;
-// Fork's may fork the next tree too.
+// Start has forked from it. The thread forks one tree and ends at once, and
+// every tree gets a fresh leaf. Reusing the thread and leaf of a tree that
+// is gone would save the readying, and was tried twice: keeping the thread
+// until its tree was gone, and ending it when the command was reaped if the
+// command left a tree running. Under load, both made the first command
+// after an all-at-once attack (fork and memory bomb among them) stop for one
+// to two seconds or time out, in 4 and 3 of 20 runs, against 1 of 60 for a
+// fresh thread and leaf (1.6 s, no time-out). The mechanism is not pinned
+// down; the candidates are a thread that must run from the leaves of the attack to end (it holds
+// one of envd's Ps meanwhile, and GOMAXPROCS is the sandbox's CPU count),
+// and an attack inheriting a reused leaf's dirty page cache, which v1
+// reclaim waits on while forks hold the kernel's cgroup_threadgroup_rwsem.
+// A third form, the second using a leaf again only if it holds under 1 MiB,
+// timed out none of 40 (2 took 1.3-1.4 s) and took commands.run from
+// 3.3-3.7 to 2.7-2.8 ms; it is not in until a full test run is green with
+// it (its first had two failures that pass alone; see README).
 func Start(sys *syscall.SysProcAttr, start func() error) (err, placeErr error) {
-	release, err, placeErr := Fork(sys, start)
-	release()
-	return err, placeErr
-}
-
-// Fork is Start for a caller that waits for the process it forks: it calls
-// release once that process has been reaped (or at once if start failed).
-// If the process's tree is gone by then (its leaf holds nothing but the
-// thread) and left little memory charged to the leaf (smallLeaf), the
-// thread is kept (parked) and forks the next tree in the same leaf, so that
-// commands run one after another ready no thread. Otherwise the thread ends
-// at once and the next tree gets a fresh leaf.
-//
-// Both conditions were measured, under load, with the first `echo ok` after
-// an all-at-once attack (fork and memory bombs among them) started by a
-// command that followed one writing a 1 MiB file. A thread kept until its
-// tree was gone (it lived in the attack's leaves): 4 of 20 took 0.9-2 s or
-// timed out. Kept only if its tree was gone at the reap, whatever the leaf
-// held: 3 of 20 timed out. With the memory condition too: none of 40 timed
-// out (2 took 1.3-1.4 s), as with a fresh thread and leaf per tree (none of
-// 60; 1 took 1.6 s). So the attack must not inherit a leaf holding the page
-// cache of the file written before it; the likely mechanism is v1 reclaim
-// waiting on those pages while forks hold the kernel's
-// cgroup_threadgroup_rwsem, which every fork and exit in the machine takes.
-func Fork(sys *syscall.SysProcAttr, start func() error) (release func(), err, placeErr error) {
-	nothing := func() {}
 	p := get()
 	if p.v2 {
 		if p.spares == nil {
-			err, placeErr = p.startV2(sys, start)
-			return nothing, err, placeErr
+			return p.startV2(sys, start)
 		}
 		inner := start
 		start = func() error {
@@ -226,23 +213,22 @@ func Fork(sys *syscall.SysProcAttr, start func() error) (release func(), err, pl
 			return err
 		}
 	} else if p.spares == nil {
-		return nothing, start(), nil
+		return start(), nil
 	}
 	s := p.acquire()
+	defer s.retire()
 	if s.err != nil {
-		s.retire() // the thread ends without forking
-		return nothing, s.err, errors.Join(placeErr, s.placeErr)
+		return s.err, errors.Join(placeErr, s.placeErr) // the thread ends without forking
 	}
 	s.run <- start
 	err = <-s.done
 	p.readyNext()
-	var once sync.Once
-	return func() { once.Do(func() { p.release(s) }) }, err, errors.Join(placeErr, s.placeErr)
+	return err, errors.Join(placeErr, s.placeErr)
 }
 
 // spares are the OS threads user processes are forked from: at most one
-// readied ahead and one parked, idle (a task each in its leaf's pids count).
-// While quiesced (Quiesce) there are none, and none is readied until Wake.
+// readied ahead, idle (a task in a fresh leaf's pids count). While quiesced
+// (Quiesce) there is none, and none is readied until Wake.
 type spares struct {
 	mu       sync.Mutex
 	changed  *sync.Cond // quiesced, readying or fresh changed
@@ -250,7 +236,6 @@ type spares struct {
 	started  bool   // a Start has taken a spare
 	readying int    // threads being readied (readyAheadLocked)
 	fresh    *spare // readied, never used
-	parked   *spare // forked a tree that is gone
 }
 
 // firstReadyDelay is how long after the first Start the spare behind it is
@@ -260,86 +245,28 @@ type spares struct {
 // a tree the first command left running has grown.
 const firstReadyDelay = 20 * time.Millisecond
 
-// spare is an OS thread readied to fork user process trees
+// spare is an OS thread readied to fork one user process tree
 // (sysinfo.PrepareThread) and, on v1, moved into a leaf of its own.
 type spare struct {
 	err      error // the thread kept a privilege no user process may have
 	placeErr error // no leaf or no sysinfo filter: logged, the child starts anyway
-	// tasks is the thread's pids leaf's tasks file and tid the thread's id
-	// as it lists it ("" and "" without leaves).
-	tasks, tid string
-	memUsage   string
-	run        chan func() error
-	done       chan error
+	run      chan func() error
+	done     chan error
 }
-
-// idle reports whether the tree s forked last is gone: its leaf holds no
-// task but s's thread.
-func (s *spare) idle() bool {
-	if s.tasks == "" {
-		return true
-	}
-	b, err := os.ReadFile(s.tasks)
-	return err == nil && strings.TrimSpace(string(b)) == s.tid
-}
-
-// small reports whether s's memory leaf holds less than smallLeaf: no page
-// cache worth speaking of for the next tree to inherit.
-func (s *spare) small() bool {
-	if s.memUsage == "" {
-		return true
-	}
-	b, err := os.ReadFile(s.memUsage)
-	if err != nil {
-		return false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return err == nil && n < smallLeaf
-}
-
-// smallLeaf bounds the memory charged to a leaf that is used again: a
-// command such as `true` leaves less (the bench's commands reuse one leaf),
-// one that wrote or read a file of a MiB or more leaves its page cache.
-const smallLeaf = 1 << 20
 
 // retire ends s's thread, taking its leaf membership, dropped capability and
 // seccomp filter with it; the leaf goes in a later sweep, once empty.
 func (s *spare) retire() { close(s.run) }
 
-// release parks s if the tree it forked is gone and its memory leaf holds
-// little, retiring the spare parked before; else, or if s could not be
-// placed or filtered, or while quiesced, it retires s.
-func (p *placer) release(s *spare) {
-	sp := p.spares
-	sp.mu.Lock()
-	old := s
-	if !sp.quiesced && s.placeErr == nil && s.idle() && s.small() {
-		old, sp.parked = sp.parked, s
-	}
-	sp.mu.Unlock()
-	if old != nil {
-		old.retire()
-	}
-}
-
-// acquire returns a spare for one Start: the parked one if its leaf is
-// still empty, else the fresh one; while there is none it waits for the one
-// being readied, readying one if none is. While quiesced it waits for Wake.
+// acquire returns the fresh spare for one Start; while there is none it
+// waits for the one being readied, readying one if none is. While quiesced
+// it waits for Wake.
 func (p *placer) acquire() *spare {
 	sp := p.spares
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	for {
 		if !sp.quiesced {
-			if s := sp.parked; s != nil {
-				sp.parked = nil
-				if s.idle() {
-					return s
-				}
-				// Something moved into its leaf (only the sandbox's root
-				// can): the leaf is the tree's now.
-				s.retire()
-			}
 			if s := sp.fresh; s != nil {
 				sp.fresh = nil
 				return s
@@ -407,7 +334,7 @@ func (p *placer) newSpare() *spare {
 	return s
 }
 
-// Quiesce retires the spare threads, waiting for any being readied, and
+// Quiesce retires the spare thread, waiting for any being readied, and
 // readies no other until Wake; a Start meanwhile waits for the Wake. envd
 // calls it before a checkpoint (envdapi.QuiesceSignal): a spare carries a
 // seccomp filter whose listener is about to be closed
@@ -424,13 +351,11 @@ func Quiesce() {
 	for sp.readying > 0 {
 		sp.changed.Wait()
 	}
-	done := []*spare{sp.fresh, sp.parked}
-	sp.fresh, sp.parked = nil, nil
+	fresh := sp.fresh
+	sp.fresh = nil
 	sp.mu.Unlock()
-	for _, s := range done {
-		if s != nil {
-			s.retire()
-		}
+	if fresh != nil {
+		fresh.retire()
 	}
 }
 
@@ -454,23 +379,13 @@ func Wake() {
 
 // spareThread readies the thread of one spare (a disposable thread: it ends
 // with the goroutine, taking its leaf membership, its dropped capability and
-// its seccomp filter with it), then forks what each Start hands it until the
-// spare is retired.
+// its seccomp filter with it), then forks what the Start that takes it hands
+// it.
 func (p *placer) spareThread(s *spare, readied chan<- struct{}) {
 	var filterErr error
 	s.err, filterErr = sysinfo.PrepareThread()
 	if s.err == nil && !p.v2 && len(p.dirs) > 0 {
-		var leaf string
-		leaf, s.placeErr = p.enter()
-		if s.placeErr == nil {
-			s.tasks = filepath.Join(p.dirs[0], leaf, "tasks")
-			s.tid = strconv.Itoa(unix.Gettid())
-			for _, d := range p.dirs {
-				if filepath.Base(filepath.Dir(d)) == "memory" {
-					s.memUsage = filepath.Join(d, leaf, "memory.usage_in_bytes")
-				}
-			}
-		}
+		s.placeErr = p.enter()
 	}
 	s.placeErr = errors.Join(s.placeErr, filterErr)
 	close(readied)
@@ -524,9 +439,9 @@ func (p *placer) leafV2() (int, string, error) {
 	return fd, name, nil
 }
 
-// enter creates a leaf in every controller, moves the calling thread into
-// it and returns its name.
-func (p *placer) enter() (string, error) {
+// enter creates a leaf in every controller and moves the calling thread
+// into it.
+func (p *placer) enter() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sweep()
@@ -535,13 +450,13 @@ func (p *placer) enter() (string, error) {
 	for _, d := range p.dirs {
 		leaf, err := makeLeaf(filepath.Base(filepath.Dir(d)), d, name)
 		if err != nil {
-			return "", err
+			return err
 		}
 		if err := os.WriteFile(filepath.Join(leaf, "tasks"), tid, 0); err != nil {
-			return "", fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
+			return fmt.Errorf("usercgroup: enter %s: %w", leaf, err)
 		}
 	}
-	return name, nil
+	return nil
 }
 
 // leafName names the next process tree's leaf (the same in every hierarchy).
