@@ -10,9 +10,11 @@ TEST_DATA ?= /var/lib/airlock-test
 
 build: bin/airlock bin/envd
 
-# envd runs inside arbitrary root filesystems: static, no cgo.
+# envd runs inside arbitrary root filesystems: linked statically. cgo only for
+# its pid 1, C that runs before Go (cmd/envd/pid1.c); Go's own DNS resolver and
+# user lookup (netgo, osusergo), not glibc's, which a static binary cannot load.
 bin/envd: FORCE
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
+	CGO_ENABLED=1 $(GO) build -tags netgo,osusergo -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
 
 # airlock links runc's libcontainer (cgo) with seccomp support (libseccomp-dev);
 # without the tag the linux runtime refuses to compile.

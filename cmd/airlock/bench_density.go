@@ -55,6 +55,8 @@ once (32 at a time), and what they left behind is listed.`,
 				Steps: steps, Sample: sample, Fill: fill, ListPageSize: pageSize,
 				Threads:    osThreads,
 				Goroutines: runtime.NumGoroutine,
+				FDs:        openFDs,
+				MemCgroups: memCgroups,
 				Leftovers: func(ids []string) []string {
 					return densityLeftovers(ctx, cli, dataDir, ids, mountsBefore)
 				},
@@ -96,6 +98,31 @@ func osThreads() int {
 	for _, l := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
 			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return -1
+}
+
+// openFDs is this process's open file descriptors.
+func openFDs() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(fds)
+}
+
+// memCgroups is the host's number of memory cgroups (/proc/cgroups), dying
+// ones included.
+func memCgroups() int {
+	b, err := os.ReadFile("/proc/cgroups")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "memory" {
+			n, _ := strconv.Atoi(f[2])
 			return n
 		}
 	}

@@ -5,7 +5,9 @@
 //go:debug multipathtcp=0
 
 // Command envd is the in-sandbox agent. The host starts it as the sandbox's first
-// process and writes one JSON envdapi.Config object to its stdin.
+// process and writes one JSON envdapi.Config object to its stdin. As pid 1 it
+// forks before Go starts (pid1.c): pid 1 stays a reaper written in C, and the
+// child is the Go server.
 //
 // It is a multi-call binary: the host also binds it over /usr/bin/sudo, and
 // invoked as `sudo` it is an unprivileged client that has the agent run the
@@ -95,10 +97,9 @@ func run() int {
 		return 2
 	}
 
-	if os.Getpid() == 1 && os.Getenv(envd.ChildEnv) == "" {
-		return envd.RunReaper(raw, logger)
-	}
-	os.Unsetenv(envd.ChildEnv)
+	// Inside gVisor the sandbox's cgroups are envd's to build (the linux
+	// runtime builds them on the host), before anything else runs.
+	envd.StartTaskLimit(logger)
 
 	var cfg envdapi.Config
 	if err := json.Unmarshal(raw, &cfg); err != nil {
@@ -150,7 +151,7 @@ func run() int {
 }
 
 // quiesceOnSignal quiesces and wakes srv as the host asks around a checkpoint
-// (envdapi.QuiesceSignal and WakeSignal, passed on by the reaper), one after
+// (envdapi.QuiesceSignal and WakeSignal, passed on by pid 1), one after
 // the other in the order they come.
 func quiesceOnSignal(ctx context.Context, srv *envd.Server, sigs <-chan os.Signal, logger *slog.Logger) {
 	select {
@@ -178,7 +179,7 @@ func quiesceOnSignal(ctx context.Context, srv *envd.Server, sigs <-chan os.Signa
 
 // redirectStdio points stdin at /dev/null and, when the config names a log
 // file (envdapi.Config.LogPath), stdout and stderr at it: nothing envd (or
-// its reaper) holds open then refers to a file outside the sandbox, so a
+// pid 1, which drops its own) holds open then refers to a file outside the sandbox, so a
 // checkpoint can save it. Children inherit the result.
 func redirectStdio(raw json.RawMessage) error {
 	var cfg struct {

@@ -29,9 +29,14 @@ type DensityConfig struct {
 	Sample int
 	// Fill is how many creates run at once between the timed ones.
 	Fill int
-	// Threads and Goroutines count the server's (the bench's process).
+	// Threads, Goroutines and FDs count the server's (the bench's process):
+	// OS threads, goroutines and open file descriptors.
 	Threads    func() int
 	Goroutines func() int
+	FDs        func() int
+	// MemCgroups counts the host's memory cgroups, dying ones included:
+	// cgroup v1 gives them ids below 65,536, one of the caps on density.
+	MemCgroups func() int
 	// Leftovers lists what the server left behind of the sandboxes ids
 	// once they were all killed (mounts, cgroups, records...).
 	Leftovers func(ids []string) []string
@@ -46,6 +51,7 @@ type DensityRow struct {
 	MiBPerSandbox         float64
 	Create, Command, List []time.Duration
 	Threads, Goroutines   int
+	FDs, MemCgroups       int
 	// Phases is where the timed creates' time went (the server's spans).
 	Phases Phases
 }
@@ -158,9 +164,15 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 		if cfg.Goroutines != nil {
 			row.Goroutines = cfg.Goroutines()
 		}
+		if cfg.FDs != nil {
+			row.FDs = cfg.FDs()
+		}
+		if cfg.MemCgroups != nil {
+			row.MemCgroups = cfg.MemCgroups()
+		}
 		res.Rows = append(res.Rows, row)
 		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "measured %d alive: create p50 %s ms, %d threads\n", step, ms(p50(row.Create)), row.Threads)
+			fmt.Fprintf(cfg.Progress, "measured %d alive: create p50 %s ms, %d threads, %d fds\n", step, ms(p50(row.Create)), row.Threads, row.FDs)
 		}
 	}
 	// Every sandbox must still answer.
@@ -247,15 +259,15 @@ func hostMemUsed() (int64, error) {
 // the first step's.
 func PrintDensity(w io.Writer, r DensityResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "alive\tMiB/sandbox\tcreate p50\tp99\tvs first\tcommand p50\tp99\tvs first\tlist p50\tvs first\tthreads\tgoroutines\t")
+	fmt.Fprintln(tw, "alive\tMiB/sandbox\tcreate p50\tp99\tvs first\tcommand p50\tp99\tvs first\tlist p50\tvs first\tthreads\tgoroutines\tfds\tmemcgs\t")
 	for _, row := range r.Rows {
 		first := r.Rows[0]
 		c50, c99 := percentiles(row.Create)
 		m50, m99 := percentiles(row.Command)
-		fmt.Fprintf(tw, "%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n", row.Alive, row.MiBPerSandbox,
+		fmt.Fprintf(tw, "%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t\n", row.Alive, row.MiBPerSandbox,
 			ms(c50), ms(c99), ratio(c50, p50(first.Create)),
 			ms(m50), ms(m99), ratio(m50, p50(first.Command)),
-			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)), row.Threads, row.Goroutines)
+			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)), row.Threads, row.Goroutines, row.FDs, row.MemCgroups)
 	}
 	tw.Flush()
 	for _, row := range []DensityRow{r.Rows[0], r.Rows[len(r.Rows)-1]} {

@@ -84,17 +84,25 @@ func EnvdBinary(t testing.TB) string {
 			return
 		}
 		envdPath = filepath.Join(dir, "envd")
-		cmd := exec.Command("go", "build", "-o", envdPath, "github.com/airlock-sandbox/airlock/cmd/envd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			envdErr = err
-			envdPath = string(out)
-		}
+		envdErr = BuildEnvd(envdPath)
 	})
 	if envdErr != nil {
-		t.Fatalf("build envd: %v\n%s", envdErr, envdPath)
+		t.Fatal(envdErr)
 	}
 	return envdPath
+}
+
+// BuildEnvd builds cmd/envd from this source tree at path, as the Makefile
+// does: with cgo (its pid 1 is C that runs before Go, cmd/envd/pid1.c),
+// linked statically, with Go's own DNS resolver and user lookup, since it
+// runs inside arbitrary root filesystems.
+func BuildEnvd(path string) error {
+	cmd := exec.Command("go", "build", "-tags", "netgo,osusergo", "-o", path, "github.com/airlock-sandbox/airlock/cmd/envd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build envd: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // NeedRunsc stops a test that needs gVisor's runsc (scripts/setup.sh builds it).

@@ -580,8 +580,8 @@ func isV2(dir string) bool {
 // SetupV2 builds the v2 layout of the package comment in the cgroup v2
 // hierarchy mounted at /sys/fs/cgroup (gVisor's, seen from the root of the
 // sandbox's cgroup namespace), with tasksMax the whole sandbox's task limit.
-// It moves the calling process (envd's pid 1, before it starts the server)
-// into /envd. Called once, before anything else runs in the sandbox.
+// It moves the calling process (envd, before it starts the server) and
+// pid 1 into /envd. Called once, before anything else runs in the sandbox.
 func SetupV2(tasksMax int64) error {
 	if tasksMax <= 0 {
 		return fmt.Errorf("usercgroup: task limit %d", tasksMax)
@@ -597,8 +597,12 @@ func SetupV2(tasksMax int64) error {
 			return fmt.Errorf("usercgroup: %w", err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(envdDir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		return fmt.Errorf("usercgroup: move envd to %s: %w", envdDir, err)
+	// envd's pid 1 (its reaper) moves too: it is no user's process, and
+	// nothing may stay in the root once its controllers are on.
+	for _, pid := range []int{1, os.Getpid()} {
+		if err := os.WriteFile(filepath.Join(envdDir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("usercgroup: move envd (pid %d) to %s: %w", pid, envdDir, err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
 		return fmt.Errorf("usercgroup: enable pids: %w", err)
