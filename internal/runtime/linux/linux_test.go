@@ -543,3 +543,81 @@ func TestReleaseMakesTheCallersNetNS(t *testing.T) {
 		t.Fatalf("after Release the namespace at Spec.NetNS has %q (%v), want eth0 with 10.200.0.2/30", out, err)
 	}
 }
+
+// TestRootDetached: a running sandbox's overlay root is not left in the
+// server's mount namespace, which every sandbox start copies and walks (one
+// mount per live sandbox made starts grow with the number alive), yet the
+// host still sees that root through RootPath, and a checkpoint and restore
+// work on it.
+func TestRootDetached(t *testing.T) {
+	testenv.NeedRoot(t)
+	lower := testenv.BaseRootfs(t)
+	base := t.TempDir()
+	r := newRuntime(t, base)
+	id := fmt.Sprintf("root%d", time.Now().UnixNano()%1e9)
+	spec := runtime.Spec{
+		ID: id, Hostname: id, Lower: lower, Dir: filepath.Join(base, id),
+		Init: runtime.Process{Args: []string{"/bin/sh", "-c", "echo inside > /marker; exec sleep 1000"}},
+	}
+	sb, err := r.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	mountedHere := func() []string {
+		var out []string
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasSuffix(f[4], "-"+id) {
+				out = append(out, f[4])
+			}
+		}
+		return out
+	}
+	if m := mountedHere(); len(m) > 0 {
+		t.Errorf("the running sandbox's root is still mounted in the server's namespace: %v", m)
+	}
+	rv, ok := sb.(runtime.RootViewer)
+	if !ok {
+		t.Fatal("the linux sandbox is no RootViewer")
+	}
+	readMarker := func(what string) {
+		t.Helper()
+		testenv.Eventually(t, 10*time.Second, "the sandbox's /marker through RootPath "+what, func() bool {
+			b, err := os.ReadFile(filepath.Join(rv.RootPath(), "marker"))
+			return err == nil && string(b) == "inside\n"
+		})
+	}
+	readMarker("after create")
+
+	cp, ok := sb.(runtime.Checkpointer)
+	if !ok {
+		t.Fatal("the linux sandbox is no Checkpointer")
+	}
+	image := filepath.Join(base, "image")
+	if err := cp.Checkpoint(context.Background(), runtime.CheckpointOptions{ImageDir: image}); err != nil {
+		t.Fatalf("checkpoint of a sandbox whose root was detached: %v", err)
+	}
+	if err := cp.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := r.Restore(context.Background(), spec, image)
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	defer restored.Destroy(context.Background())
+	if m := mountedHere(); len(m) > 0 {
+		t.Errorf("the restored sandbox's root is still mounted in the server's namespace: %v", m)
+	}
+	rv = restored.(runtime.RootViewer)
+	readMarker("after restore")
+	if err := restored.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if m := mountedHere(); len(m) > 0 {
+		t.Errorf("left mounted after destroy: %v", m)
+	}
+}
