@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -73,7 +74,10 @@ once (32 at a time), and what they left behind is listed.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("\nAirlock bench density, template %s, %s (latencies in ms)\n\n", tpl, time.Now().UTC().Format(time.DateOnly))
+			var fdLimit syscall.Rlimit
+			_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &fdLimit)
+			fmt.Printf("\nAirlock bench density, template %s, %s (latencies in ms; the server's open-file limit %d)\n\n",
+				tpl, time.Now().UTC().Format(time.DateOnly), fdLimit.Cur)
 			bench.PrintDensity(os.Stdout, res)
 			return nil
 		},

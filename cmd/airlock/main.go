@@ -5,6 +5,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -25,6 +28,7 @@ func main() {
 		if err := linux.SealSelf(); err != nil {
 			fmt.Fprintln(os.Stderr, "airlock: warning:", err)
 		}
+		raiseFileLimit()
 	}
 	root := &cobra.Command{
 		Use:           "airlock",
@@ -37,4 +41,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
 		os.Exit(1)
 	}
+}
+
+// raiseFileLimit lifts this process's open-file limit to the kernel's
+// ceiling (fs.nr_open) where it may: a live sandbox holds four of the
+// server's descriptors (its init's pidfd twice, libcontainer's and the
+// reaper's; its network namespace; a kept-alive connection to its envd), so
+// a hard limit of 20,000, as on a host that gives root no CAP_SYS_RESOURCE,
+// caps a server near 4,900 sandboxes. Go already raised the soft limit to
+// the hard one; without CAP_SYS_RESOURCE the hard one stays as it is.
+func raiseFileLimit() {
+	b, err := os.ReadFile("/proc/sys/fs/nr_open")
+	if err != nil {
+		return
+	}
+	ceiling, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Max >= ceiling {
+		return
+	}
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: ceiling, Max: ceiling})
 }
