@@ -134,9 +134,9 @@ func TestInitExitKillsWithReason(t *testing.T) {
 // Users' processes cannot get envd OOM-killed (their user/ cgroup leaves
 // envd a reserve), so the test does what a growing envd would: a process
 // of the test's own joins the sandbox's cgroup beside envd and takes
-// memory, and envd's oom_score_adj is raised so that the kernel picks envd
-// as it would pick the biggest process. The OOM kill itself is the
-// kernel's, of the real init.
+// memory, and the envd server's oom_score_adj is raised so that the kernel
+// picks it as it would pick the biggest process; its pid 1 then exits. The
+// OOM kill itself is the kernel's, of the real envd.
 func TestInitOOMKillsWithReason(t *testing.T) {
 	r := newRig(t)
 	r.tpl.MemoryMB = 128
@@ -147,7 +147,14 @@ func TestInitOOMKillsWithReason(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := sandboxInit(t, info.ID)
-	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("1000"), 0); err != nil {
+	// The Go server is pid 1's only child (cmd/envd/pid1.c); pid 1 exits
+	// when it dies, which ends the sandbox.
+	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil || len(strings.Fields(string(children))) != 1 {
+		t.Fatalf("envd's pid 1 has children %q (%v), want the server alone", children, err)
+	}
+	server := strings.Fields(string(children))[0]
+	if err := os.WriteFile("/proc/"+server+"/oom_score_adj", []byte("1000"), 0); err != nil {
 		t.Fatal(err)
 	}
 	// tail buffers /dev/zero, which has no line end, until memory runs
@@ -157,7 +164,22 @@ func TestInitOOMKillsWithReason(t *testing.T) {
 	if st, ok := hog.ProcessState.Sys().(syscall.WaitStatus); !ok || !st.Signaled() || st.Signal() != syscall.SIGKILL {
 		t.Fatalf("the memory hog ended %v, not OOM-killed: %s", err, out)
 	}
-	if syscall.Kill(pid, 0) == nil {
+	// Once the server is killed, pid 1 exits; it may still be a zombie
+	// until the Airlock server reaps it (CI failed once on kill(pid, 0)
+	// answering for one under load), or a moment away from exiting.
+	initAlive := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		// The state follows the command's closing parenthesis.
+		_, rest, _ := strings.Cut(string(b), ") ")
+		return !strings.HasPrefix(rest, "Z")
+	}
+	for deadline := time.Now().Add(5 * time.Second); initAlive() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if initAlive() {
 		t.Fatal("the kernel killed the hog, not envd")
 	}
 	waitGone(t, m, info.ID, 15*time.Second)
