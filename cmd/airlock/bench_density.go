@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ func benchDensityCmd() *cobra.Command {
 		sample, fill int
 		pageSize     int
 		cpuProfile   string
+		killProfile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "density",
@@ -62,13 +64,19 @@ once (32 at a time), and what they left behind is listed.`,
 					return densityLeftovers(ctx, cli, dataDir, ids, mountsBefore)
 				},
 			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
+			for _, p := range []struct {
+				path string
+				to   *io.Writer
+			}{{cpuProfile, &dc.CPUProfile}, {killProfile, &dc.KillProfile}} {
+				if p.path == "" {
+					continue
+				}
+				f, err := os.Create(p.path)
 				if err != nil {
 					return err
 				}
 				defer f.Close()
-				dc.CPUProfile = f
+				*p.to = f
 			}
 			res, err := bench.RunDensity(ctx, dc)
 			if err != nil {
@@ -90,6 +98,7 @@ once (32 at a time), and what they left behind is listed.`,
 	f.IntVar(&fill, "fill", 4, "creates at once while filling between steps")
 	f.IntVar(&pageSize, "list-page", 10, "entries per timed list page (the same at every step)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server (in this process) during the last step's timed creates, commands and lists to this file")
+	f.StringVar(&killProfile, "kill-cpuprofile", "", "write a CPU profile of the server (in this process) while every sandbox is killed to this file")
 	return cmd
 }
 

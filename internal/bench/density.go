@@ -43,6 +43,9 @@ type DensityConfig struct {
 	// ListPageSize is the size of the timed list pages: the same at every
 	// step, so that the list's time shows the number alive, not the page.
 	ListPageSize int
+	// KillProfile, when set, receives a CPU profile of this process while
+	// every sandbox is killed (CPUProfile covers the last step's creates).
+	KillProfile io.Writer
 }
 
 // DensityRow is one step.
@@ -181,8 +184,17 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 			return res, fmt.Errorf("commands.run in %s with %d alive: exit %d, %v", sb.ID(), len(alive), code, err)
 		}
 	}
+	if cfg.KillProfile != nil {
+		if err := pprof.StartCPUProfile(cfg.KillProfile); err != nil {
+			return res, fmt.Errorf("cpu profile: %w", err)
+		}
+	}
 	start := time.Now()
-	if err := killAll(ctx, c, alive, 32); err != nil {
+	err = killAll(ctx, c, alive, 32)
+	if cfg.KillProfile != nil {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		return res, err
 	}
 	res.KillAll, res.Killed = time.Since(start), len(alive)

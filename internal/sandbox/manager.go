@@ -63,6 +63,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/crashpoint"
@@ -197,6 +198,8 @@ type Manager struct {
 	creating map[string]int
 	// envd is the current envd binary's stored copy (envdstore.go).
 	envd envdStore
+	// lastLogSweep is when a kill last swept old logs (unix ns; sblogs.go).
+	lastLogSweep atomic.Int64
 	// sockets wakes a create when its envd's socket appears (envdwait.go).
 	sockets socketWatch
 

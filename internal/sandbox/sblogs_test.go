@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -320,4 +322,59 @@ func TestSandboxLogOnGVisor(t *testing.T) {
 	}
 	findLog(t, m, info.ID, sandbox.LogQuery{}, "of exit code 8 after the restore", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "8" })
 	findLog(t, m, info.ID, sandbox.LogQuery{}, "of exit code 7 after the restore", func(e sandbox.LogEntry) bool { return e.Fields["exitCode"] == "7" })
+}
+
+// sweepCounter is the test's SQLite store, counting log sweeps.
+type sweepCounter struct {
+	*store.SQLite
+	sweeps atomic.Int32
+}
+
+func (s *sweepCounter) SweepLogs(ctx context.Context, before time.Time) (int, error) {
+	s.sweeps.Add(1)
+	return s.SQLite.SweepLogs(ctx, before)
+}
+
+// TestLogSweepsThrottled: kills sweep the store's old logs at most once per
+// minute (a sweep reads the whole log table: one per kill made killing a
+// thousand sandboxes quadratic), and with a retention shorter than that, at
+// most every quarter of it.
+func TestLogSweepsThrottled(t *testing.T) {
+	r := newRig(t)
+	for _, c := range []struct {
+		retention time.Duration
+		pause     time.Duration // between kills
+		want      int32
+	}{
+		{0, 0, 1},               // the default, 7 days: once per minute
+		{4 * time.Second, 0, 1}, // every second at most
+		{400 * time.Millisecond, 150 * time.Millisecond, 3}, // kills further apart than that
+	} {
+		counter := &sweepCounter{SQLite: r.db}
+		m := sandbox.New(sandbox.Options{
+			Runtime: r.rt, Store: counter, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd,
+			MaxTimeout: time.Hour, LogRetention: c.retention,
+		})
+		m.Start()
+		ctx := context.Background()
+		var ids []string
+		for range 3 {
+			info, err := m.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: time.Minute, Owner: "o"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, info.ID)
+		}
+		for _, id := range ids {
+			if err := m.Kill(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(c.pause)
+		}
+		m.KillAll(ctx)
+		m.Close() // waits for the background sweeps
+		if got := counter.sweeps.Load(); got != c.want {
+			t.Errorf("retention %v, kills %v apart: %d sweeps, want %d", c.retention, c.pause, got, c.want)
+		}
+	}
 }
