@@ -138,7 +138,7 @@ func (s *idmapStore) release(target, id string) error {
 			return fmt.Errorf("idmap ref: %w", err)
 		}
 	}
-	if left, err := os.ReadDir(refs); err == nil && len(left) > 0 {
+	if held, err := anyEntry(refs); err == nil && held {
 		return nil
 	}
 	if err := mountutil.Unmount(target); err != nil {
@@ -272,4 +272,20 @@ func (s *idmapStore) userNS() (int, error) {
 		return -1, fmt.Errorf("userns holder: %w", err)
 	}
 	return fd, nil
+}
+
+// anyEntry reports whether dir has an entry, reading one: os.ReadDir read
+// and sorted every ref of the view, one per live sandbox, at every kill
+// (under the store's lock, so kills queued behind it).
+func anyEntry(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	return len(names) > 0, nil
 }
