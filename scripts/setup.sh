@@ -15,7 +15,8 @@ CRIU_MIN=4.2
 
 # debootstrap: template rootfs builds; runc, libseccomp-dev: the libcontainer runtime
 # (cgo, seccomp tag); nftables, iptables, iproute2: sandbox networking; uidmap: user
-# namespaces; make, gcc: the build itself;
+# namespaces; make, gcc: the build itself; libc6-dev: its static libc, which envd links
+# (cmd/envd/pid1.c);
 # debian-archive-keyring: debootstrap verifies the mirror's Release file with it;
 # btrfs-progs: mkfs.btrfs for the sandbox disk image (per-sandbox disk quotas);
 # lxcfs: /proc/meminfo, cpuinfo, stat... inside a sandbox show its own limits (the
@@ -24,7 +25,7 @@ CRIU_MIN=4.2
 # airlock.localhost (make run's default) needs no DNS set-up.
 PACKAGES=(
 	debootstrap runc nftables iptables iproute2 libseccomp-dev uidmap
-	ca-certificates make gcc debian-archive-keyring btrfs-progs lxcfs libnss-myhostname
+	ca-certificates make gcc libc6-dev debian-archive-keyring btrfs-progs lxcfs libnss-myhostname
 )
 
 SETUP_NAME=setup
