@@ -44,11 +44,12 @@ func main() {
 }
 
 // raiseFileLimit lifts this process's open-file limit to the kernel's
-// ceiling (fs.nr_open) where it may: a live sandbox holds four of the
-// server's descriptors (its init's pidfd twice, libcontainer's and the
-// reaper's; its network namespace; a kept-alive connection to its envd), so
-// a hard limit of 20,000, as on a host that gives root no CAP_SYS_RESOURCE,
-// caps a server near 4,900 sandboxes. Go already raised the soft limit to
+// ceiling (fs.nr_open) where it may: a live sandbox holds three or four of
+// the server's descriptors (its init's pidfd twice, libcontainer's and the
+// reaper's; its network namespace; a kept-alive connection to its envd for
+// 90 s), so a hard limit of 20,000, as on a host that gives root no
+// CAP_SYS_RESOURCE, caps a server near 5,000-6,000 sandboxes (3.2 each
+// with 4,000 idle, README). Go already raised the soft limit to
 // the hard one; without CAP_SYS_RESOURCE the hard one stays as it is.
 func raiseFileLimit() {
 	b, err := os.ReadFile("/proc/sys/fs/nr_open")
