@@ -326,18 +326,21 @@ func TestRun(t *testing.T) {
 	})
 }
 
-// touchInStep creates /tmp/go in the running step's root (the overlay
-// mount, which the host sees under the runtime's rootfs dir).
+// touchInStep creates /tmp/go in the running step's root, through
+// /proc/<pid>/root of one of its processes.
 func touchInStep(t *testing.T, data string) error {
 	steps, _ := os.ReadDir(filepath.Join(data, "build", "steps"))
 	if len(steps) != 1 {
 		return fmt.Errorf("steps: %v", steps)
 	}
-	roots, _ := filepath.Glob("/run/airlock-rootfs/*-" + steps[0].Name())
-	if len(roots) != 1 {
-		return fmt.Errorf("roots of %s: %v", steps[0].Name(), roots)
+	// Through the step's own root: the runtime takes the overlay off the
+	// host's mount namespace once the step runs.
+	procs := procsWith("while [ ! -e /tmp/go ]")
+	if len(procs) == 0 {
+		return fmt.Errorf("no process of step %s", steps[0].Name())
 	}
-	return os.WriteFile(filepath.Join(roots[0], "tmp", "go"), nil, 0o644)
+	pid, _, _ := strings.Cut(procs[0], ":")
+	return os.WriteFile(filepath.Join("/proc", pid, "root", "tmp", "go"), nil, 0o644)
 }
 
 func procsWith(marker string) []string {
