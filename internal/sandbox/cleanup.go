@@ -182,8 +182,11 @@ func (m *Manager) pushPaused(e *entry) {
 
 func (m *Manager) pushRuntime(e *entry, rt runtime.Sandbox) {
 	e.undo.push(stepRuntime, func(ctx context.Context) error {
-		e.transport.CloseIdleConnections()
-		e.interp.CloseIdleConnections()
+		// Busy connections too: a stream through the proxy (a download, a
+		// command's output) ends when the sandbox is killed, not whenever
+		// its envd's socket goes (once, on a loaded host, a download read
+		// on after the kill got the whole 256 MiB file).
+		m.quiesce(e)
 		return rt.Destroy(ctx)
 	})
 }
