@@ -18,6 +18,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/runtime"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
 // eventsManager is a started manager over the rig that records lifecycle
@@ -167,21 +168,7 @@ func TestInitOOMKillsWithReason(t *testing.T) {
 	// Once the server is killed, pid 1 exits; it may still be a zombie
 	// until the Airlock server reaps it (CI failed once on kill(pid, 0)
 	// answering for one under load), or a moment away from exiting.
-	initAlive := func() bool {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return false
-		}
-		// The state follows the command's closing parenthesis.
-		_, rest, _ := strings.Cut(string(b), ") ")
-		return !strings.HasPrefix(rest, "Z")
-	}
-	for deadline := time.Now().Add(5 * time.Second); initAlive() && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if initAlive() {
-		t.Fatal("the kernel killed the hog, not envd")
-	}
+	testenv.Eventually(t, 5*time.Second, "envd to be killed (the kernel killed the hog, not envd?)", func() bool { return !testenv.Alive(pid) })
 	waitGone(t, m, info.ID, 15*time.Second)
 	d := killedEvent(t, l, "o1", info.ID)
 	if d.KillReason != lifecycle.KillOOM {

@@ -338,20 +338,9 @@ func TestSudoShimDeathKillsCommand(t *testing.T) {
 	<-done
 	for _, pid := range []int{leader, job} {
 		testenv.Eventually(t, 20*time.Second, "the command to die with its shim", func() bool {
-			return !alive(pid)
+			return !testenv.Alive(pid)
 		})
 	}
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
 // With a terminal, the command gets one of its own as controlling terminal:

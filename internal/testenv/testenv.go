@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,6 +92,20 @@ func EnvdBinary(t testing.TB) string {
 		t.Fatal(envdErr)
 	}
 	return envdPath
+}
+
+// Alive reports whether pid exists and is not a zombie: a killed process
+// stays one until its parent reaps it.
+func Alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may
+	// hold any of its own.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || !strings.HasPrefix(s[i:], ") Z")
 }
 
 // BuildEnvd builds cmd/envd from this source tree at path, as the Makefile

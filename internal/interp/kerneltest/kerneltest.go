@@ -709,25 +709,13 @@ func testCloseEndsChildren(t *testing.T, h Harness) {
 		t.Fatalf("Close: %v", err)
 	}
 	deadline := time.Now().Add(patience)
-	for alive(pid) {
+	for testenv.Alive(pid) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("child %d still runs %v after Close", pid, patience)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// alive reports whether pid runs: a zombie has been killed and only waits for
-// a parent (init, once its own parent was killed) to reap it.
-func alive(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses.
-	i := strings.LastIndexByte(string(stat), ')')
-	return i < 0 || !strings.HasPrefix(string(stat[i:]), ") Z")
 }
 
 // The kernel runs as Options.UID/GID with Options.Groups: every id of the
