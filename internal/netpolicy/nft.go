@@ -95,9 +95,18 @@ type firewall struct {
 	// (serve --sandbox-egress=false).
 	noEgress bool
 	rm       remover
-	// lastAdd is when a sandbox's state was last installed (unix ns): the
-	// remover waits for a lull after it (removalQuiet).
+	// lastAdd is when a sandbox's state was last installed (unix ns), by a
+	// create or a warm claim: the remover waits for a lull after it
+	// (removalQuiet).
 	lastAdd atomic.Int64
+}
+
+// installing marks an install (a create's addSandbox, a claim's
+// openSandbox) from now until the returned func runs: a removal that comes
+// meanwhile, or within removalQuiet after, waits (remover.yieldFor).
+func (fw *firewall) installing() func() {
+	fw.lastAdd.Store(time.Now().UnixNano())
+	return func() { fw.lastAdd.Store(time.Now().UnixNano()) }
 }
 
 func newFirewall(table, prefix string, cidr, cidr6 netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
@@ -334,8 +343,7 @@ type learnedElem struct {
 func (fw *firewall) addSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem, mapped bool) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
-	fw.lastAdd.Store(time.Now().UnixNano())
-	defer func() { fw.lastAdd.Store(time.Now().UnixNano()) }()
+	defer fw.installing()()
 	s := fw.sets(id)
 	cn := fw.conn
 	for _, x := range s.contents(c, learned) {
@@ -390,6 +398,7 @@ func (fw *firewall) mapSandbox(id string, addr netip.Addr) error {
 func (fw *firewall) openSandbox(id string, addr netip.Addr, c compiled, learned []learnedElem) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
+	defer fw.installing()()
 	cn := fw.conn
 	for _, x := range fw.sets(id).contents(c, learned) {
 		if len(x.elems) > 0 {
@@ -476,10 +485,11 @@ func (fw *firewall) removeSandbox(id string, addr netip.Addr) error {
 // Off fw.mu, a removal still held up a create that came while it committed
 // (the kernel commits one nftables transaction at a time): in sandboxes
 // created and killed one after another, a create's nftables commit took 6.6
-// ms instead of 0.5. So removals also yield to creates: they wait for a lull
-// of removalQuiet after the last install, but never past removalMaxWait,
-// and then go as one batch. A killed sandbox's address is free again only
-// once its removal committed (Network.teardown), a little later than it was.
+// ms instead of 0.5. So removals also yield to creates and warm claims: they
+// wait for a lull of removalQuiet after the last install (installing), but
+// never past removalMaxWait, and then go as one batch. A killed sandbox's
+// address is free again only once its removal committed (Network.teardown),
+// a little later than it was.
 type remover struct {
 	fw      *firewall
 	mu      sync.Mutex
