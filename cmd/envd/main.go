@@ -179,8 +179,8 @@ func quiesceOnSignal(ctx context.Context, srv *envd.Server, sigs <-chan os.Signa
 
 // redirectStdio points stdin at /dev/null and, when the config names a log
 // file (envdapi.Config.LogPath), stdout and stderr at it: nothing envd (or
-// pid 1, which drops its own) holds open then refers to a file outside the sandbox, so a
-// checkpoint can save it. Children inherit the result.
+// pid 1, which drops its own) holds open then refers to a file outside the
+// sandbox, so a checkpoint can save it. Children inherit the result.
 func redirectStdio(raw json.RawMessage) error {
 	var cfg struct {
 		LogPath string `json:"logPath"`

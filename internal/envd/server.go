@@ -4,7 +4,8 @@
 //
 // The host starts cmd/envd as a sandbox's pid 1 and writes a envdapi.Config to its stdin.
 // As pid 1, envd forks before Go starts and pid 1 only reaps orphans, in C
-// (cmd/envd/pid1.c); the child runs a Server. Design points worth knowing before changing anything here:
+// (cmd/envd/pid1.c); the child runs a Server. Design points worth knowing
+// before changing anything here:
 //
 //   - Processes outlive the streams that started them. A Start stream is one
 //     subscriber of the process's output; Connect adds more. Output is never

@@ -358,9 +358,10 @@ func (r *Runtime) start(ctx context.Context, spec runtime.Spec, restoring bool, 
 // pivot_root): with an overlay root left there per live sandbox, a start
 // took 27 ms with 10 alive and 68 ms with 1,000. The sandbox keeps running
 // on its copy, which holds the overlay; the host reaches that root through
-// /proc/<init>/root (RootPath), and a checkpoint mounts it back for CRIU
-// (checkpoint.go). A detach that fails leaves the mount where it was, as
-// before this existed: only slower starts for others.
+// /proc/<init>/root (RootPath). CRIU's dump reads the init's own mounts and
+// needs none at rootfs; a restore mounts the overlay there again, as a create
+// does, and detaches it the same way. A detach that fails leaves the mount
+// where it was, as before this existed: only slower starts for others.
 func (s *sandbox) detachRoot() {
 	if err := unix.Unmount(s.rootfs, unix.MNT_DETACH); err != nil {
 		s.log.Warn("linux runtime: the sandbox's root stays mounted in the server's namespace", "id", s.id, "err", err)
