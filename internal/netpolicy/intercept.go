@@ -18,12 +18,12 @@ import (
 //	chain intercept_filter (filter, prerouting, mangle+1)
 //	    iifname "alk*" tcp dport 53 accept                   # DNS: redirected below
 //	    iifname "alk*" ip daddr 169.254.0.0/16 drop
-//	    iifname "alk*" ct state new meta l4proto tcp ip saddr vmap @intercept_policy
+//	    iifname "alk*" ct state new meta l4proto tcp ip saddr @intercepting jump policy
 //	chain intercept_nat (nat, prerouting, dstnat+1)
 //	    iifname "alk*" ip saddr vmap @intercept
-//	map intercept_policy: sandbox address -> jump s_<id>   (the same policy chain
-//	    the forward hook uses: a redirected connection is judged on its real
-//	    destination, before the redirect hides it)
+//	set intercepting: the addresses of intercepting sandboxes, whose new TCP
+//	    connections the policy chain judges (the one the forward hook uses) on
+//	    their real destination, before the redirect hides it
 //	map intercept: sandbox address -> jump i_<id>
 //	per intercepting sandbox <id>: sets r_<id> (the rule hosts' address
 //	    ranges, interval) and q_<id> (addresses the rule hosts' names resolved
@@ -70,9 +70,9 @@ func (fw *firewall) interceptSets(id string) interceptSets {
 // being installed (same transaction as install).
 func (fw *firewall) installIntercept(c *nftables.Conn, t *nftables.Table) error {
 	accept := nftables.ChainPolicyAccept
-	fw.ipolicy = &nftables.Set{Table: t, Name: "intercept_policy", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
-	if err := c.AddSet(fw.ipolicy, nil); err != nil {
-		return fmt.Errorf("nftables: intercept_policy map: %w", err)
+	fw.intercepting = &nftables.Set{Table: t, Name: "intercepting", KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(fw.intercepting, nil); err != nil {
+		return fmt.Errorf("nftables: intercepting set: %w", err)
 	}
 	fw.imap = &nftables.Set{Table: t, Name: "intercept", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 	if err := c.AddSet(fw.imap, nil); err != nil {
@@ -112,10 +112,8 @@ func (fw *firewall) installIntercept(c *nftables.Conn, t *nftables.Table) error 
 	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), dport(unix.IPPROTO_TCP, 53), verdict(expr.VerdictAccept))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(),
 		prefixMatch(16, netip.MustParsePrefix("169.254.0.0/16")), verdict(expr.VerdictDrop))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), ctNew(), l4proto(unix.IPPROTO_TCP), []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: fw.ipolicy.Name, SetID: fw.ipolicy.ID},
-	})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), ctNew(), l4proto(unix.IPPROTO_TCP),
+		saddrLookup(fw.intercepting, true, false), []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: policyChain}})})
 	nat := c.AddChain(&nftables.Chain{Name: "intercept_nat", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest + 1), Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(fw.ifMatch(expr.MetaKeyIIFNAME, true), ipv4(), []expr.Any{
@@ -170,10 +168,8 @@ func (fw *firewall) setIntercept(id string, addr netip.Addr, e egressCompiled, l
 			}
 		}
 	}
-	if err := cn.SetAddElements(fw.ipolicy, []nftables.SetElement{{
-		Key: key[0].Key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: "s_" + id},
-	}}); err != nil {
-		return fmt.Errorf("nftables: intercept_policy %s: %w", addr, err)
+	if err := cn.SetAddElements(fw.intercepting, key); err != nil {
+		return fmt.Errorf("nftables: intercepting %s: %w", addr, err)
 	}
 	if err := cn.SetAddElements(fw.imap, []nftables.SetElement{{
 		Key: key[0].Key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
@@ -225,7 +221,7 @@ func (fw *firewall) clearIntercept(id string, addr netip.Addr) {
 			}
 		},
 		func() { _ = cn.SetDeleteElements(fw.imap, []nftables.SetElement{{Key: addr.AsSlice()}}) },
-		func() { _ = cn.SetDeleteElements(fw.ipolicy, []nftables.SetElement{{Key: addr.AsSlice()}}) },
+		func() { _ = cn.SetDeleteElements(fw.intercepting, []nftables.SetElement{{Key: addr.AsSlice()}}) },
 		func() { cn.FlushChain(ch); cn.DelChain(ch) },
 		func() { cn.DelSet(s.nets) },
 		func() { cn.DelSet(s.learned) },

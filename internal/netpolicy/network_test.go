@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"github.com/airlock-sandbox/airlock/internal/nsfile"
 
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -416,33 +417,16 @@ func TestPrepareClosedThenOpen(t *testing.T) {
 	t.Cleanup(func() { _ = n.Teardown(id) })
 	mapped := func() bool {
 		t.Helper()
-		els, err := n.fw.conn.GetSetElements(n.fw.vmap)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range els {
-			if netip.AddrFrom4([4]byte(e.Key)) == sb.Addr {
-				return true
-			}
-		}
-		return false
+		return sourceElems(t, n.fw, n.fw.open4, sb.Addr) > 0
 	}
 	elems := func(name string) int {
 		t.Helper()
-		s, err := n.fw.conn.GetSetByName(n.fw.table, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		els, err := n.fw.conn.GetSetElements(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(els)
+		return sourceElems(t, n.fw, n.fw.deny, sb.Addr)
 	}
 	if mapped() {
 		t.Fatal("a closed sandbox's address is in the policy map")
 	}
-	if got := elems("d_" + id); got != 0 {
+	if got := elems("deny"); got != 0 {
 		t.Errorf("a closed sandbox's deny set has %d elements, want none (its first Update only adds)", got)
 	}
 	if p, _ := n.Policy(id); len(p.DenyOut) != 1 || p.DenyOut[0] != AllTraffic {
@@ -454,13 +438,13 @@ func TestPrepareClosedThenOpen(t *testing.T) {
 	if !mapped() {
 		t.Fatal("the first Update did not map the sandbox")
 	}
-	if got := elems("d_" + id); got == 0 {
+	if got := elems("deny"); got == 0 {
 		t.Error("the first Update left the deny set empty")
 	}
 	if err := n.Update(id, Policy{}); err != nil {
 		t.Fatalf("second Update: %v", err)
 	}
-	if got := elems("d_" + id); got != 0 || !mapped() {
+	if got := elems("deny"); got != 0 || !mapped() {
 		t.Errorf("after an Update to no policy: deny set %d elements, mapped %v", got, mapped())
 	}
 }
@@ -487,7 +471,7 @@ func TestTeardownsTogether(t *testing.T) {
 		halfAddr = a
 		break
 	}
-	if err := n.fw.conn.SetDeleteElements(n.fw.vmap, []nftables.SetElement{{Key: halfAddr.AsSlice()}}); err != nil {
+	if err := n.fw.conn.SetDeleteElements(n.fw.open4, []nftables.SetElement{{Key: halfAddr.AsSlice()}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.fw.conn.Flush(); err != nil {
@@ -502,31 +486,31 @@ func TestTeardownsTogether(t *testing.T) {
 			t.Errorf("Teardown: %v", err)
 		}
 	}
-	els, err := n.fw.conn.GetSetElements(n.fw.vmap)
+	for a := range addrs {
+		for _, set := range []*nftables.Set{n.fw.open4, n.fw.deny} {
+			if got := sourceElems(t, n.fw, set, a); got != 0 {
+				t.Errorf("%s still has %d elements of %s", set.Name, got, a)
+			}
+		}
+	}
+	if len(n.fw.sbx) != 0 {
+		t.Errorf("the firewall still holds %d sandboxes", len(n.fw.sbx))
+	}
+}
+
+// sourceElems counts the elements of set (an address set or a set of
+// address pairs) whose key starts with addr.
+func sourceElems(t *testing.T, fw *firewall, set *nftables.Set, addr netip.Addr) int {
+	t.Helper()
+	els, err := fw.conn.GetSetElements(set)
 	if err != nil {
 		t.Fatal(err)
 	}
+	n := 0
 	for _, e := range els {
-		if a := netip.AddrFrom4([4]byte(e.Key)); addrs[a] {
-			t.Errorf("%s is still in the policy map", a)
+		if bytes.HasPrefix(e.Key, addr.AsSlice()) {
+			n++
 		}
 	}
-	chains, err := n.fw.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range chains {
-		if c.Table.Name == n.fw.table.Name && strings.HasPrefix(c.Name, "s_unitbatch") {
-			t.Errorf("chain %s survived its teardown", c.Name)
-		}
-	}
-	sets, err := n.fw.conn.GetSets(n.fw.table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range sets {
-		if strings.Contains(s.Name, "_unitbatch") {
-			t.Errorf("set %s survived its teardown", s.Name)
-		}
-	}
+	return n
 }

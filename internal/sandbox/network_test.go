@@ -477,7 +477,7 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		t.Fatal(err)
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == nr.table && (strings.HasPrefix(ch.Name, "s_") || strings.HasPrefix(ch.Name, "i_")) {
+		if ch.Table.Name == nr.table && strings.HasPrefix(ch.Name, "i_") {
 			t.Errorf("chain %s survived", ch.Name)
 		}
 	}
@@ -489,9 +489,9 @@ func (nr *netRig) assertClean(t *testing.T, ids []string) {
 		switch s.Name {
 		case "private", "private6", "never", "never6":
 			continue // table-wide: the closed ranges
-		case "sandboxes", "sandboxes6", "intercept", "intercept_policy", "intercept6", "proxied", "proxied6":
+		case "sandboxes", "sandboxes6", "allow", "allow6", "deny", "deny6", "learned", "learned6", "intercept", "intercepting", "intercept6", "proxied", "proxied6":
 			if el, _ := c.GetSetElements(s); len(el) != 0 {
-				t.Errorf("%s map still has %d entries", s.Name, len(el))
+				t.Errorf("%s still has %d elements", s.Name, len(el))
 			}
 		default:
 			t.Errorf("set %s survived", s.Name)
