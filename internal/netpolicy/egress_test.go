@@ -249,6 +249,19 @@ func TestIPv6Egress(t *testing.T) {
 	t.Run("namespace has an IPv6 address and default route", func(t *testing.T) {
 		checkIPv6(t, def)
 	})
+	t.Run("the host side has the gateway's IPv6 address alone, no link-local one", func(t *testing.T) {
+		l, err := netlink.LinkByName(r.n.HostIf(def.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(addrs) != 1 || addrs[0].IP.String() != def.Gateway6.String() {
+			t.Errorf("host side IPv6 addresses %v, want %s alone", addrs, def.Gateway6)
+		}
+	})
 	t.Run("default policy: public IPv6 yes, private classes no", func(t *testing.T) {
 		expectReach(t, "default policy", def, all, web1, web6, web6b, allowed6, blocked6)
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -42,6 +43,9 @@ func setupLink(ns netns.NsHandle, l link) error {
 	host, err := netlink.LinkByName(l.hostIf)
 	if err != nil {
 		return fmt.Errorf("veth %s: %w", l.hostIf, err)
+	}
+	if err := trimHostIPv6(host, l.gateway6.IsValid()); err != nil {
+		return err
 	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipNet(l.gateway, l.bits)}); err != nil {
 		return fmt.Errorf("address %s on %s: %w", l.gateway, l.hostIf, err)
@@ -85,6 +89,42 @@ func setupLink(ns netns.NsHandle, l link) error {
 		if err := addr6(h, eth, l.addr6, l.gateway6); err != nil {
 			return fmt.Errorf("sandbox: %w", err)
 		}
+		// Without a link-local address (trimHostIPv6) the host side cannot
+		// solicit a neighbour for traffic it forwards: the sandbox's is
+		// known, and fixed for the link's life.
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V6,
+			State: netlink.NUD_PERMANENT, IP: net.IP(l.addr6.AsSlice()), HardwareAddr: eth.Attrs().HardwareAddr}); err != nil {
+			return fmt.Errorf("neighbour %s on %s: %w", l.addr6, l.hostIf, err)
+		}
+	}
+	return nil
+}
+
+// in6AddrGenModeNone is IN6_ADDR_GEN_MODE_NONE (linux/if_link.h): no
+// link-local address is generated for the interface.
+const in6AddrGenModeNone = 1
+
+// trimHostIPv6 keeps a sandbox's host-side interface, before it is up, from
+// taking IPv6 it does not need. Every IPv6 address of a host interface puts
+// routes in the host's one IPv6 table, which the kernel walks whole whenever
+// an interface goes up or down (fib6_clean_all): the link-local address of
+// every sandbox's host side (three routes each) made each create and kill
+// walk thousands of routes more. With sandbox IPv6 off the host side has no
+// IPv6 at all; with it on, only the gateway's address: it answers the
+// sandbox's neighbour solicitations from it, and setupLink gives it the
+// sandbox's neighbour entry, which it could not solicit without a link-local
+// address (nothing here sends router advertisements either).
+func trimHostIPv6(host netlink.Link, ipv6 bool) error {
+	name := host.Attrs().Name
+	if ipv6 {
+		if err := netlink.LinkSetIP6AddrGenMode(host, in6AddrGenModeNone); err != nil {
+			return fmt.Errorf("no link-local address on %s: %w", name, err)
+		}
+		return nil
+	}
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0)
+	if err != nil && !errors.Is(err, os.ErrNotExist) { // ErrNotExist: a host without IPv6
+		return fmt.Errorf("disable IPv6 on %s: %w", name, err)
 	}
 	return nil
 }

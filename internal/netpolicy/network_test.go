@@ -161,6 +161,7 @@ func TestSetupTeardown(t *testing.T) {
 		setup = append(setup, time.Since(t0))
 		if i == 0 {
 			checkNamespace(t, sb)
+			checkHostIPv6(t, n.HostIf(id), false)
 		}
 		t0 = time.Now()
 		if err := n.Teardown(id); err != nil {
@@ -248,6 +249,35 @@ func TestSetupSkipsForeignAddresses(t *testing.T) {
 		t.Cleanup(func() { _ = n.Teardown(id) })
 		if sb.Gateway == gw {
 			t.Fatalf("setup %d got gateway %s, which %s holds", i, gw, name)
+		}
+	}
+}
+
+// checkHostIPv6 checks that a sandbox's host-side interface has IPv6
+// disabled (ipv6 false) or no address but the gateway's: no link-local
+// address, whose routes the kernel walks at every interface change.
+func checkHostIPv6(t *testing.T, hostIf string, ipv6 bool) {
+	t.Helper()
+	l, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() || !ipv6 {
+			t.Errorf("host side %s has IPv6 address %s", hostIf, a.IP)
+		}
+	}
+	if ipv6 && len(addrs) != 1 {
+		t.Errorf("host side %s has IPv6 addresses %v, want the gateway's alone", hostIf, addrs)
+	}
+	if !ipv6 {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + hostIf + "/disable_ipv6")
+		if err != nil || strings.TrimSpace(string(b)) != "1" {
+			t.Errorf("IPv6 is not disabled on host side %s: %q, %v", hostIf, b, err)
 		}
 	}
 }
