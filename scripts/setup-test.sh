@@ -39,6 +39,26 @@ GO=/usr/local/go/bin/go
 step "test packages"
 install_missing "${PACKAGES[@]}"
 
+step "promtool (Debian's prometheus package; the SDK suite lints the server's metrics with it)"
+if command -v promtool >/dev/null 2>&1; then
+	promtool --version 2>&1 | head -1
+else
+	# The package would start a Prometheus server at install: a policy-rc.d
+	# that refuses service starts keeps it stopped (unless one is there).
+	own_policy=""
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+		chmod 755 /usr/sbin/policy-rc.d
+		own_policy=1
+	fi
+	install_missing prometheus
+	[ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+	if command -v systemctl >/dev/null 2>&1; then
+		systemctl disable prometheus >/dev/null 2>&1 || true
+	fi
+	promtool --version 2>&1 | head -1
+fi
+
 step "Node.js and npm (for the SDK conformance tests)"
 # The SDK tests drive the official npm packages; Debian's nodejs (18) is enough
 # when the machine has none.

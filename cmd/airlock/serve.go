@@ -77,6 +77,8 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.DurationVar(&acme.RenewBefore, "acme-renew-before", 30*24*time.Hour, "renew the ACME certificate this long before it ends")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.StringSliceVar(&c.Templates, "templates", builtinTemplates, "templates to serve: the first is built (if needed) before the API answers, the others in the background")
+	f.StringVar(&c.MetricsAddr, "metrics-addr", "127.0.0.1:3002", `listen address of the admin listener that serves Prometheus metrics at /metrics, without an API key (keep it on loopback or an internal network; "": none)`)
+	f.BoolVar(&c.MetricsPerSandbox, "metrics-per-sandbox", false, "add each running sandbox's CPU, memory and disk to the metrics, labelled with its ID (one series per sandbox)")
 	f.BoolVar(&c.KillOnClose, "kill-on-exit", false, "kill every sandbox when the server stops (default: keep them and re-adopt them on the next start)")
 	f.DurationVar(&c.PausedRetention, "paused-retention", sandbox.DefaultPausedRetention, "delete a paused sandbox, with its disk, this long after it was paused (0: keep paused sandboxes forever)")
 	f.DurationVar(&c.EventsRetention, "events-retention", daemon.DefaultEventsRetention, "keep sandbox lifecycle events (GET /events/sandboxes, webhooks) and killed sandboxes' logs this long")
@@ -173,6 +175,9 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
   export E2B_VOLUME_API_URL=%s
 
 `, d.APIURL, d.SandboxURL, d.APIKeys[0], d.APIURL)
+	if d.MetricsURL != "" {
+		fmt.Printf("Prometheus metrics: %s\n\n", d.MetricsURL)
+	}
 	if len(d.Pending) > 0 {
 		fmt.Printf("Building in the background: %s. Creates for them answer 503 with Retry-After until they are ready.\n\n",
 			strings.Join(d.Pending, ", "))

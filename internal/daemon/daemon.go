@@ -71,6 +71,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/metrics"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/ociimage"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
@@ -145,6 +146,11 @@ type Config struct {
 	// Neighbours bounds what one sandbox can take of what the host's
 	// sandboxes share (README: Neighbours under attack).
 	Neighbours NeighbourConfig
+	// MetricsAddr is the admin listener serving Prometheus metrics at
+	// /metrics ("": none); MetricsPerSandbox adds a series per running
+	// sandbox (internal/metrics).
+	MetricsAddr       string
+	MetricsPerSandbox bool
 	// KillOnClose kills every sandbox when the server closes.
 	KillOnClose bool
 	// PausedRetention is how long a paused sandbox is kept before it is
@@ -196,6 +202,10 @@ type Daemon struct {
 	Manager  *sandbox.Manager
 	Proxy    *proxy.Proxy
 	Webhooks *webhook.Dispatcher
+	// Metrics are the server's Prometheus metrics, served at MetricsURL
+	// (empty without MetricsAddr).
+	Metrics    *metrics.Metrics
+	MetricsURL string
 
 	// APIURL and SandboxURL are where the listeners are (E2B_API_URL and
 	// E2B_SANDBOX_URL for clients).
@@ -239,7 +249,7 @@ func New(cfg Config) *Daemon {
 	if cfg.TemplateDataDir == "" {
 		cfg.TemplateDataDir = cfg.DataDir
 	}
-	return &Daemon{cfg: cfg, log: lg, built: make(chan struct{}), errc: make(chan error, 3)}
+	return &Daemon{cfg: cfg, log: lg, built: make(chan struct{}), errc: make(chan error, 5)}
 }
 
 // push adds a step to the teardown; Close runs them last pushed first.
@@ -449,7 +459,12 @@ func (d *Daemon) startTemplates(ctx context.Context) (first, rest []string, err 
 // startManager starts the sandbox manager, lets it re-adopt what a previous
 // server left, and fills the first templates' warm pools.
 func (d *Daemon) startManager(ctx context.Context, first []string) error {
+	// Made first, so that the manager reports from its first operation
+	// (Recover's resumes included); it reads the manager only at a scrape,
+	// after the listeners start.
+	d.Metrics = metrics.New(metrics.Options{Sandboxes: managerOf{d}, DataDir: d.Layout.Root, PerSandbox: d.cfg.MetricsPerSandbox})
 	d.Manager = sandbox.New(sandbox.Options{
+		Observe:         d.Metrics.Observe,
 		Disk:            d.Disk,
 		Runtime:         d.Runtime,
 		Runtimes:        d.Runtimes,
@@ -569,7 +584,51 @@ func (d *Daemon) startListeners() error {
 		}
 		return errors.Join(errs...)
 	})
+	if err := d.startMetricsListener(); err != nil {
+		return err
+	}
 	return d.startDomainListener(apiMux, d.Proxy)
+}
+
+// startMetricsListener serves the metrics on the admin listener, apart from
+// the API: scrapers need no API key, and operators keep it on loopback or
+// an internal network.
+func (d *Daemon) startMetricsListener() error {
+	if d.cfg.MetricsAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", d.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (--metrics-addr): %w", d.cfg.MetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", d.Metrics.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog}
+	d.MetricsURL = "http://" + ln.Addr().String() + "/metrics"
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			d.errc <- err
+		}
+	}()
+	d.push("metrics listener", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		return shutdownHTTP(ctx, srv)
+	})
+	return nil
+}
+
+// managerOf gives the metrics the manager once there is one.
+type managerOf struct{ d *Daemon }
+
+func (m managerOf) List(ctx context.Context, f sandbox.ListFilter) ([]sandbox.Info, error) {
+	return m.d.Manager.List(ctx, f)
+}
+
+func (m managerOf) WarmPools() map[string]sandbox.PoolDepth { return m.d.Manager.WarmPools() }
+
+func (m managerOf) Metrics(ctx context.Context, id string, start, end time.Time) ([]sandbox.Metric, error) {
+	return m.d.Manager.Metrics(ctx, id, start, end)
 }
 
 // shutdownGrace is how long a stopping server lets its requests finish.

@@ -20,6 +20,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/runtime/gvisor"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // procRoot and sysRoot are where the checks read the kernel's state (tests
@@ -399,27 +400,12 @@ func checkDiskSpace(o *Options) Finding {
 	return ok(detail)
 }
 
-// meminfo reads a /proc/meminfo field in bytes.
-func meminfo(field string) (int64, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, "meminfo"))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, found := strings.CutPrefix(l, field+":"); found {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in meminfo", field)
-}
-
 func checkMemory(*Options) Finding {
-	avail, err := meminfo("MemAvailable")
+	avail, err := sandbox.HostMeminfo("MemAvailable")
 	if err != nil {
 		return warn(err.Error(), "")
 	}
-	total, _ := meminfo("MemTotal")
+	total, _ := sandbox.HostMeminfo("MemTotal")
 	detail := fmt.Sprintf("%.1f GiB available of %.1f GiB", float64(avail)/(1<<30), float64(total)/(1<<30))
 	switch {
 	case avail < 512<<20:

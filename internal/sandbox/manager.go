@@ -168,6 +168,31 @@ type Options struct {
 	// creates that name any.
 	Volumes Volumes
 	Logger  *slog.Logger
+	// Observe, when set, hears the end of every create, kill, pause,
+	// resume, fork and snapshot, whatever asked for it (the API, the MCP
+	// server, a timeout): the operation, how long it took and its error (nil
+	// when it succeeded). The server's metrics count them.
+	Observe func(op Op, took time.Duration, err error)
+}
+
+// Op names a sandbox operation for Options.Observe.
+type Op string
+
+const (
+	OpCreate   Op = "create"
+	OpKill     Op = "kill"
+	OpPause    Op = "pause"
+	OpResume   Op = "resume"
+	OpFork     Op = "fork"
+	OpSnapshot Op = "snapshot"
+)
+
+// observe reports op, begun at start, to Options.Observe (deferred with the
+// operation's named error).
+func (m *Manager) observe(op Op, start time.Time, err *error) {
+	if m.opts.Observe != nil {
+		m.opts.Observe(op, time.Since(start), *err)
+	}
 }
 
 // metricsKept bounds the retained samples per sandbox (an hour at 5 s).
@@ -338,7 +363,8 @@ func (m *Manager) sandboxDir(id string) string {
 }
 
 // Create starts a sandbox and returns when its envd answers.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (Info, error) {
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err error) {
+	defer m.observe(OpCreate, time.Now(), &err)
 	if err := m.checkTimeout(req.Timeout, false); err != nil {
 		return Info{}, err
 	}
@@ -1032,7 +1058,8 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 }
 
 // killFor destroys sandbox id; reason goes into its killed event.
-func (m *Manager) killFor(ctx context.Context, id, reason string) error {
+func (m *Manager) killFor(ctx context.Context, id, reason string) (err error) {
+	defer m.observe(OpKill, time.Now(), &err)
 	return m.with(id, func(e *entry) error {
 		m.kill(ctx, e, reason)
 		return nil

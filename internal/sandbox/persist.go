@@ -274,6 +274,7 @@ func (m *Manager) wakeEnvd(ctx context.Context, e *entry, limit time.Duration) e
 // way a pause succeeds (with its memory, frozen in place, or without) ends
 // in markPaused, which records its event with the record.
 func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err error) {
+	defer m.observe(OpPause, time.Now(), &err)
 	e.mu.Lock()
 	state := e.info.State
 	e.mu.Unlock()
@@ -395,7 +396,8 @@ func (m *Manager) unmarkPaused(e *entry) {
 
 // resume boots a paused sandbox whose op lock the caller holds. On failure
 // the sandbox stays paused, with its image and directory untouched.
-func (m *Manager) resume(ctx context.Context, e *entry) error {
+func (m *Manager) resume(ctx context.Context, e *entry) (err error) {
+	defer m.observe(OpResume, time.Now(), &err)
 	rec, err := readBootRecord(e.dir)
 	if err != nil {
 		return fmt.Errorf("resume %s: %w", e.id, err)
@@ -838,7 +840,8 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 
 // Fork starts req.Count sandboxes from one capture of sandbox id, which runs
 // on.
-func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkResult, error) {
+func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) (_ []ForkResult, err error) {
+	defer m.observe(OpFork, time.Now(), &err)
 	if req.Count < 1 || req.Count > MaxForkCount {
 		return nil, fmt.Errorf("%w: count must be between 1 and %d, got %d", ErrInvalid, MaxForkCount, req.Count)
 	}
@@ -850,7 +853,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]ForkR
 	// files go (Recover empties capturesDir).
 	defer m.background(func() { _ = os.RemoveAll(dir) })
 	var base Info
-	err := m.with(id, func(e *entry) error {
+	err = m.with(id, func(e *entry) error {
 		e.mu.Lock()
 		base = e.info
 		e.mu.Unlock()

@@ -63,6 +63,21 @@ func (m *Manager) WarmCount(templateID string) int {
 	return len(m.pool[templateID])
 }
 
+// PoolDepth is a warm pool's size: sandboxes ready now, and how many it
+// is to keep.
+type PoolDepth struct{ Ready, Target int }
+
+// WarmPools are the warm pools asked for (SetWarmPool), by template ID.
+func (m *Manager) WarmPools() map[string]PoolDepth {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]PoolDepth, len(m.poolTarget))
+	for id, w := range m.poolTarget {
+		out[id] = PoolDepth{Ready: len(m.pool[id]), Target: w.n}
+	}
+	return out
+}
+
 type poolWant struct {
 	tpl Template
 	n   int

@@ -31,7 +31,8 @@ const snapshotTag = ":default"
 
 // CreateSnapshot saves the state of running sandbox id as a snapshot that
 // sandboxes can be created from; a name already used moves to the new one.
-func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (Snapshot, error) {
+func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (_ Snapshot, err error) {
+	defer m.observe(OpSnapshot, time.Now(), &err)
 	name := strings.TrimSuffix(req.Name, snapshotTag)
 	if strings.Contains(name, ":") {
 		return Snapshot{}, fmt.Errorf("%w: snapshot name %q: only the %q tag is supported", ErrInvalid, req.Name, snapshotTag)
@@ -42,7 +43,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 	// Under the sandbox's op lock, so that its events stay in order (a kill
 	// waits): the capture, then the snapshot's record with its
 	// checkpointed event, in one transaction.
-	err := m.with(id, func(e *entry) error {
+	err = m.with(id, func(e *entry) error {
 		e.mu.Lock()
 		base := e.info
 		e.mu.Unlock()

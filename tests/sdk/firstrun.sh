@@ -100,7 +100,7 @@ trap 'status=143; exit' TERM
 log "serve on an empty data dir $data_dir (api :$api_port, sandboxes :$sandbox_port)"
 t0=$(date +%s)
 AIRLOCK_API_KEY="$key" "$bin" serve --data-dir "$data_dir" \
-  --api-addr "127.0.0.1:$api_port" --sandbox-addr "127.0.0.1:$sandbox_port" --kill-on-exit >"$server_log" 2>&1 &
+  --api-addr "127.0.0.1:$api_port" --sandbox-addr "127.0.0.1:$sandbox_port" --metrics-addr 127.0.0.1:0 --kill-on-exit >"$server_log" 2>&1 &
 server_pid=$!
 deadline=$((t0 + timeout_s))
 # The nftables table and veth prefix this server derives from its data dir, read

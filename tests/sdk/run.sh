@@ -57,15 +57,16 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   npm ci --no-audit --no-fund >&2 || { log "npm ci failed"; exit 2; }
 fi
 
-# --- three free loopback ports (held open together so they differ): the API,
-# the sandbox proxy, and the TLS listener of --domain
-read -r api_port sandbox_port tls_port < <(node -e '
+# --- four free loopback ports (held open together so they differ): the API,
+# the sandbox proxy, the TLS listener of --domain and the metrics listener
+read -r api_port sandbox_port tls_port metrics_port < <(node -e '
   const net = require("net");
-  const a = net.createServer(), b = net.createServer(), c = net.createServer();
-  a.listen(0, "127.0.0.1", () => b.listen(0, "127.0.0.1", () => c.listen(0, "127.0.0.1", () => {
-    console.log(a.address().port, b.address().port, c.address().port); a.close(); b.close(); c.close();
-  })));')
-if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ] || [ -z "${tls_port:-}" ]; then
+  const s = [0, 1, 2, 3].map(() => net.createServer());
+  const listen = (i) => i === s.length
+    ? (console.log(s.map((x) => x.address().port).join(" ")), s.forEach((x) => x.close()))
+    : s[i].listen(0, "127.0.0.1", () => listen(i + 1));
+  listen(0);')
+if [ -z "${api_port:-}" ] || [ -z "${sandbox_port:-}" ] || [ -z "${tls_port:-}" ] || [ -z "${metrics_port:-}" ]; then
   log "could not pick free ports"
   exit 2
 fi
@@ -196,6 +197,7 @@ fi
 # domain.test.mjs needs nothing but E2B_DOMAIN=airlock.localhost:<port>.
 domain=airlock.localhost
 extra_args+=(--domain "$domain" --tls-listen "127.0.0.1:$tls_port")
+extra_args+=(--metrics-addr "127.0.0.1:$metrics_port" --metrics-per-sandbox)
 
 # Webhook tests run their receivers on loopback.
 log "starting $bin serve --api-addr 127.0.0.1:$api_port --sandbox-addr 127.0.0.1:$sandbox_port --data-dir $data_dir --webhook-allow-private ${extra_args[*]}"
@@ -263,4 +265,24 @@ node_pid=""
 
 # Anything of this run still listed is a leak (or a kill the server did not honour).
 node leakcheck.mjs || { [ "$status" -eq 0 ] && status=1; }
+
+# The metrics after the whole suite ran against this server must pass
+# Prometheus' own lint, and count the suite's creates.
+metrics_file="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-metrics.XXXXXX")"
+if ! curl -fsS --max-time 10 -o "$metrics_file" "http://127.0.0.1:$metrics_port/metrics"; then
+  log "could not scrape http://127.0.0.1:$metrics_port/metrics"
+  [ "$status" -eq 0 ] && status=1
+elif ! command -v promtool >/dev/null; then
+  log "promtool is not installed (Debian prometheus; scripts/setup-test.sh installs it): metrics not linted"
+  [ "${AIRLOCK_TEST_REQUIRE:-0}" = 1 ] && [ "$status" -eq 0 ] && status=1
+elif ! promtool check metrics <"$metrics_file" >&2; then
+  log "promtool check metrics failed on the scrape ($metrics_file)"
+  [ "$status" -eq 0 ] && status=1
+elif ! grep -Eq '^airlock_sandbox_operations_total\{operation="create",outcome="ok"\} [1-9]' "$metrics_file"; then
+  log "the scrape counts no successful create after the suite ($metrics_file)"
+  [ "$status" -eq 0 ] && status=1
+else
+  log "metrics after the suite pass promtool check metrics: $(grep -c '^airlock_' "$metrics_file") airlock_ samples"
+  rm -f "$metrics_file"
+fi
 exit
