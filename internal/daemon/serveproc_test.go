@@ -157,7 +157,7 @@ func (h *host) startOnce(env []string) (*serveProc, error) {
 		h.t.Fatal(err)
 	}
 	defer logf.Close()
-	args := append([]string{"serve", "--api-addr", ports[0], "--sandbox-addr", ports[1]}, h.args...)
+	args := append([]string{"serve", "--api-addr", ports[0], "--sandbox-addr", ports[1], "--metrics-addr", "127.0.0.1:0"}, h.args...)
 	s.cmd = exec.Command(h.bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.Env = append(os.Environ(), "AIRLOCK_API_KEY="+serveKey, "AIRLOCK_ENVD="+testenv.EnvdBinary(h.t))
