@@ -27,6 +27,7 @@ PACKAGES=(
 	default-jdk-headless
 	openssl
 	chromium
+	systemd
 )
 
 SETUP_NAME=setup-test
