@@ -550,6 +550,7 @@ func (d *Daemon) startListeners() error {
 	}
 	api := e2b.NewHandler(d.Manager, opts)
 	d.Proxy = proxy.New(d.Manager, d.log)
+	d.Proxy.SetStats(d.Metrics)
 	if b := d.cfg.Neighbours.ProxyBudget; b != nil {
 		d.Proxy.SetBudget(*b)
 	}

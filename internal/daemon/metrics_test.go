@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/daemon"
 	"github.com/airlock-sandbox/airlock/internal/daemon/daemontest"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
@@ -69,10 +72,33 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 
-	info, err := d.Manager.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: 10 * time.Minute})
+	// A sandbox made over the API, and traffic to it through the proxy: a
+	// file written and read back.
+	c := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
+	sb, err := c.Create(ctx, e2bwire.NewSandbox{TemplateID: "base"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	info, err := d.Manager.Get(ctx, sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := make([]byte, 64<<10) // random: a compressed transfer would be smaller
+	if _, err := rand.Read(content); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Sandbox(sb.SandboxID, sb.EnvdAccessToken)
+	if err := s.WriteFile(ctx, "/tmp/metrics-test", bytes.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.ReadFile(ctx, "/tmp/metrics-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(rc); err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("read back %d bytes, %v", len(got), err)
+	}
+	rc.Close()
 	if err := d.Manager.Kill(ctx, "nosuchsandbox00000000"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("Kill of an unknown sandbox: %v", err)
 	}
@@ -89,6 +115,14 @@ func TestMetrics(t *testing.T) {
 	} {
 		if got := sample(page, s); got != want {
 			t.Errorf("%s = %v, want %v", s, got, want)
+		}
+	}
+	if v := sample(page, `airlock_proxy_requests_total{kind="envd"}`); v < 2 {
+		t.Errorf("envd requests through the proxy = %v, want at least the write and the read", v)
+	}
+	for _, dir := range []string{"to_sandbox", "from_sandbox"} {
+		if v := sample(page, `airlock_proxy_bytes_total{direction="`+dir+`"}`); v < float64(len(content)) {
+			t.Errorf("proxy bytes %s = %v, want at least the %d of the file", dir, v, len(content))
 		}
 	}
 	for _, s := range []string{"airlock_host_memory_available_bytes", "airlock_host_data_dir_free_bytes", "airlock_host_cpus"} {

@@ -9,11 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -187,6 +189,40 @@ func (h *host) startOnce(env []string) (*serveProc, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// metric is the value of one series (its name and labels exactly as
+// exposed) on the running server's metrics page, or -1 when it has none.
+// The page's address is what serve printed once it was serving.
+func (h *host) metric(series string) float64 {
+	h.t.Helper()
+	var url string
+	deadline := time.Now().Add(10 * time.Second)
+	for url == "" {
+		b, _ := os.ReadFile(h.srv.log)
+		if m := regexp.MustCompile(`Prometheus metrics: (\S+)`).FindSubmatch(b); m != nil {
+			url = string(m[1])
+		} else if time.Now().After(deadline) {
+			h.t.Fatalf("serve printed no metrics address:\n%s", tail(h.srv.log, 30))
+		} else {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindSubmatch(page)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(string(m[1]), 64)
+	return v
 }
 
 // client and backend talk to the running server.

@@ -38,6 +38,7 @@ func (d *Daemon) startTemplateBuilds() error {
 	b, err := tplbuild.Open(d.Templates, tplbuild.Options{
 		Dir: d.Layout.TemplateBuilds(), FilesDir: d.Layout.TemplateFiles(), Logger: d.log,
 		MaxConcurrent: l.Concurrent, MaxPerOwner: l.PerKey, MaxContext: l.MaxContextMB << 20, Timeout: l.Timeout,
+		Finished: d.Metrics.BuildFinished,
 	})
 	if err != nil {
 		return err

@@ -180,6 +180,9 @@ func TestTemplateBuildRestartAndCancel(t *testing.T) {
 	if !processGone(pid, 10*time.Second) {
 		t.Errorf("the cancelled build's step (pid %d) still runs", pid)
 	}
+	if v := h.metric(`airlock_template_builds_total{outcome="error"}`); v < 1 {
+		t.Errorf("template builds ended in error, in the metrics: %v after a cancel", v)
+	}
 	if code := h.apiCall(serveKey, "DELETE", path, nil, nil); code != http.StatusConflict {
 		t.Errorf("cancel a finished build: %d", code)
 	}

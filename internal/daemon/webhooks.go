@@ -43,6 +43,7 @@ func (d *Daemon) startWebhooks() {
 		RetryMax:     c.RetryMax,
 		GiveUpAfter:  c.GiveUpAfter,
 		Logger:       d.log,
+		Delivered:    d.Metrics.WebhookDelivered,
 	})
 	d.Webhooks.Start()
 	d.push("webhooks", d.Webhooks.Close)

@@ -271,6 +271,10 @@ func TestWebhookReceiverDown(t *testing.T) {
 	if i != len(want) || types[0] != lifecycle.Created || types[len(types)-1] != lifecycle.Killed {
 		t.Errorf("delivered %v; want %v in this order", types, want)
 	}
+	// The deliveries waited out the 30 s the receiver was down.
+	if n, sum := h.metric("airlock_webhook_delivery_lag_seconds_count"), h.metric("airlock_webhook_delivery_lag_seconds_sum"); n < 3 || sum < 3*25 {
+		t.Errorf("webhook delivery lag in the metrics: %v deliveries, %v s in all; want at least 3, each after about 30 s", n, sum)
+	}
 	h.stop()
 }
 

@@ -46,9 +46,14 @@ type Options struct {
 
 // Metrics holds the registry and the metrics fed as things happen.
 type Metrics struct {
-	reg    *prometheus.Registry
-	ops    *prometheus.CounterVec
-	opTime *prometheus.HistogramVec
+	reg        *prometheus.Registry
+	ops        *prometheus.CounterVec
+	opTime     *prometheus.HistogramVec
+	proxyReqs  *prometheus.CounterVec
+	proxyBytes *prometheus.CounterVec
+	builds     *prometheus.CounterVec
+	buildTime  prometheus.Histogram
+	webhookLag prometheus.Histogram
 }
 
 // opBuckets span a warm claim (a few ms) to a large resume or fork (tens
@@ -69,8 +74,30 @@ func New(o Options) *Metrics {
 			Help:    "How long sandbox operations took, successful or not.",
 			Buckets: opBuckets,
 		}, []string{"operation"}),
+		proxyReqs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_proxy_requests_total",
+			Help: "Requests the sandbox proxy routed to a sandbox, by what they reach: envd, the code interpreter or a user port.",
+		}, []string{"kind"}),
+		proxyBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_proxy_bytes_total",
+			Help: "Bytes the sandbox proxy carried, by direction (to_sandbox: request bodies and what clients send on upgraded connections; from_sandbox: responses).",
+		}, []string{"direction"}),
+		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "airlock_template_builds_total",
+			Help: "Template builds asked for through the E2B API that ended, by outcome (ready or error).",
+		}, []string{"outcome"}),
+		buildTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "airlock_template_build_duration_seconds",
+			Help:    "How long template builds took from their request to their end, waiting included.",
+			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600},
+		}),
+		webhookLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "airlock_webhook_delivery_lag_seconds",
+			Help:    "How long after its event each successful webhook delivery was made (retries included).",
+			Buckets: []float64{.01, .05, .1, .5, 1, 5, 30, 60, 300, 1800, 3600},
+		}),
 	}
-	m.reg.MustRegister(m.ops, m.opTime,
+	m.reg.MustRegister(m.ops, m.opTime, m.proxyReqs, m.proxyBytes, m.builds, m.buildTime, m.webhookLag,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{o: o})
@@ -82,8 +109,40 @@ func New(o Options) *Metrics {
 		}
 		m.opTime.WithLabelValues(string(op))
 	}
+	for _, k := range []string{"envd", "interpreter", "port"} {
+		m.proxyReqs.WithLabelValues(k)
+	}
+	for _, d := range []string{"to_sandbox", "from_sandbox"} {
+		m.proxyBytes.WithLabelValues(d)
+	}
+	for _, oc := range []string{"ready", "error"} {
+		m.builds.WithLabelValues(oc)
+	}
 	return m
 }
+
+// Request counts a request the sandbox proxy routed (proxy.Stats).
+func (m *Metrics) Request(kind string) { m.proxyReqs.WithLabelValues(kind).Inc() }
+
+// Bytes counts bytes the sandbox proxy carried (proxy.Stats).
+func (m *Metrics) Bytes(toSandbox bool, n int) {
+	dir := "from_sandbox"
+	if toSandbox {
+		dir = "to_sandbox"
+	}
+	m.proxyBytes.WithLabelValues(dir).Add(float64(n))
+}
+
+// BuildFinished counts a template build that ended
+// (tplbuild.Options.Finished).
+func (m *Metrics) BuildFinished(status string, took time.Duration) {
+	m.builds.WithLabelValues(status).Inc()
+	m.buildTime.Observe(took.Seconds())
+}
+
+// WebhookDelivered records a successful webhook delivery's lag
+// (webhook.Options.Delivered).
+func (m *Metrics) WebhookDelivered(lag time.Duration) { m.webhookLag.Observe(lag.Seconds()) }
 
 // Observe counts a sandbox operation that ended (sandbox.Options.Observe).
 func (m *Metrics) Observe(op sandbox.Op, took time.Duration, err error) {

@@ -133,11 +133,16 @@ type meteredReader struct {
 	r   io.Reader
 	bk  *bucket
 	ctx context.Context
+	// count, when set, is told the bytes read (Stats).
+	count func(int)
 }
 
 func (m *meteredReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
 	if n > 0 {
+		if m.count != nil {
+			m.count(n)
+		}
 		if werr := m.bk.spend(m.ctx, n); werr != nil && err == nil {
 			// The bytes read are still delivered; the next Read fails.
 			m.r = errReader{werr}
@@ -163,25 +168,32 @@ func (m *meteredBody) Close() error { return m.rc.Close() }
 // an upgrade only through an io.ReadWriteCloser body, which this stays.
 type meteredConn struct {
 	meteredBody
-	w io.Writer
+	w      io.Writer
+	countW func(int)
 }
 
 func (m *meteredConn) Write(p []byte) (int, error) {
 	if err := m.bk.spend(m.ctx, len(p)); err != nil {
 		return 0, err
 	}
-	return m.w.Write(p)
+	n, err := m.w.Write(p)
+	if n > 0 && m.countW != nil {
+		m.countW(n)
+	}
+	return n, err
 }
 
 // meter wraps a response body (or an upgraded connection) so that reading
-// it spends bk; nil bk leaves it as it is.
-func meter(ctx context.Context, body io.ReadCloser, bk *bucket) io.ReadCloser {
-	if bk == nil {
+// it spends bk and is counted by fromSandbox (writing to an upgraded
+// connection: toSandbox); with neither a bucket nor counters it leaves it
+// as it is.
+func meter(ctx context.Context, body io.ReadCloser, bk *bucket, fromSandbox, toSandbox func(int)) io.ReadCloser {
+	if bk == nil && fromSandbox == nil {
 		return body
 	}
-	mb := meteredBody{meteredReader: meteredReader{r: body, bk: bk, ctx: ctx}, rc: body}
+	mb := meteredBody{meteredReader: meteredReader{r: body, bk: bk, ctx: ctx, count: fromSandbox}, rc: body}
 	if rwc, ok := body.(io.ReadWriteCloser); ok {
-		return &meteredConn{meteredBody: mb, w: rwc}
+		return &meteredConn{meteredBody: mb, w: rwc, countW: toSandbox}
 	}
 	return &mb
 }

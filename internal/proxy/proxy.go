@@ -74,6 +74,34 @@ type Proxy struct {
 	ports *http.Transport
 	// budgets meter each sandbox's traffic (Budget); nil: unmetered.
 	budgets *budgets
+	// stats hears the traffic (SetStats); nil: nobody.
+	stats Stats
+}
+
+// Stats hears what the proxy carries, for the server's metrics: each
+// request routed to a sandbox, by what it reaches (KindEnvd, KindInterpreter,
+// KindPort), and the bytes of each direction as they pass.
+type Stats interface {
+	Request(kind string)
+	Bytes(toSandbox bool, n int)
+}
+
+// What a request reaches, for Stats.
+const (
+	KindEnvd        = "envd"
+	KindInterpreter = "interpreter"
+	KindPort        = "port"
+)
+
+// SetStats makes the proxy report its traffic to s; call it before serving.
+func (p *Proxy) SetStats(s Stats) { p.stats = s }
+
+// counter is where the bytes of one direction are counted, or nil.
+func (p *Proxy) counter(toSandbox bool) func(int) {
+	if p.stats == nil {
+		return nil
+	}
+	return func(n int) { p.stats.Bytes(toSandbox, n) }
 }
 
 // New returns the sandbox-traffic handler.
@@ -130,7 +158,7 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 			}
 			rt := res.Request.Context().Value(routeKey{}).(route)
 			// Innermost, so what the client is sent is what was paid for.
-			res.Body = meter(res.Request.Context(), res.Body, rt.bucket)
+			res.Body = meter(res.Request.Context(), res.Body, rt.bucket, p.counter(false), p.counter(true))
 			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
 				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
 				res.Body = &connectTail{body: res.Body, id: rt.id}
@@ -259,6 +287,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the request body; without full duplex, net/http's HTTP/1.1 server then
 	// closes the request body, the transport's write to envd fails, and it
 	// closes the connection under the response still streaming back.
+	if p.stats != nil {
+		kind := KindPort
+		switch {
+		case port == envdapi.Port:
+			kind = KindEnvd
+		case rt.interp:
+			kind = KindInterpreter
+		}
+		p.stats.Request(kind)
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.EnableFullDuplex()
 	ctx := r.Context()
@@ -272,8 +310,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		bodyCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1, stopWait: cancel}
-		if rt.bucket != nil {
-			rt.body.rc = &meteredBody{meteredReader: meteredReader{r: r.Body, bk: rt.bucket, ctx: bodyCtx}, rc: r.Body}
+		if rt.bucket != nil || p.stats != nil {
+			rt.body.rc = &meteredBody{meteredReader: meteredReader{r: r.Body, bk: rt.bucket, ctx: bodyCtx, count: p.counter(true)}, rc: r.Body}
 		}
 		// Deferred, so it also runs when ReverseProxy aborts a response whose
 		// upstream died mid-copy (panic(http.ErrAbortHandler)).

@@ -76,6 +76,10 @@ type Options struct {
 	// DefaultTimeout.
 	Timeout time.Duration
 	Logger  *slog.Logger
+	// Finished, when set, hears each build's end: its status (StatusReady
+	// or StatusError) and how long it took from its request (the server's
+	// metrics).
+	Finished func(status string, took time.Duration)
 }
 
 // Defaults of Options' per-key bounds.
@@ -770,6 +774,9 @@ func (s *Service) finish(j *job, status string, reason *Reason) {
 	j.rec.Status, j.rec.Reason, j.rec.FinishedAt = status, reason, time.Now().UTC()
 	rec := j.rec
 	s.mu.Unlock()
+	if f := s.opts.Finished; f != nil {
+		f(status, rec.FinishedAt.Sub(rec.CreatedAt))
+	}
 	if err := s.writeRecord(rec); err != nil {
 		s.log.Warn("template builds: recording the outcome", "build", rec.BuildID, "err", err)
 	}

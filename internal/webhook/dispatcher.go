@@ -83,6 +83,9 @@ type Options struct {
 	// Transport overrides Transport(AllowPrivate) (tests).
 	Transport http.RoundTripper
 	Logger    *slog.Logger
+	// Delivered, when set, hears each delivery that succeeded: how long
+	// after its event was dispatched (the server's metrics).
+	Delivered func(lag time.Duration)
 }
 
 // Dispatcher turns events into deliveries and makes them.
@@ -364,6 +367,10 @@ func (d *Dispatcher) attempt(dl store.Delivery) {
 		return
 	}
 	switch status {
+	case store.DeliveryDelivered:
+		if f := d.opts.Delivered; f != nil {
+			f(time.Since(dl.CreatedAt))
+		}
 	case store.DeliveryFailed:
 		d.log.Warn("webhooks: delivery failed for good", "webhook", dl.WebhookID, "delivery", dl.ID, "event", dl.EventID, "attempts", dl.Attempts+1, "err", a.Error)
 	case store.DeliveryPending:
