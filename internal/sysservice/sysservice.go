@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/airlock-sandbox/airlock/internal/localca"
 )
 
 // Name is the unit's name.
@@ -124,33 +126,13 @@ func systemctl(root string, args ...string) error {
 	return nil
 }
 
-// writeFile replaces path atomically: a crash leaves the old file or the
-// new one.
+// writeFile replaces path atomically (localca.WriteAtomic): a crash leaves
+// the old file or the new one.
 func writeFile(path string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return localca.WriteAtomic(path, data, mode)
 }
 
 // Install writes the unit (and the environment file with an API key),
