@@ -11,10 +11,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/journal"
 	"github.com/spf13/cobra"
 
 	"github.com/airlock-sandbox/airlock/internal/daemon"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/journallog"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -28,7 +30,7 @@ import (
 func serveCmd() *cobra.Command {
 	var c daemon.Config
 	var acme daemon.ACMEConfig
-	var logLevel string
+	var logLevel, logFormat string
 	var mirrors []string
 	var nb neighbourFlags
 	cmd := &cobra.Command{
@@ -59,7 +61,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 			} else if cmd.Flags().Changed("acme-email") || cmd.Flags().Changed("acme-ca") {
 				return fmt.Errorf("--acme-email and --acme-ca need --acme-dns-provider (which turns ACME on)")
 			}
-			return runServe(ctx, c, logLevel)
+			return runServe(ctx, c, logLevel, logFormat)
 		},
 	}
 	f := cmd.Flags()
@@ -87,6 +89,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.StringVar(&c.TemplateDataDir, "template-data-dir", "", "data dir whose templates and layers to use (default: --data-dir)")
 	_ = f.MarkHidden("template-data-dir")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "auto", `"text", "json", "journal" (systemd's native protocol: each attribute a field, AIRLOCK_<KEY>) or "auto": journal when stderr is the journal (JOURNAL_STREAM, as under airlock service install), else text`)
 	f.IntVar(&c.WarmPool, "warm-pool", 10, "sandboxes per --templates template kept started ahead of demand, from when the template is ready (0: off)")
 	f.Float64Var(&c.Limits.Requests.Rate, "rate-limit", e2b.DefaultLimits.Requests.Rate, "API requests per second allowed per API key (0: no limit)")
 	f.IntVar(&c.Limits.Requests.Burst, "rate-burst", e2b.DefaultLimits.Requests.Burst, "API requests per API key allowed in a burst above --rate-limit")
@@ -123,12 +126,16 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	return cmd
 }
 
-func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
+func runServe(ctx context.Context, c daemon.Config, logLevel, logFormat string) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	h, err := logHandler(logFormat, level)
+	if err != nil {
+		return err
+	}
+	c.Logger = slog.New(h)
 	if c.PausedRetention < 0 {
 		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
 	}
@@ -202,6 +209,28 @@ func runServe(ctx context.Context, c daemon.Config, logLevel string) error {
 	c.Logger.Info("shutting down")
 	_ = d.Close() // each failed step is logged
 	return err
+}
+
+// logHandler is the server log's handler for --log-format.
+func logHandler(format string, level slog.Level) (slog.Handler, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "auto":
+		if journallog.Usable() {
+			return journallog.New(level), nil
+		}
+		return slog.NewTextHandler(os.Stderr, opts), nil
+	case "text":
+		return slog.NewTextHandler(os.Stderr, opts), nil
+	case "json":
+		return slog.NewJSONHandler(os.Stderr, opts), nil
+	case "journal":
+		if !journal.Enabled() {
+			return nil, fmt.Errorf("--log-format journal: the systemd journal's socket does not answer on this machine")
+		}
+		return journallog.New(level), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want auto, text, json or journal", format)
 }
 
 // builtinTemplates are served by default, in build order: each is FROM an
