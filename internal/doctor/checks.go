@@ -145,6 +145,22 @@ func checkOverlay(*Options) Finding {
 	return fail("the kernel has no overlay filesystem", "use a kernel with CONFIG_OVERLAY_FS")
 }
 
+func checkRootfs(o *Options) Finding {
+	// On the data dir's filesystem: the templates' layers and the sandboxes'
+	// writable layers live there.
+	parent := existingAncestor(o.DataDir)
+	dir, err := os.MkdirTemp(parent, ".airlock-doctor-")
+	if err != nil {
+		return warn(fmt.Sprintf("could not try a sandbox root in %s: %v", parent, err), "")
+	}
+	defer os.RemoveAll(dir)
+	if err := linux.ProbeRootfs(dir); err != nil {
+		return fail("a sandbox root could not be made on "+parent+"'s filesystem: "+err.Error(),
+			"use Linux 5.19 or later, and a data dir on a filesystem with idmapped mounts (ext4, xfs, btrfs)")
+	}
+	return ok("an overlay over an idmapped layer was made, read and written on " + parent + "'s filesystem, as every sandbox's root is")
+}
+
 // cgroupControllers are the cgroup v1 hierarchies the linux runtime uses:
 // limits (pids, memory, cpu, cpuset, blkio), accounting (cpuacct), device
 // rules and freezing (pause).

@@ -73,6 +73,7 @@ var checks = []check{
 	{"kernel", checkKernel},
 	{"namespaces", checkNamespaces},
 	{"overlayfs", checkOverlay},
+	{"sandbox root", checkRootfs},
 	{"cgroups", checkCgroups},
 	{"seccomp", checkSeccomp},
 	{"nftables", checkNftables},

@@ -12,8 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/runtime/linux"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
+
+// The rootfs probe starts this binary as its user namespace's holder.
+func init() { linux.MaybeInit() }
 
 func TestKernelVersion(t *testing.T) {
 	for rel, want := range map[string][2]int{"6.18.44-fc-v657": {6, 18}, "5.19.0": {5, 19}, "4.9.337-1": {4, 9}} {
