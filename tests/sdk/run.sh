@@ -256,12 +256,25 @@ else
   files=(tests/*.test.mjs)
 fi
 
+# One scrape of the metrics while the suite runs (its sandboxes alive,
+# their traffic under way), linted with the one after it.
+metrics_during="$(mktemp "${TMPDIR:-/tmp}/airlock-sdk-metrics-during.XXXXXX")"
+(sleep "${AIRLOCK_SDK_SCRAPE_AFTER:-45}" && curl -fsS --max-time 10 -o "$metrics_during" "http://127.0.0.1:$metrics_port/metrics") &
+scrape_pid=$!
+
 # In the background + wait, so that a signal to this script is handled at once.
 node --test --test-concurrency="$concurrency" --test-timeout=120000 --test-reporter=spec "${files[@]}" &
 node_pid=$!
 wait "$node_pid"
 status=$?
 node_pid=""
+# A suite shorter than the wait has no scrape during it.
+scraped_during=1
+if kill -0 "$scrape_pid" 2>/dev/null; then
+  kill "$scrape_pid" 2>/dev/null
+  scraped_during=0
+fi
+wait "$scrape_pid" 2>/dev/null || scraped_during=0
 
 # Anything of this run still listed is a leak (or a kill the server did not honour).
 node leakcheck.mjs || { [ "$status" -eq 0 ] && status=1; }
@@ -278,11 +291,21 @@ elif ! command -v promtool >/dev/null; then
 elif ! promtool check metrics <"$metrics_file" >&2; then
   log "promtool check metrics failed on the scrape ($metrics_file)"
   [ "$status" -eq 0 ] && status=1
+elif [ "$scraped_during" = 1 ] && ! promtool check metrics <"$metrics_during" >&2; then
+  log "promtool check metrics failed on the scrape taken during the suite ($metrics_during)"
+  [ "$status" -eq 0 ] && status=1
+elif [ "$scraped_during" = 1 ] && ! grep -Eq '^airlock_sandboxes\{state="[a-z]+",template="[^"]+"\} [1-9]' "$metrics_during"; then
+  log "the scrape taken during the suite shows no sandbox ($metrics_during)"
+  [ "$status" -eq 0 ] && status=1
 elif ! grep -Eq '^airlock_sandbox_operations_total\{operation="create",outcome="ok"\} [1-9]' "$metrics_file"; then
   log "the scrape counts no successful create after the suite ($metrics_file)"
   [ "$status" -eq 0 ] && status=1
 else
-  log "metrics after the suite pass promtool check metrics: $(grep -c '^airlock_' "$metrics_file") airlock_ samples"
-  rm -f "$metrics_file"
+  if [ "$scraped_during" = 1 ]; then
+    log "metrics during the suite ($(grep -c '^airlock_' "$metrics_during") airlock_ samples) and after it ($(grep -c '^airlock_' "$metrics_file")) pass promtool check metrics"
+  else
+    log "metrics after the suite pass promtool check metrics ($(grep -c '^airlock_' "$metrics_file") airlock_ samples); the suite ended before the scrape during it"
+  fi
+  rm -f "$metrics_file" "$metrics_during"
 fi
 exit
