@@ -42,6 +42,7 @@ non-zero when anything fails.`,
 	f.StringVar(&o.DataDir, "data-dir", layout.DefaultRoot, "data dir serve would use")
 	f.StringVar(&o.APIAddr, "api-addr", "127.0.0.1:3000", "serve's --api-addr")
 	f.StringVar(&o.SandboxAddr, "sandbox-addr", "127.0.0.1:3001", "serve's --sandbox-addr")
+	f.StringVar(&o.MetricsAddr, "metrics-addr", "127.0.0.1:3002", "serve's --metrics-addr (\"\": none)")
 	f.StringVar(&o.Domain, "domain", "", "serve's --domain (its TLS listener's port is checked too)")
 	f.StringVar(&o.TLSListen, "tls-listen", daemon.DefaultTLSListen, "serve's --tls-listen")
 	f.StringVar(&o.Runtime, "runtime", "linux", `serve's --runtime: "linux" or "gvisor"`)

@@ -18,7 +18,7 @@ func runDoctor(t *testing.T, args ...string) (string, error) {
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetArgs(append([]string{"--data-dir", filepath.Join(t.TempDir(), "data"),
-		"--api-addr", "127.0.0.1:0", "--sandbox-addr", "127.0.0.1:0"}, args...))
+		"--api-addr", "127.0.0.1:0", "--sandbox-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}, args...))
 	err := cmd.Execute()
 	return out.String(), err
 }

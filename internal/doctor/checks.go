@@ -434,7 +434,7 @@ func checkMemory(*Options) Finding {
 
 func checkPorts(o *Options) Finding {
 	type port struct{ flag, addr string }
-	ports := []port{{"--api-addr", o.APIAddr}, {"--sandbox-addr", o.SandboxAddr}}
+	ports := []port{{"--api-addr", o.APIAddr}, {"--sandbox-addr", o.SandboxAddr}, {"--metrics-addr", o.MetricsAddr}}
 	if o.Domain != "" {
 		ports = append(ports, port{"--tls-listen", o.TLSListen})
 	}

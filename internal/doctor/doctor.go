@@ -50,6 +50,8 @@ type Options struct {
 	DataDir     string
 	APIAddr     string
 	SandboxAddr string
+	// MetricsAddr is serve's admin listener ("": none).
+	MetricsAddr string
 	// TLSListen is checked only with Domain set.
 	Domain    string
 	TLSListen string

@@ -46,7 +46,7 @@ func TestCRIUVersion(t *testing.T) {
 func freshOptions(t *testing.T) Options {
 	t.Helper()
 	return Options{
-		DataDir: filepath.Join(t.TempDir(), "data"), APIAddr: "127.0.0.1:0", SandboxAddr: "127.0.0.1:0",
+		DataDir: filepath.Join(t.TempDir(), "data"), APIAddr: "127.0.0.1:0", SandboxAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
 		Runtime: "linux", DiskQuota: true, Network: true, Egress: true,
 	}
 }
@@ -114,6 +114,11 @@ func TestPortInUse(t *testing.T) {
 	f := checkPorts(&o)
 	if f.Severity != Fail || !strings.Contains(f.Detail, l.Addr().String()) || !strings.Contains(f.Detail, "--sandbox-addr") {
 		t.Errorf("a port in use: %+v", f)
+	}
+	metricsTaken := freshOptions(t)
+	metricsTaken.MetricsAddr = l.Addr().String()
+	if f := checkPorts(&metricsTaken); f.Severity != Fail || !strings.Contains(f.Detail, "--metrics-addr") {
+		t.Errorf("the metrics port in use: %+v", f)
 	}
 
 	// With a server holding the data dir's lock, the port is most likely
