@@ -51,9 +51,12 @@ type Metrics struct {
 	opTime     *prometheus.HistogramVec
 	proxyReqs  *prometheus.CounterVec
 	proxyBytes *prometheus.CounterVec
-	builds     *prometheus.CounterVec
-	buildTime  prometheus.Histogram
-	webhookLag prometheus.Histogram
+	// bytesTo and bytesFrom are proxyBytes' two series, taken once: Bytes
+	// runs at every read of every proxied stream.
+	bytesTo, bytesFrom prometheus.Counter
+	builds             *prometheus.CounterVec
+	buildTime          prometheus.Histogram
+	webhookLag         prometheus.Histogram
 }
 
 // opBuckets span a warm claim (a few ms) to a large resume or fork (tens
@@ -112,9 +115,7 @@ func New(o Options) *Metrics {
 	for _, k := range []string{"envd", "interpreter", "port"} {
 		m.proxyReqs.WithLabelValues(k)
 	}
-	for _, d := range []string{"to_sandbox", "from_sandbox"} {
-		m.proxyBytes.WithLabelValues(d)
-	}
+	m.bytesTo, m.bytesFrom = m.proxyBytes.WithLabelValues("to_sandbox"), m.proxyBytes.WithLabelValues("from_sandbox")
 	for _, oc := range []string{"ready", "error"} {
 		m.builds.WithLabelValues(oc)
 	}
@@ -126,11 +127,11 @@ func (m *Metrics) Request(kind string) { m.proxyReqs.WithLabelValues(kind).Inc()
 
 // Bytes counts bytes the sandbox proxy carried (proxy.Stats).
 func (m *Metrics) Bytes(toSandbox bool, n int) {
-	dir := "from_sandbox"
 	if toSandbox {
-		dir = "to_sandbox"
+		m.bytesTo.Add(float64(n))
+	} else {
+		m.bytesFrom.Add(float64(n))
 	}
-	m.proxyBytes.WithLabelValues(dir).Add(float64(n))
 }
 
 // BuildFinished counts a template build that ended

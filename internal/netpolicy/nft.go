@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"sync"
@@ -358,6 +359,13 @@ type learnedElem struct {
 	expires time.Time
 }
 
+// ttl is the element's timeout from now, in whole seconds as the kernel
+// takes it; false when under a second is left (not worth installing).
+func (e learnedElem) ttl(now time.Time) (time.Duration, bool) {
+	ttl := e.expires.Sub(now).Truncate(time.Second)
+	return ttl, ttl >= time.Second
+}
+
 // policyElems are a sandbox's allow and deny elements under a policy: its
 // address (or, for IPv6, the one that goes with it; none with IPv6 off)
 // with each merged range.
@@ -398,20 +406,21 @@ func (fw *firewall) learnedSet(addr, dst netip.Addr) (*nftables.Set, netip.Addr)
 	return nil, netip.Addr{}
 }
 
-// addLearned queues the learned elements of st (fw.mu held; the caller
-// flushes) and records them.
-func (fw *firewall) addLearned(st *fwSandbox, l []learnedElem) error {
+// addLearned queues the learned elements of the sandbox at addr (fw.mu
+// held; the caller flushes) and records each in into, for the caller to
+// keep once the transaction committed.
+func (fw *firewall) addLearned(addr netip.Addr, into map[netip.Addr]time.Time, l []learnedElem) error {
 	now := time.Now()
 	for _, e := range l {
-		set, src := fw.learnedSet(st.addr, e.addr)
-		ttl := e.expires.Sub(now).Truncate(time.Second)
-		if set == nil || ttl < time.Second {
+		set, src := fw.learnedSet(addr, e.addr)
+		ttl, ok := e.ttl(now)
+		if set == nil || !ok {
 			continue
 		}
 		if err := fw.conn.SetAddElements(set, []nftables.SetElement{{Key: pairKey(src, e.addr), Timeout: ttl}}); err != nil {
 			return fmt.Errorf("nftables: %s: %w", set.Name, err)
 		}
-		st.learned[e.addr] = e.expires
+		into[e.addr] = e.expires
 	}
 	return nil
 }
@@ -419,14 +428,10 @@ func (fw *firewall) addLearned(st *fwSandbox, l []learnedElem) error {
 // liveLearned are st's learned elements that have not expired yet, as
 // deletions. The kernel may still expire one before they commit (its timeout
 // was rounded down); deleting it then fails with ENOENT.
-func (fw *firewall) liveLearned(st *fwSandbox, keep func(netip.Addr) bool) []setElems {
+func (fw *firewall) liveLearned(st *fwSandbox) []setElems {
 	var out []setElems
 	now := time.Now()
 	for a, exp := range st.learned {
-		if keep != nil && keep(a) {
-			continue
-		}
-		delete(st.learned, a)
 		set, src := fw.learnedSet(st.addr, a)
 		if set == nil || !exp.After(now) {
 			continue
@@ -504,8 +509,8 @@ func (fw *firewall) install1(st *fwSandbox, c compiled, learned []learnedElem, m
 	if err := queueAdd(fw.conn, pol); err != nil {
 		return err
 	}
-	next := &fwSandbox{addr: st.addr, learned: map[netip.Addr]time.Time{}}
-	if err := fw.addLearned(next, learned); err != nil {
+	next := map[netip.Addr]time.Time{}
+	if err := fw.addLearned(st.addr, next, learned); err != nil {
 		return err
 	}
 	if mapped {
@@ -516,7 +521,7 @@ func (fw *firewall) install1(st *fwSandbox, c compiled, learned []learnedElem, m
 	if err := fw.conn.Flush(); err != nil {
 		return err
 	}
-	st.policy, st.learned, st.mapped = pol, next.learned, mapped
+	st.policy, st.learned, st.mapped = pol, next, mapped
 	return nil
 }
 
@@ -530,7 +535,8 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 		return fmt.Errorf("nftables: update sandbox %s: not installed", id)
 	}
 	pol := fw.policyElems(st.addr, c)
-	gone := fw.liveLearned(st, nil)
+	gone := fw.liveLearned(st)
+	next := map[netip.Addr]time.Time{}
 	replace := func(learnedGone []setElems) error {
 		if err := queueDelete(fw.conn, st.policy); err != nil {
 			return err
@@ -541,7 +547,7 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 		if err := queueAdd(fw.conn, pol); err != nil {
 			return err
 		}
-		if err := fw.addLearned(st, learned); err != nil {
+		if err := fw.addLearned(st.addr, next, learned); err != nil {
 			return err
 		}
 		return fw.conn.Flush()
@@ -550,7 +556,6 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 	if err != nil && len(gone) > 0 {
 		// A learned element expired in the kernel first: delete those that
 		// are left one at a time, then replace the policy.
-		clear(st.learned)
 		for _, g := range gone {
 			_ = queueDelete(fw.conn, []setElems{g})
 			_ = fw.conn.Flush()
@@ -560,7 +565,7 @@ func (fw *firewall) updateSandbox(id string, c compiled, learned []learnedElem) 
 	if err != nil {
 		return fmt.Errorf("nftables: update sandbox %s: %w", id, err)
 	}
-	st.policy = pol
+	st.policy, st.learned = pol, next
 	return nil
 }
 
@@ -582,12 +587,14 @@ func (fw *firewall) learn(id string, add []learnedElem, present []netip.Addr) er
 			}
 		}
 	}
-	if err := fw.addLearned(st, add); err != nil {
+	added := map[netip.Addr]time.Time{}
+	if err := fw.addLearned(st.addr, added, add); err != nil {
 		return err
 	}
 	if err := fw.conn.Flush(); err != nil {
 		return fmt.Errorf("nftables: learn for %s: %w", id, err)
 	}
+	maps.Copy(st.learned, added)
 	return nil
 }
 
@@ -599,7 +606,7 @@ func (fw *firewall) removeSandbox(id string, addr netip.Addr) error {
 	elems := fw.mapElems(addr)
 	if st := fw.sbx[id]; st != nil {
 		delete(fw.sbx, id)
-		elems = append(append(elems, st.policy...), fw.liveLearned(st, nil)...)
+		elems = append(append(elems, st.policy...), fw.liveLearned(st)...)
 	}
 	fw.mu.Unlock()
 	return fw.rm.remove(id, elems)
@@ -887,11 +894,9 @@ func learnedElems(l []learnedElem) []nftables.SetElement {
 	var out []nftables.SetElement
 	now := time.Now()
 	for _, e := range l {
-		ttl := e.expires.Sub(now).Truncate(time.Second)
-		if ttl < time.Second {
-			continue
+		if ttl, ok := e.ttl(now); ok {
+			out = append(out, nftables.SetElement{Key: e.addr.AsSlice(), Timeout: ttl})
 		}
-		out = append(out, nftables.SetElement{Key: e.addr.AsSlice(), Timeout: ttl})
 	}
 	return out
 }

@@ -74,8 +74,10 @@ type Proxy struct {
 	ports *http.Transport
 	// budgets meter each sandbox's traffic (Budget); nil: unmetered.
 	budgets *budgets
-	// stats hears the traffic (SetStats); nil: nobody.
-	stats Stats
+	// stats hears the traffic (SetStats); nil: nobody. countTo and
+	// countFrom tell it the bytes of each direction (nil without stats).
+	stats              Stats
+	countTo, countFrom func(int)
 }
 
 // Stats hears what the proxy carries, for the server's metrics: each
@@ -94,14 +96,10 @@ const (
 )
 
 // SetStats makes the proxy report its traffic to s; call it before serving.
-func (p *Proxy) SetStats(s Stats) { p.stats = s }
-
-// counter is where the bytes of one direction are counted, or nil.
-func (p *Proxy) counter(toSandbox bool) func(int) {
-	if p.stats == nil {
-		return nil
-	}
-	return func(n int) { p.stats.Bytes(toSandbox, n) }
+func (p *Proxy) SetStats(s Stats) {
+	p.stats = s
+	p.countTo = func(n int) { s.Bytes(true, n) }
+	p.countFrom = func(n int) { s.Bytes(false, n) }
 }
 
 // New returns the sandbox-traffic handler.
@@ -158,7 +156,7 @@ func New(s Sandboxes, log *slog.Logger) *Proxy {
 			}
 			rt := res.Request.Context().Value(routeKey{}).(route)
 			// Innermost, so what the client is sent is what was paid for.
-			res.Body = meter(res.Request.Context(), res.Body, rt.bucket, p.counter(false), p.counter(true))
+			res.Body = meter(res.Request.Context(), res.Body, rt.bucket, p.countFrom, p.countTo)
 			if res.StatusCode == http.StatusOK && res.ContentLength < 0 &&
 				strings.HasPrefix(res.Header.Get("Content-Type"), "application/connect+") {
 				res.Body = &connectTail{body: res.Body, id: rt.id}
@@ -310,8 +308,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		bodyCtx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		rt.body = &proxyBody{rc: r.Body, http1: r.ProtoMajor == 1, stopWait: cancel}
-		if rt.bucket != nil || p.stats != nil {
-			rt.body.rc = &meteredBody{meteredReader: meteredReader{r: r.Body, bk: rt.bucket, ctx: bodyCtx, count: p.counter(true)}, rc: r.Body}
+		if rt.bucket != nil || p.countTo != nil {
+			rt.body.rc = &meteredBody{meteredReader: meteredReader{r: r.Body, bk: rt.bucket, ctx: bodyCtx, count: p.countTo}, rc: r.Body}
 		}
 		// Deferred, so it also runs when ReverseProxy aborts a response whose
 		// upstream died mid-copy (panic(http.ErrAbortHandler)).
