@@ -14,11 +14,18 @@ type Props = {
   height?: number;
   yMin?: number;
   yMax?: number;
+  // the smallest top of the y scale (so an idle chart does not show 0..1 B)
+  yFloor?: number;
+  empty?: string;
+  // ticks at powers of two (for bytes)
+  binary?: boolean;
 };
+
+const POW2 = Array.from({ length: 60 }, (_, i) => 2 ** i);
 
 // A uPlot chart made once per mount; later data goes through setData, and the
 // chart follows its wrapper's width.
-export function Chart({ testid, title, series, data, fmt, height = 160, yMin, yMax }: Props) {
+export function Chart({ testid, title, series, data, fmt, height = 160, yMin, yMax, yFloor = 1, empty = 'No samples yet.', binary = false }: Props) {
   const host = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
   const fmtRef = useRef(fmt);
@@ -38,7 +45,7 @@ export function Chart({ testid, title, series, data, fmt, height = 160, yMin, yM
         y: {
           range: (_u, min, max) => {
             const lo = yMin ?? Math.min(0, min ?? 0);
-            let hi = Math.max(max ?? 0, lo + 1);
+            let hi = Math.max(max ?? 0, lo + yFloor);
             if (yMax !== undefined) hi = Math.max(hi, yMax);
             return [lo, hi * (yMax !== undefined && hi === yMax ? 1 : 1.1)];
           },
@@ -50,7 +57,8 @@ export function Chart({ testid, title, series, data, fmt, height = 160, yMin, yM
           stroke: '#555',
           grid: { stroke: '#eee' },
           ticks: { stroke: '#ddd' },
-          size: 64,
+          size: 74,
+          incrs: binary ? POW2 : undefined,
           values: (_u, vals) => vals.map((v) => fmtRef.current(v)),
         },
       ],
@@ -88,10 +96,14 @@ export function Chart({ testid, title, series, data, fmt, height = 160, yMin, yM
     plot.current?.setData(data as uPlot.AlignedData);
   }, [data]);
 
+  const none = !data[0] || data[0].length === 0;
   return (
     <div class="chart" data-testid={testid}>
       {title && <div class="chart-title">{title}</div>}
-      <div ref={host} class="chart-host" />
+      <div class="chart-body">
+        <div ref={host} class="chart-host" />
+        {none && <div class="chart-empty">{empty}</div>}
+      </div>
     </div>
   );
 }

@@ -128,7 +128,7 @@ export function FilesTab({ ctx }: { ctx: SbCtx }) {
           {path !== '/' && (
             <tr class="clickable" data-testid="file-row" data-name=".." onClick={() => (setEntries(null), setPath(parent(path)))}>
               <td class="mono">
-                <span class="ficon">↰</span> ..
+                ..
               </td>
               <td />
               <td />
@@ -153,9 +153,10 @@ export function FilesTab({ ctx }: { ctx: SbCtx }) {
                 }}
               >
                 <td class="mono">
-                  <span class="ficon">{isDir ? '📁' : e.type === 'symlink' ? '↪' : '📄'}</span>{' '}
-                  {isDir || e.type === 'symlink' ? (
-                    e.name + (isDir ? '/' : '')
+                  {isDir ? (
+                    <span class="dir-name">{e.name}/</span>
+                  ) : e.type === 'symlink' ? (
+                    <span title="symbolic link">{e.name} →</span>
                   ) : (
                     <a href={href} download={e.name}>
                       {e.name}

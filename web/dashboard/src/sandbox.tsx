@@ -192,6 +192,8 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
           ]}
           data={charts.mem}
           fmt={fmtBytes}
+          yFloor={64 * 1048576}
+          binary
         />
         <Chart
           testid="chart-disk"
@@ -202,6 +204,8 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
           ]}
           data={charts.disk}
           fmt={fmtBytes}
+          yFloor={64 * 1048576}
+          binary
         />
       </div>
       <div class="tabs" role="tablist">
@@ -219,7 +223,7 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
         ))}
       </div>
       <div class="tab-body">
-        {opened.has('terminal') && <TerminalTab ctx={ctx} active={tab === 'terminal'} />}
+        {opened.has('terminal') && <TerminalTab ctx={ctx} active={tab === 'terminal'} ready={sb !== null} />}
         {tab === 'files' && <FilesTab ctx={ctx} />}
         {tab === 'processes' && <ProcessesTab ctx={ctx} />}
         {tab === 'events' && <EventsTab ctx={ctx} />}

@@ -26,7 +26,7 @@ function closeText(code: number, reason: string): string {
   }
 }
 
-export function TerminalTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
+export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolean; ready: boolean }) {
   const { id, gone, fail } = ctx;
   const host = useRef<HTMLDivElement>(null);
   const term = useRef<Terminal | null>(null);
@@ -101,7 +101,8 @@ export function TerminalTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
   // One WebSocket per session number (Reconnect makes a new one).
   useEffect(() => {
     const t = term.current;
-    if (!session || !t || gone) return;
+    // Connect only once the sandbox is known to exist (and not gone).
+    if (!session || !t || gone || !ready) return;
     doFit();
     const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
     const url =
@@ -138,7 +139,7 @@ export function TerminalTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
       if (ws.current === s) ws.current = null;
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [session, id]);
+  }, [session, id, ready]);
 
   // When gone, close the socket: nothing more will come.
   useEffect(() => {
@@ -191,7 +192,8 @@ export function TerminalTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
         class="term-host"
         data-testid="terminal"
         ref={host}
-        style={{ display: gone && !term.current ? 'none' : undefined }}
+        // Gone before any connection: nothing to show but the message.
+        style={{ display: gone && (status.s === 'loading' || status.s === 'connecting') ? 'none' : undefined }}
       />
     </div>
   );

@@ -13,7 +13,8 @@ export function fmtBytes(n: number | null | undefined): string {
     v /= 1024;
     i++;
   }
-  const s = i === 0 ? String(Math.round(v)) : v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+  let s = i === 0 ? String(Math.round(v)) : v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+  if (s.includes('.')) s = s.replace(/\.?0+$/, '');
   return s + ' ' + UNITS[i];
 }
 
