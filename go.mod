@@ -32,6 +32,7 @@ require (
 )
 
 require (
+	github.com/coder/websocket v1.8.14
 	github.com/go-acme/lego/v4 v4.35.2
 	github.com/letsencrypt/challtestsrv v1.4.2
 	github.com/letsencrypt/pebble/v2 v2.10.1

@@ -65,8 +65,10 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
+	"github.com/airlock-sandbox/airlock/internal/dashboard"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/layout"
@@ -562,7 +564,16 @@ func (d *Daemon) startListeners() error {
 	// The volume content API, authorised by volume tokens rather than API
 	// keys (E2B_VOLUME_API_URL is the API URL).
 	apiMux.Handle(e2bwire.VolumeContentPrefix, volumecontent.New(contentVolumes, d.log))
-	apiMux.Handle("/", api)
+	dash, err := d.dashboard(api, loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()))
+	if err != nil {
+		for _, l := range lns {
+			l.Close()
+		}
+		return err
+	}
+	apiMux.Handle(dashboard.Prefix, dash)
+	apiMux.Handle("/dashboard", dash)
+	apiMux.Handle("/", dashboard.RedirectRoot(api))
 	servers := []*http.Server{
 		{Handler: h2c.NewHandler(apiMux, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},
 		{Handler: h2c.NewHandler(d.Proxy, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.cfg.HTTPErrorLog},
@@ -589,6 +600,32 @@ func (d *Daemon) startListeners() error {
 		return err
 	}
 	return d.startDomainListener(apiMux, d.Proxy)
+}
+
+// dashboard makes the web dashboard over the API handler; its envd work
+// goes through this server's own proxy, as the MCP tools' does.
+func (d *Daemon) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashboard.Dashboard, error) {
+	o := dashboard.Options{
+		Authenticate: d.authenticate, OwnerOf: e2b.OwnerOf, API: api,
+		Sandboxes: d.Manager, Events: d.Events, Templates: d.Templates,
+		DataDir: d.Layout.Root, Logger: d.log,
+	}
+	if d.Builds != nil { // never a typed nil in an interface
+		o.Builds = d.Builds
+	}
+	var clients sync.Map // API key → *e2bclient.Client
+	o.Envd = func(key string) *e2bclient.Client {
+		if c, ok := clients.Load(key); ok {
+			return c.(*e2bclient.Client)
+		}
+		c, _ := clients.LoadOrStore(key, e2bclient.New(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}))
+		return c.(*e2bclient.Client)
+	}
+	dash, err := dashboard.New(o)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	return dash, nil
 }
 
 // startMetricsListener serves the metrics on the admin listener, apart from

@@ -198,15 +198,47 @@ func (s *Sandbox) StartUndecoded(ctx context.Context, msg *process.StartRequest)
 	return resp.Body, nil
 }
 
-// SendSignal is envd's process.SendSignal.
-func (s *Sandbox) SendSignal(ctx context.Context, msg *process.SendSignalRequest) error {
+// procCall makes one unary call of envd's process service on s.
+func procCall[Req, Res any](ctx context.Context, s *Sandbox, msg *Req,
+	call func(processconnect.ProcessClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*Res, error) {
 	_, proc, _, err := s.c.sandboxURL(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req := connect.NewRequest(msg)
 	s.route(req.Header(), envdPort)
-	_, err = proc.SendSignal(ctx, req)
+	resp, err := call(proc, ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// SendSignal is envd's process.SendSignal.
+func (s *Sandbox) SendSignal(ctx context.Context, msg *process.SendSignalRequest) error {
+	_, err := procCall(ctx, s, msg, processconnect.ProcessClient.SendSignal)
+	return err
+}
+
+// Processes is envd's process.List: the processes envd started and that
+// still run.
+func (s *Sandbox) Processes(ctx context.Context) ([]*process.ProcessInfo, error) {
+	resp, err := procCall(ctx, s, &process.ListRequest{}, processconnect.ProcessClient.List)
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetProcesses(), nil
+}
+
+// SendInput is envd's process.SendInput (stdin or PTY input).
+func (s *Sandbox) SendInput(ctx context.Context, msg *process.SendInputRequest) error {
+	_, err := procCall(ctx, s, msg, processconnect.ProcessClient.SendInput)
+	return err
+}
+
+// Update is envd's process.Update (a PTY's size).
+func (s *Sandbox) Update(ctx context.Context, msg *process.UpdateRequest) error {
+	_, err := procCall(ctx, s, msg, processconnect.ProcessClient.Update)
 	return err
 }
 

@@ -234,25 +234,53 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(warmTargetDesc, prometheus.GaugeValue, float64(d.Target), tpl)
 		}
 	}
-	if v, err := sandbox.HostMeminfo("MemAvailable"); err == nil {
-		ch <- prometheus.MustNewConstMetric(memAvailDesc, prometheus.GaugeValue, float64(v))
+	h := ReadHost(c.o.DataDir)
+	if h.MemoryAvailableBytes > 0 {
+		ch <- prometheus.MustNewConstMetric(memAvailDesc, prometheus.GaugeValue, float64(h.MemoryAvailableBytes))
 	}
-	if v, err := sandbox.HostMeminfo("MemTotal"); err == nil {
-		ch <- prometheus.MustNewConstMetric(memTotalDesc, prometheus.GaugeValue, float64(v))
+	if h.MemoryTotalBytes > 0 {
+		ch <- prometheus.MustNewConstMetric(memTotalDesc, prometheus.GaugeValue, float64(h.MemoryTotalBytes))
 	}
+	if h.DiskTotalBytes > 0 {
+		ch <- prometheus.MustNewConstMetric(diskFreeDesc, prometheus.GaugeValue, float64(h.DiskFreeBytes))
+		ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(h.DiskTotalBytes))
+	}
+	ch <- prometheus.MustNewConstMetric(cpusDesc, prometheus.GaugeValue, float64(h.CPUs))
+	if h.Load1 >= 0 {
+		ch <- prometheus.MustNewConstMetric(loadDesc, prometheus.GaugeValue, h.Load1)
+	}
+}
+
+// Host is the host's headroom: what new sandboxes can still take. A figure
+// that could not be read is zero (Load1: -1).
+type Host struct {
+	CPUs                 int     `json:"cpus"`
+	Load1                float64 `json:"load1"`
+	MemoryTotalBytes     int64   `json:"memoryTotalBytes"`
+	MemoryAvailableBytes int64   `json:"memoryAvailableBytes"`
+	DiskTotalBytes       int64   `json:"diskTotalBytes"`
+	DiskFreeBytes        int64   `json:"diskFreeBytes"`
+}
+
+// ReadHost reads the host's headroom; the disk's is that of the filesystem
+// holding dataDir ("" reads none).
+func ReadHost(dataDir string) Host {
+	h := Host{CPUs: runtime.NumCPU(), Load1: -1}
+	h.MemoryAvailableBytes, _ = sandbox.HostMeminfo("MemAvailable")
+	h.MemoryTotalBytes, _ = sandbox.HostMeminfo("MemTotal")
 	var st unix.Statfs_t
-	if c.o.DataDir != "" && unix.Statfs(c.o.DataDir, &st) == nil {
-		ch <- prometheus.MustNewConstMetric(diskFreeDesc, prometheus.GaugeValue, float64(int64(st.Bavail)*st.Bsize))
-		ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(int64(st.Blocks)*st.Bsize))
+	if dataDir != "" && unix.Statfs(dataDir, &st) == nil {
+		h.DiskFreeBytes = int64(st.Bavail) * st.Bsize
+		h.DiskTotalBytes = int64(st.Blocks) * st.Bsize
 	}
-	ch <- prometheus.MustNewConstMetric(cpusDesc, prometheus.GaugeValue, float64(runtime.NumCPU()))
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		if f := strings.Fields(string(b)); len(f) > 0 {
 			if v, err := strconv.ParseFloat(f[0], 64); err == nil {
-				ch <- prometheus.MustNewConstMetric(loadDesc, prometheus.GaugeValue, v)
+				h.Load1 = v
 			}
 		}
 	}
+	return h
 }
 
 // sampleWindow is how far back a sandbox's last sample may be to be
