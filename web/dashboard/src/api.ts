@@ -175,4 +175,4 @@ export type Template = {
   builds?: Build[] | null;
 };
 
-export type BuildLog = { status: string; lines: string[] | null; nextOffset: number };
+export type BuildLog = { status: string; lines: string[] | null; nextOffset: number; reason?: string };

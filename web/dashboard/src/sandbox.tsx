@@ -223,7 +223,12 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
         ))}
       </div>
       <div class="tab-body">
-        {opened.has('terminal') && <TerminalTab ctx={ctx} active={tab === 'terminal'} ready={sb !== null} />}
+        {opened.has('terminal') && <TerminalTab
+            ctx={ctx}
+            active={tab === 'terminal'}
+            ready={sb !== null && sb.state === 'running'}
+            paused={sb !== null && sb.state !== 'running'}
+          />}
         {tab === 'files' && <FilesTab ctx={ctx} />}
         {tab === 'processes' && <ProcessesTab ctx={ctx} />}
         {tab === 'events' && <EventsTab ctx={ctx} />}

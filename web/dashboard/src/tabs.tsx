@@ -45,6 +45,8 @@ export function ProcessesTab({ ctx }: { ctx: SbCtx }) {
   };
 
   if (gone) return <div class="muted">The sandbox is gone; it has no processes.</div>;
+  // pty is in the contract but not every server sends it: show it if any does.
+  const hasPty = (procs ?? []).some((p) => p.pty !== undefined);
   return (
     <div>
       <div class="toolbar">
@@ -62,7 +64,7 @@ export function ProcessesTab({ ctx }: { ctx: SbCtx }) {
             <th>Command</th>
             <th>CWD</th>
             <th>Tag</th>
-            <th>PTY</th>
+            {hasPty && <th>PTY</th>}
             <th />
           </tr>
         </thead>
@@ -73,7 +75,7 @@ export function ProcessesTab({ ctx }: { ctx: SbCtx }) {
               <td class="mono">{[p.cmd, ...(p.args ?? [])].join(' ')}</td>
               <td class="mono">{p.cwd}</td>
               <td>{p.tag}</td>
-              <td>{p.pty ? 'yes' : ''}</td>
+              {hasPty && <td>{p.pty ? 'yes' : ''}</td>}
               <td>
                 <button
                   type="button"

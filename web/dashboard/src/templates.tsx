@@ -205,6 +205,8 @@ function BuildLogView({ tpl, build }: { tpl: string; build: string }) {
   const [lines, setLines] = useState<string[]>([]);
   const [status, setStatus] = useState<string | null>(null);
   const [error, setError] = useState<string | null>(null);
+  const [reason, setReason] = useState<string | null>(null);
+  const [done, setDone] = useState(false);
   const offset = useRef(0);
   const pre = useRef<HTMLPreElement>(null);
   const stick = useRef(true);
@@ -212,7 +214,10 @@ function BuildLogView({ tpl, build }: { tpl: string; build: string }) {
   usePoll(
     async (alive) => {
       try {
+        // A live build's status route holds its answer up to a second for
+        // news, so this loop is a long poll while lines keep coming.
         let st = '';
+        let atEnd = false;
         for (let i = 0; i < 50; i++) {
           const r = await req<BuildLog>(
             'GET',
@@ -224,18 +229,23 @@ function BuildLogView({ tpl, build }: { tpl: string; build: string }) {
           offset.current = Math.max(offset.current, r.nextOffset);
           if (got.length) setLines((old) => [...old, ...got]);
           st = r.status;
-          if (!more) break;
+          setStatus(r.status);
+          if (r.reason) setReason(r.reason);
+          if (!more) {
+            atEnd = true;
+            break;
+          }
         }
-        // Polling stops (enabled below) once the status is final.
-        setStatus(st);
         setError(null);
+        // Polling stops once the status is final and the log read to its end.
+        if (atEnd && !LIVE(st)) setDone(true);
       } catch (e) {
         if (alive()) setError(errMsg(e));
       }
     },
     1500,
     [tpl, build],
-    status === null || LIVE(status) || error !== null,
+    !done,
   );
 
   useLayoutEffect(() => {
@@ -253,6 +263,7 @@ function BuildLogView({ tpl, build }: { tpl: string; build: string }) {
         {status && LIVE(status) && <span class="muted">live…</span>}
       </div>
       <ErrorLine error={error} />
+      {reason && <div class="error-line">Build failed: {reason}</div>}
       <pre
         class="build-log"
         data-testid="build-log"

@@ -4,7 +4,7 @@ import type { FitAddon } from '@xterm/addon-fit';
 import { ApiError, BASE, enc, getCsrf, signalUnauthorized } from './api';
 import { goneText, type SbCtx } from './sandbox';
 
-type Status = { s: 'loading' } | { s: 'connecting' } | { s: 'open' } | { s: 'closed'; text: string; code: number };
+type Status = { s: 'loading' } | { s: 'idle' } | { s: 'connecting' } | { s: 'open' } | { s: 'closed'; text: string; code: number };
 
 // xterm.js is loaded on first use (a chunk of its own).
 async function loadXterm() {
@@ -21,12 +21,18 @@ function closeText(code: number, reason: string): string {
       return `The sandbox is gone${why ? ': ' + why : ''}.`;
     case 4401:
       return `Not signed in${why ? ': ' + why : ''}.`;
+    case 4403:
+      return `Refused${why ? ': ' + why : ''}.`;
+    case 4409:
+      return `The sandbox is not running${why ? ': ' + why : ''}.`;
     default:
       return `Connection closed (code ${code})${why ? ': ' + why : ''}.`;
   }
 }
 
-export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolean; ready: boolean }) {
+// ready: the sandbox is known to exist and is running (a paused one refuses
+// a terminal; it connects once resumed).
+export function TerminalTab({ ctx, active, ready, paused }: { ctx: SbCtx; active: boolean; ready: boolean; paused: boolean }) {
   const { id, gone, fail } = ctx;
   const host = useRef<HTMLDivElement>(null);
   const term = useRef<Terminal | null>(null);
@@ -83,6 +89,7 @@ export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolea
         });
         ro = new ResizeObserver(() => doFit());
         ro.observe(host.current);
+        setStatus({ s: 'idle' });
         setSession(1);
       })
       .catch((e) => setLoadErr('Could not load the terminal: ' + (e instanceof Error ? e.message : String(e))));
@@ -135,8 +142,12 @@ export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolea
     };
     return () => {
       s.onclose = null;
-      s.close(1000, 'reconnect');
+      if (s.readyState === WebSocket.OPEN || s.readyState === WebSocket.CONNECTING) {
+        s.close(1000, 'reconnect');
+        t.write('\r\n\x1b[2m[disconnected]\x1b[0m\r\n');
+      }
       if (ws.current === s) ws.current = null;
+      setStatus({ s: 'idle' });
     };
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [session, id, ready]);
@@ -160,7 +171,9 @@ export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolea
   const statusLine =
     gone ? null : loadErr ? (
       <span class="error-text">{loadErr}</span>
-    ) : status.s === 'loading' ? (
+    ) : paused && status.s !== 'open' ? (
+      'The sandbox is paused: resume it to use the terminal.'
+    ) : status.s === 'loading' || status.s === 'idle' ? (
       'Loading terminal…'
     ) : status.s === 'connecting' ? (
       'Connecting…'
@@ -193,7 +206,7 @@ export function TerminalTab({ ctx, active, ready }: { ctx: SbCtx; active: boolea
         data-testid="terminal"
         ref={host}
         // Gone before any connection: nothing to show but the message.
-        style={{ display: gone && (status.s === 'loading' || status.s === 'connecting') ? 'none' : undefined }}
+        style={{ display: gone && (status.s === 'loading' || status.s === 'idle' || status.s === 'connecting') ? 'none' : undefined }}
       />
     </div>
   );
