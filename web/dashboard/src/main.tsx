@@ -167,4 +167,12 @@ function App() {
   );
 }
 
+// The server serves the app for any path under /dashboard/: a path such as
+// /dashboard/sandboxes/<id> becomes the hash route #/sandboxes/<id>.
+{
+  const base = import.meta.env.BASE_URL;
+  const rest = location.pathname.startsWith(base) ? location.pathname.slice(base.length) : '';
+  if (rest && rest !== 'index.html' && !location.hash) history.replaceState(null, '', base + '#/' + rest);
+}
+
 render(<App />, document.getElementById('app')!);

@@ -28,7 +28,8 @@ export function goneText(g: Gone): string {
     const t = fmtAbs(ev.timestamp);
     return `This sandbox is gone: ${what} at ${t} (${fmtRel(ev.timestamp)}).`;
   }
-  return `This sandbox is gone: ${g.message}`;
+  if (/\bgone\b/i.test(g.message)) return g.message.replace(/^Sandbox \S+ is gone/i, 'This sandbox is gone') + '.';
+  return `This sandbox is gone or does not exist (${g.message}).`;
 }
 
 export function SandboxPage({ id, tab }: { id: string; tab: string }) {
@@ -368,7 +369,8 @@ function Actions({
             const r = await req<{ snapshotID: string; names?: string[] | null }>('POST', base + 'snapshot', {
               body: name ? { name } : {},
             });
-            const names = r.names && r.names.length ? ` (${r.names.join(', ')})` : '';
+            const other = (r.names ?? []).filter((n) => n !== r.snapshotID);
+            const names = other.length ? ` (${other.join(', ')})` : '';
             return `Snapshot ${r.snapshotID}${names} taken.`;
           })
         }

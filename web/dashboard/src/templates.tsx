@@ -263,7 +263,7 @@ function BuildLogView({ tpl, build }: { tpl: string; build: string }) {
         {status && LIVE(status) && <span class="muted">live…</span>}
       </div>
       <ErrorLine error={error} />
-      {reason && <div class="error-line">Build failed: {reason}</div>}
+      {reason && <div class="error-line">Build failed: {reason.split('\n')[0]}</div>}
       <pre
         class="build-log"
         data-testid="build-log"

@@ -13,18 +13,16 @@ async function loadXterm() {
 }
 
 function closeText(code: number, reason: string): string {
-  const why = reason || (code === 1006 ? 'the connection was lost' : '');
+  const why = reason ? reason.charAt(0).toUpperCase() + reason.slice(1) : '';
   switch (code) {
     case 1000:
-      return `The shell exited${why ? ': ' + why : ''}.`;
+      return `${why || 'The shell exited'}.`;
     case 4404:
-      return `The sandbox is gone${why ? ': ' + why : ''}.`;
+      return `${why || 'The sandbox is gone'}.`;
     case 4401:
       return `Not signed in${why ? ': ' + why : ''}.`;
-    case 4403:
-      return `Refused${why ? ': ' + why : ''}.`;
-    case 4409:
-      return `The sandbox is not running${why ? ': ' + why : ''}.`;
+    case 1006:
+      return `The connection was lost${why ? ': ' + why : ''}.`;
     default:
       return `Connection closed (code ${code})${why ? ': ' + why : ''}.`;
   }
