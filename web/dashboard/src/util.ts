@@ -49,7 +49,7 @@ export function fmtRel(s: string | null | undefined, now = Date.now()): string {
   const t = parseTime(s);
   if (t === null) return '—';
   const d = (t - now) / 1000;
-  if (Math.abs(d) < 1.5) return 'now';
+  if (Math.abs(d) < 1.5) return d <= 0 ? 'just now' : 'now';
   return d < 0 ? `${span(-d)} ago` : `in ${span(d)}`;
 }
 
