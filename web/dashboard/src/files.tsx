@@ -1,7 +1,7 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { BASE, enc, errMsg, req, type Entry } from './api';
 import type { SbCtx } from './sandbox';
-import { ErrorLine, toast, toastError } from './ui';
+import { clearToast, ErrorLine, toast, toastError } from './ui';
 import { fmtAbs, fmtBytes, fmtRel } from './util';
 
 const HOME = '/home/user';
@@ -63,6 +63,7 @@ export function FilesTab({ ctx }: { ctx: SbCtx }) {
     if (!files.length) return;
     const dir = path;
     let ok = 0;
+    clearToast();
     for (const f of files) {
       setUploading(f.name);
       const form = new FormData();

@@ -4,7 +4,7 @@ import { Chart } from './chart';
 import { FilesTab } from './files';
 import { EventsTable, EventsTab, LogsTab, ProcessesTab } from './tabs';
 import { TerminalTab } from './terminal';
-import { confirmDialog, ErrorLine, StateBadge, toast, toastError } from './ui';
+import { clearToast, confirmDialog, ErrorLine, StateBadge, toast, toastError } from './ui';
 import { fmtAbs, fmtBytes, fmtMB, fmtPct, fmtRel, go, parseTime, sandboxHref, useNow, usePoll } from './util';
 
 export type Gone = { message: string; events: SbEvent[] | null };
@@ -257,6 +257,7 @@ function Actions({
   const base = `sandboxes/${enc(id)}/`;
 
   const run = async (name: string, f: () => Promise<string | null>) => {
+    clearToast();
     setBusy(name);
     try {
       const msg = await f();
@@ -279,6 +280,7 @@ function Actions({
   const kill = async () => {
     if (!(await confirmDialog('Kill sandbox', `Kill sandbox ${id}? Its processes and files are lost.`, 'Kill')))
       return;
+    clearToast();
     setBusy('Kill');
     try {
       await req('POST', base + 'kill');

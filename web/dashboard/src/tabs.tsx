@@ -1,7 +1,7 @@
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { enc, errMsg, req, type LogLine, type Proc, type SbEvent } from './api';
 import type { SbCtx } from './sandbox';
-import { ErrorLine, toast, toastError } from './ui';
+import { clearToast, ErrorLine, toast, toastError } from './ui';
 import { fmtAbs, fmtRel, parseTime, usePoll } from './util';
 
 // ---- processes ----
@@ -32,6 +32,7 @@ export function ProcessesTab({ ctx }: { ctx: SbCtx }) {
   }, [id, bump, gone]);
 
   const kill = async (p: Proc) => {
+    clearToast();
     setKilling(p.pid);
     try {
       await req('POST', `sandboxes/${enc(id)}/processes/${p.pid}/kill`);
@@ -224,7 +225,8 @@ export function LogsTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
     },
     2000,
     [id],
-    active && !gone,
+    // A gone sandbox's log is kept a while: read it once, then stop.
+    active && !(gone && loaded),
   );
 
   useLayoutEffect(() => {
@@ -268,7 +270,7 @@ export function LogsTab({ ctx, active }: { ctx: SbCtx; active: boolean }) {
         {loaded && lines.length === 0 && <div class="empty muted">No log lines yet.</div>}
         {!loaded && !error && <div class="empty muted">Loading…</div>}
       </div>
-      {gone && <div class="muted">The sandbox is gone; no new lines will come.</div>}
+      {gone && loaded && <div class="muted">The sandbox is gone; no new lines will come.</div>}
     </div>
   );
 }

@@ -1,7 +1,7 @@
 import { Fragment } from 'preact';
 import { useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { enc, errMsg, req, type Build, type BuildLog, type Template } from './api';
-import { confirmDialog, ErrorLine, StateBadge, toast, toastError } from './ui';
+import { clearToast, confirmDialog, ErrorLine, StateBadge, toast, toastError } from './ui';
 import { fmtAbs, fmtBytes, fmtMB, fmtRel, useNow, usePoll } from './util';
 
 const LIVE = (s: string) => s === 'waiting' || s === 'building';
@@ -34,6 +34,7 @@ export function TemplatesPage() {
     const name = t.aliases?.[0] || t.templateID;
     if (!(await confirmDialog('Delete template', `Delete template ${name}? This cannot be undone.`, 'Delete')))
       return;
+    clearToast();
     setDeleting(t.templateID);
     try {
       await req('DELETE', `templates/${enc(t.templateID)}`);

@@ -10,6 +10,11 @@ let toastListener: ((t: ToastMsg | null) => void) | null = null;
 export function toast(text: string, kind: 'ok' | 'error' = 'ok') {
   toastListener?.({ id: ++toastSeq, text, kind });
 }
+// clearToast hides the current message (an action starting: its answer
+// is the next toast, not the last one's).
+export function clearToast() {
+  toastListener?.(null);
+}
 export function toastError(text: string) {
   toast(text, 'error');
 }
