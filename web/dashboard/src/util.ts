@@ -79,7 +79,8 @@ export function normMetadata(s: string): string {
 
 // ---- hooks ----
 
-// usePoll runs fn now and then again `ms` after each run ends, while enabled.
+// usePoll runs fn now and then every `ms` (a run taking longer is followed
+// by the next at once, never overlapped), while enabled.
 // fn gets alive(): false once deps changed or the component unmounted, so a
 // late answer does not overwrite newer state.
 export function usePoll(fn: (alive: () => boolean) => Promise<unknown>, ms: number, deps: unknown[], enabled = true) {
@@ -91,12 +92,13 @@ export function usePoll(fn: (alive: () => boolean) => Promise<unknown>, ms: numb
     let timer: ReturnType<typeof setTimeout> | undefined;
     const alive = () => !stopped;
     const tick = async () => {
+      const t0 = Date.now();
       try {
         await ref.current(alive);
       } catch {
         // fn shows its own errors
       }
-      if (!stopped) timer = setTimeout(tick, ms);
+      if (!stopped) timer = setTimeout(tick, Math.max(100, ms - (Date.now() - t0)));
     };
     void tick();
     return () => {
