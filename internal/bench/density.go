@@ -1,11 +1,15 @@
 package bench
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -53,8 +57,12 @@ type DensityRow struct {
 	Alive                 int
 	MiBPerSandbox         float64
 	Create, Command, List []time.Duration
-	Threads, Goroutines   int
-	FDs, MemCgroups       int
+	// DashList and Overview are the web dashboard's live list (a page of
+	// 100 with each sandbox's current use: what it asks every second) and
+	// its overview page.
+	DashList, Overview  []time.Duration
+	Threads, Goroutines int
+	FDs, MemCgroups     int
 	// Phases is where the timed creates' time went (the server's spans).
 	Phases Phases
 }
@@ -105,6 +113,10 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 		return s, d, nil
 	}
 	pageSize := cmp.Or(cfg.ListPageSize, 10)
+	dash, err := signInDashboard(ctx, cfg.APIURL, cfg.APIKey)
+	if err != nil {
+		return res, err
+	}
 	for _, step := range cfg.Steps {
 		// Fill up to the step's timed creates, Fill at a time.
 		for len(alive) < step-cfg.Sample {
@@ -152,6 +164,18 @@ func RunDensity(ctx context.Context, cfg DensityConfig) (DensityResult, error) {
 				return res, fmt.Errorf("list with %d alive: %w", step, err)
 			}
 			row.List = append(row.List, time.Since(start))
+		}
+		for _, page := range []struct {
+			path string
+			to   *[]time.Duration
+		}{{"/dashboard/api/sandboxes?limit=100", &row.DashList}, {"/dashboard/api/overview", &row.Overview}} {
+			for i := 0; i < cfg.Sample; i++ {
+				start := time.Now()
+				if err := dash.get(ctx, page.path); err != nil {
+					return res, fmt.Errorf("dashboard with %d alive: %w", step, err)
+				}
+				*page.to = append(*page.to, time.Since(start))
+			}
 		}
 		if cfg.CPUProfile != nil && step == cfg.Steps[len(cfg.Steps)-1] {
 			pprof.StopCPUProfile()
@@ -271,15 +295,16 @@ func hostMemUsed() (int64, error) {
 // the first step's.
 func PrintDensity(w io.Writer, r DensityResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "alive\tMiB/sandbox\tcreate p50\tp99\tvs first\tcommand p50\tp99\tvs first\tlist p50\tvs first\tthreads\tgoroutines\tfds\tmemcgs\t")
+	fmt.Fprintln(tw, "alive\tMiB/sandbox\tcreate p50\tp99\tvs first\tcommand p50\tp99\tvs first\tlist p50\tvs first\tdash list p50\tvs first\toverview p50\tthreads\tgoroutines\tfds\tmemcgs\t")
 	for _, row := range r.Rows {
 		first := r.Rows[0]
 		c50, c99 := percentiles(row.Create)
 		m50, m99 := percentiles(row.Command)
-		fmt.Fprintf(tw, "%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t\n", row.Alive, row.MiBPerSandbox,
+		fmt.Fprintf(tw, "%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t\n", row.Alive, row.MiBPerSandbox,
 			ms(c50), ms(c99), ratio(c50, p50(first.Create)),
 			ms(m50), ms(m99), ratio(m50, p50(first.Command)),
-			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)), row.Threads, row.Goroutines, row.FDs, row.MemCgroups)
+			ms(p50(row.List)), ratio(p50(row.List), p50(first.List)),
+			ms(p50(row.DashList)), ratio(p50(row.DashList), p50(first.DashList)), ms(p50(row.Overview)), row.Threads, row.Goroutines, row.FDs, row.MemCgroups)
 	}
 	tw.Flush()
 	for _, row := range []DensityRow{r.Rows[0], r.Rows[len(r.Rows)-1]} {
@@ -297,4 +322,55 @@ func leftovers(l []string) string {
 		return "nothing"
 	}
 	return strings.Join(l, ", ")
+}
+
+// dashboardClient is a browser's session with the web dashboard.
+type dashboardClient struct {
+	base string
+	hc   *http.Client
+}
+
+// signInDashboard signs in to the dashboard with key, as its page does.
+func signInDashboard(ctx context.Context, apiURL, key string) (*dashboardClient, error) {
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		return nil, err
+	}
+	c := &dashboardClient{base: strings.TrimRight(apiURL, "/"), hc: &http.Client{Jar: jar, Timeout: time.Minute}}
+	body, _ := json.Marshal(map[string]string{"apiKey": key})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/dashboard/api/session", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard sign-in: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return nil, fmt.Errorf("dashboard sign-in: %s: %s", resp.Status, msg)
+	}
+	return c, nil
+}
+
+// get reads one of the dashboard's API answers whole.
+func (c *dashboardClient) get(ctx context.Context, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return nil
 }
