@@ -23,6 +23,16 @@ unformatted=$(gofmt -l $(git ls-files '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed:"; echo "$unformatted"; exit 1; fi
 go vet ./...
 
+step "dashboard front-end: type-checked, built, and the same as the committed build"
+# The binary embeds internal/dashboard/dist, committed so that building Airlock
+# needs no Node.js; a change under web/dashboard/src without its build fails here.
+(cd web/dashboard && npm ci --no-audit --no-fund && npm run build)
+if ! git diff --quiet --exit-code -- internal/dashboard/dist || [ -n "$(git ls-files --others --exclude-standard internal/dashboard/dist)" ]; then
+	git status --short -- internal/dashboard/dist
+	echo "internal/dashboard/dist differs from a fresh build of web/dashboard: run npm run build there and commit dist"
+	exit 1
+fi
+
 step "built-in templates (layers cached in $AIRLOCK_TEST_DATA_DIR)"
 # The first run on a machine builds them (debootstrap, then apt in build sandboxes,
 # several minutes); later runs find every layer in the cache.

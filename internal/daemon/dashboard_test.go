@@ -194,6 +194,27 @@ func TestDashboard(t *testing.T) {
 	}
 	b.json(http.MethodPost, path+"/timeout", `{"timeout":600}`, http.StatusNoContent, nil)
 
+	// A fork from the page lives long enough to be looked at (the API's
+	// own default is seconds), and its answer carries no token.
+	var forks struct {
+		Sandboxes []struct{ SandboxID, Error string }
+	}
+	st, body := b.do(http.MethodPost, path+"/fork", strings.NewReader(`{"count":1}`), nil)
+	if err := json.Unmarshal(body, &forks); st != http.StatusOK || err != nil || len(forks.Sandboxes) != 1 || forks.Sandboxes[0].SandboxID == "" {
+		t.Fatalf("fork = %d %s", st, body)
+	}
+	if bytes.Contains(body, []byte("oken")) {
+		t.Errorf("fork answer holds a token: %s", body)
+	}
+	fork, err := mine.Get(ctx, forks.Sandboxes[0].SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Until(fork.EndAt); left < 200*time.Second {
+		t.Errorf("fork from the page ends in %v, want about 300 s", left)
+	}
+	b.json(http.MethodPost, "/dashboard/api/sandboxes/"+fork.SandboxID+"/kill", "", http.StatusNoContent, nil)
+
 	// Files: an upload lands in the sandbox, the listing shows it, the
 	// download gives it back.
 	var form bytes.Buffer

@@ -65,9 +65,11 @@ type Templates interface {
 	Builds(idOrAlias string) ([]template.Template, error)
 }
 
-// BuildRecords lists a template's API builds (tplbuild.Service.Builds).
+// BuildRecords lists API builds (tplbuild.Service): a template's, and an
+// owner's of every template.
 type BuildRecords interface {
 	Builds(templateID string) ([]tplbuild.BuildInfo, error)
+	OwnedBy(owner string) ([]tplbuild.BuildInfo, error)
 }
 
 // Options wires the dashboard to the server.

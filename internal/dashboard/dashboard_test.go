@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 )
 
 // noSandboxes is a manager with none: these tests need no root and no
@@ -160,5 +163,83 @@ func TestHelpers(t *testing.T) {
 	}
 	if _, err := parseMetadata("novalue"); err == nil {
 		t.Error("parseMetadata accepted a pair without =")
+	}
+}
+
+type fakeTemplates []template.Template
+
+func (f fakeTemplates) List() ([]template.Template, error) { return f, nil }
+func (f fakeTemplates) Builds(id string) ([]template.Template, error) {
+	for _, t := range f {
+		if t.ID == id && t.Ready {
+			return []template.Template{t}, nil
+		}
+	}
+	return nil, nil
+}
+
+type fakeRecords []tplbuild.BuildInfo
+
+func (f fakeRecords) Builds(id string) ([]tplbuild.BuildInfo, error) {
+	var out []tplbuild.BuildInfo
+	for _, r := range f {
+		if r.TemplateID == id {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// OwnedBy: every record here is owner-k1's.
+func (f fakeRecords) OwnedBy(owner string) ([]tplbuild.BuildInfo, error) {
+	if owner != "owner-k1" {
+		return nil, nil
+	}
+	return f, nil
+}
+
+// The templates page lists what the key may use, with size, layers and
+// builds, and a template of the key's whose first build is under way; not
+// another key's private template.
+func TestListTemplates(t *testing.T) {
+	at := time.Date(2026, 11, 28, 8, 0, 0, 0, time.UTC)
+	d, err := New(Options{
+		Authenticate: func(string) bool { return true },
+		OwnerOf:      func(k string) string { return "owner-" + k },
+		API:          http.NotFoundHandler(), Sandboxes: noSandboxes{},
+		Envd: func(string) *e2bclient.Client { return nil },
+		Templates: fakeTemplates{
+			{ID: "base", Builtin: true, Ready: true, SizeBytes: 300 << 20, Layers: make([]template.Layer, 5), BuildID: "b1", BuiltAt: at},
+			{ID: "theirs", Ready: true, BuildID: "b2", BuiltAt: at, Access: template.Access{Owner: "owner-k2"}},
+			{ID: "shared", Ready: true, BuildID: "b3", BuiltAt: at, Access: template.Access{Owner: "owner-k2", Public: true}},
+		},
+		Builds: fakeRecords{
+			{TemplateID: "fresh", BuildID: "b4", Status: tplbuild.StatusBuilding, CreatedAt: at},
+			{TemplateID: "fresh", BuildID: "b0", Status: tplbuild.StatusError, CreatedAt: at.Add(-time.Hour), FinishedAt: at.Add(-time.Hour)},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := serve(d, http.MethodPost, "/dashboard/api/session", `{"apiKey":"k1"}`, nil)
+	cookie := w.Result().Cookies()[0]
+	w = serve(d, http.MethodGet, "/dashboard/api/templates", "", map[string]string{"Cookie": cookie.Name + "=" + cookie.Value})
+	var got struct{ Templates []templateJSON }
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("templates = %d %s (%v)", w.Code, w.Body, err)
+	}
+	byID := map[string]templateJSON{}
+	for _, tj := range got.Templates {
+		byID[tj.TemplateID] = tj
+	}
+	if _, ok := byID["theirs"]; ok || len(byID) != 3 {
+		t.Fatalf("templates listed: %v; want base, shared, fresh", got.Templates)
+	}
+	if b := byID["base"]; !b.Ready || b.Layers != 5 || b.SizeBytes != 300<<20 || len(b.Builds) != 1 || b.Builds[0].BuildID != "b1" {
+		t.Errorf("base = %+v", b)
+	}
+	f := byID["fresh"]
+	if f.Ready || !f.Mine || len(f.Builds) != 2 || f.Builds[0].BuildID != "b4" || f.Builds[0].Status != tplbuild.StatusBuilding || f.Builds[1].FinishedAt == nil {
+		t.Errorf("fresh (first build under way) = %+v", f)
 	}
 }

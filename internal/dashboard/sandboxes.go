@@ -382,19 +382,28 @@ func (d *Dashboard) snapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, snap)
 }
 
+// forkTimeout is a fork's lifetime, in seconds, when the page names none.
+const forkTimeout = 300
+
 // fork answers each fork's id or error, never its tokens.
 func (d *Dashboard) fork(w http.ResponseWriter, r *http.Request) {
 	s, in := sessionFrom(r.Context()), infoFrom(r.Context())
 	var b struct {
-		Count *int64 `json:"count"`
+		Count   *int64 `json:"count"`
+		Timeout *int64 `json:"timeout"`
 	}
 	if err := readJSON(r, &b); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	req := map[string]any{}
+	// The API's default lifetime of a fork is E2B's, seconds: too short
+	// for a fork made from a page to be looked at.
+	req := map[string]any{"timeout": forkTimeout}
 	if b.Count != nil {
 		req["count"] = *b.Count
+	}
+	if b.Timeout != nil {
+		req["timeout"] = *b.Timeout
 	}
 	st, body := d.callAPI(r.Context(), s.key, http.MethodPost, "/sandboxes/"+in.ID+"/fork", req)
 	if st >= 300 {

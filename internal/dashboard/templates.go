@@ -100,6 +100,39 @@ func (d *Dashboard) listTemplates(w http.ResponseWriter, r *http.Request) {
 		slices.SortStableFunc(tj.Builds, func(a, b buildJSON) int { return b.CreatedAt.Compare(a.CreatedAt) })
 		out = append(out, tj)
 	}
+	// A template whose first build is under way (or failed) is not in the
+	// store yet: the key's build records show it, so its log can be read
+	// while it builds.
+	if d.o.Builds != nil {
+		known := map[string]bool{}
+		for _, t := range all {
+			known[t.ID] = true
+		}
+		recs, err := d.o.Builds.OwnedBy(s.owner)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "Listing the builds failed: "+err.Error())
+			return
+		}
+		first := map[string]int{} // template → its index in out
+		for _, rec := range recs {
+			if known[rec.TemplateID] || rec.Status == tplbuild.StatusReady {
+				continue
+			}
+			i, ok := first[rec.TemplateID]
+			if !ok {
+				i = len(out)
+				first[rec.TemplateID] = i
+				out = append(out, templateJSON{TemplateID: rec.TemplateID, Aliases: []string{}, Mine: true,
+					CreatedAt: rec.CreatedAt, CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, Builds: []buildJSON{}})
+			}
+			b := buildJSON{BuildID: rec.BuildID, Status: rec.Status, CreatedAt: rec.CreatedAt}
+			if !rec.FinishedAt.IsZero() {
+				at := rec.FinishedAt
+				b.FinishedAt = &at
+			}
+			out[i].Builds = append(out[i].Builds, b) // newest first, as recs
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
 

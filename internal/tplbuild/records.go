@@ -12,6 +12,7 @@ import (
 
 // BuildInfo is one API build of a template as its record tells it.
 type BuildInfo struct {
+	TemplateID string
 	BuildID    string
 	Status     string // Status*
 	Reason     *Reason
@@ -27,6 +28,17 @@ type BuildInfo struct {
 // have been dropped by the store, when no tag names it any more). Records
 // are kept for recordTTL after they finish.
 func (s *Service) Builds(templateID string) ([]BuildInfo, error) {
+	return s.records(func(r record) bool { return r.TemplateID == templateID })
+}
+
+// OwnedBy lists the records of owner's API builds of every template, newest
+// first: the dashboard's way to a template whose first build is under way
+// (the store lists a template once a build of it is ready).
+func (s *Service) OwnedBy(owner string) ([]BuildInfo, error) {
+	return s.records(func(r record) bool { return r.Owner == owner })
+}
+
+func (s *Service) records(keep func(record) bool) ([]BuildInfo, error) {
 	ents, err := os.ReadDir(s.opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("template builds: %w", err)
@@ -45,13 +57,13 @@ func (s *Service) Builds(templateID string) ([]BuildInfo, error) {
 			s.log.Warn("template builds: unreadable record skipped", "build", id, "err", err)
 			continue
 		}
-		if r.TemplateID != templateID {
+		if !keep(r) {
 			continue
 		}
 		// The in-memory job is ahead of its record only in fields the
 		// record is rewritten for; reading the file is enough.
 		out = append(out, BuildInfo{
-			BuildID: r.BuildID, Status: r.Status, Reason: r.Reason, Tags: r.Tags,
+			TemplateID: r.TemplateID, BuildID: r.BuildID, Status: r.Status, Reason: r.Reason, Tags: r.Tags,
 			CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, CreatedAt: r.CreatedAt, FinishedAt: r.FinishedAt,
 		})
 	}
