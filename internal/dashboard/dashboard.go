@@ -31,6 +31,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"path"
 	"strings"
 	"time"
@@ -275,12 +276,9 @@ func (d *Dashboard) callAPI(ctx context.Context, key, method, target string, bod
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	rec := &recorder{header: http.Header{}}
+	rec := httptest.NewRecorder()
 	d.o.API.ServeHTTP(rec, req)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	return rec.status, rec.body.Bytes()
+	return rec.Code, rec.Body.Bytes()
 }
 
 // relay writes an E2B API answer to the browser: errors as they are (the
@@ -294,24 +292,4 @@ func relay(w http.ResponseWriter, status int, body []byte, keep bool) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// recorder is the in-process response of callAPI.
-type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header { return r.header }
-func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-}
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.body.Write(b)
 }

@@ -76,48 +76,19 @@ export function OverviewPage() {
           {h ? (
             <table class="kv">
               <tbody>
-                <tr>
-                  <th>CPU</th>
-                  <td>
-                    <Bar
-                      used={h.load1}
-                      total={h.cpus}
-                      label={
-                        <>
-                          load {h.load1.toFixed(2)} on {h.cpus} CPU{h.cpus === 1 ? '' : 's'}
-                        </>
-                      }
-                    />
-                  </td>
-                </tr>
-                <tr>
-                  <th>Memory</th>
-                  <td>
-                    <Bar
-                      used={h.memoryTotalBytes - h.memoryAvailableBytes}
-                      total={h.memoryTotalBytes}
-                      label={
-                        <>
-                          {fmtBytes(h.memoryAvailableBytes)} available of {fmtBytes(h.memoryTotalBytes)}
-                        </>
-                      }
-                    />
-                  </td>
-                </tr>
-                <tr>
-                  <th>Disk</th>
-                  <td>
-                    <Bar
-                      used={h.diskTotalBytes - h.diskFreeBytes}
-                      total={h.diskTotalBytes}
-                      label={
-                        <>
-                          {fmtBytes(h.diskFreeBytes)} free of {fmtBytes(h.diskTotalBytes)}
-                        </>
-                      }
-                    />
-                  </td>
-                </tr>
+                <Headroom name="CPU" used={h.load1} total={h.cpus} label={`load ${h.load1.toFixed(2)} on ${h.cpus} CPU${h.cpus === 1 ? '' : 's'}`} />
+                <Headroom
+                  name="Memory"
+                  used={h.memoryTotalBytes - h.memoryAvailableBytes}
+                  total={h.memoryTotalBytes}
+                  label={`${fmtBytes(h.memoryAvailableBytes)} available of ${fmtBytes(h.memoryTotalBytes)}`}
+                />
+                <Headroom
+                  name="Disk"
+                  used={h.diskTotalBytes - h.diskFreeBytes}
+                  total={h.diskTotalBytes}
+                  label={`${fmtBytes(h.diskFreeBytes)} free of ${fmtBytes(h.diskTotalBytes)}`}
+                />
               </tbody>
             </table>
           ) : (
@@ -126,5 +97,17 @@ export function OverviewPage() {
         </section>
       </div>
     </div>
+  );
+}
+
+// One row of the host's headroom: a bar of what is used and its caption.
+function Headroom(p: { name: string; used: number; total: number; label: string }) {
+  return (
+    <tr>
+      <th>{p.name}</th>
+      <td>
+        <Bar used={p.used} total={p.total} label={p.label} />
+      </td>
+    </tr>
   );
 }

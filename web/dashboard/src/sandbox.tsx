@@ -184,30 +184,8 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
           fmt={(v) => fmtPct(v)}
           yMax={100}
         />
-        <Chart
-          testid="chart-mem"
-          title="Memory"
-          series={[
-            { label: 'used', stroke: '#16a34a', fill: 'rgba(22,163,74,0.12)' },
-            { label: 'total', stroke: '#999', dash: [4, 4] },
-          ]}
-          data={charts.mem}
-          fmt={fmtBytes}
-          yFloor={64 * 1048576}
-          binary
-        />
-        <Chart
-          testid="chart-disk"
-          title="Disk"
-          series={[
-            { label: 'used', stroke: '#b45309', fill: 'rgba(180,83,9,0.12)' },
-            { label: 'total', stroke: '#999', dash: [4, 4] },
-          ]}
-          data={charts.disk}
-          fmt={fmtBytes}
-          yFloor={64 * 1048576}
-          binary
-        />
+        <UsageChart testid="chart-mem" title="Memory" color="#16a34a" fill="rgba(22,163,74,0.12)" data={charts.mem} />
+        <UsageChart testid="chart-disk" title="Disk" color="#b45309" fill="rgba(180,83,9,0.12)" data={charts.disk} />
       </div>
       <div class="tabs" role="tablist">
         {TABS.map(([t, label]) => (
@@ -420,5 +398,23 @@ function Actions({
         {busy === 'Kill' ? 'Killing…' : 'Kill'}
       </button>
     </div>
+  );
+}
+
+// A bytes chart of used against total (memory, disk).
+function UsageChart(p: { testid: string; title: string; color: string; fill: string; data: (number | null)[][] }) {
+  return (
+    <Chart
+      testid={p.testid}
+      title={p.title}
+      series={[
+        { label: 'used', stroke: p.color, fill: p.fill },
+        { label: 'total', stroke: '#999', dash: [4, 4] },
+      ]}
+      data={p.data}
+      fmt={fmtBytes}
+      yFloor={64 * 1048576}
+      binary
+    />
   );
 }
