@@ -244,6 +244,10 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: secret schema: %w", err)
 	}
+	if _, err := db.Exec(keySchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: api key schema: %w", err)
+	}
 	if err := migrate(db); err != nil {
 		db.Close()
 		return nil, err

@@ -1,0 +1,145 @@
+package apikey
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+func openStore(t *testing.T, dir string) *store.SQLite {
+	t.Helper()
+	st, err := store.OpenSQLite(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+const boot = "e2b_bootstrap00000000000000000000000000000"
+
+func teamOf(k string) string { return "digest-" + k[len(k)-4:] }
+
+func TestParseScopes(t *testing.T) {
+	got, err := ParseScopes([]string{"volumes:*", "sandboxes:read,templates:read"})
+	if err != nil || joinScopes(got) != "sandboxes:read templates:read volumes:read volumes:write" {
+		t.Errorf("ParseScopes = %v, %v", got, err)
+	}
+	if all, err := ParseScopes([]string{"*"}); err != nil || len(all) != len(All) {
+		t.Errorf("* = %v, %v", all, err)
+	}
+	for _, bad := range [][]string{{"sandboxes:delete"}, {"nothing:*"}, {}, {" , "}} {
+		if _, err := ParseScopes(bad); err == nil {
+			t.Errorf("ParseScopes(%q) accepted", bad)
+		} else if len(bad) > 0 && strings.Contains(bad[0], ":") && !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("ParseScopes(%q): %v does not name it", bad, err)
+		}
+	}
+}
+
+// A key is shown once, kept as a hash, holds its scopes, and stops working
+// the moment it is revoked; all of it survives a restart; a key cannot give
+// what it does not hold.
+func TestKeys(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	s, err := New(ctx, st, Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := s.Authenticate(boot)
+	if err != nil || !admin.Bootstrap || !admin.Has(KeysAdmin) || admin.Team != teamOf(boot) {
+		t.Fatalf("bootstrap = %+v, %v", admin, err)
+	}
+	if tm, ok := s.Team(admin.Team); !ok || tm.Name != "default" {
+		t.Errorf("bootstrap team = %+v", tm)
+	}
+	if _, err := s.Authenticate("e2b_unknown0000000000000000000000000000000"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown key: %v", err)
+	}
+	if _, err := s.Authenticate("not a key!"); !errors.Is(err, ErrMalformed) {
+		t.Errorf("malformed key: %v", err)
+	}
+
+	blue, err := s.EnsureTeam(ctx, "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.EnsureTeam(ctx, "blue"); again.ID != blue.ID {
+		t.Errorf("EnsureTeam made a second blue: %v", again)
+	}
+	if _, err := s.EnsureTeam(ctx, "Blue Team"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad team name: %v", err)
+	}
+	ro, err := s.Create(ctx, CreateRequest{TeamID: blue.ID, Name: "reader", Scopes: []Scope{SandboxesRead}, By: &admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ro.Key, "e2b_") || len(ro.Key) != 44 || ro.Record.Hash == "" || strings.Contains(ro.Record.Hash, ro.Key) {
+		t.Errorf("created %+v", ro)
+	}
+	p, err := s.Authenticate(ro.Key)
+	if err != nil || p.Team != blue.ID || !p.Has(SandboxesRead) || p.Has(SandboxesWrite) || p.KeyName != "reader" {
+		t.Fatalf("reader = %+v, %v", p, err)
+	}
+	// The reader cannot make or widen a key beyond what it holds.
+	if _, err := s.Create(ctx, CreateRequest{TeamID: blue.ID, Name: "x", Scopes: []Scope{SandboxesWrite}, By: &p}); !errors.Is(err, ErrEscalation) {
+		t.Errorf("reader made a writer: %v", err)
+	}
+	if _, err := s.Update(ctx, ro.Record.ID, "", []Scope{KeysAdmin}, &p); !errors.Is(err, ErrEscalation) {
+		t.Errorf("reader widened itself: %v", err)
+	}
+	if _, err := s.Update(ctx, ro.Record.ID, "renamed", []Scope{SandboxesRead, TemplatesRead}, &admin); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.Authenticate(ro.Key); p.KeyName != "renamed" || !p.Has(TemplatesRead) {
+		t.Errorf("after update: %+v", p)
+	}
+	if err := s.FlushUsage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Get(ctx, ro.Record.ID); rec.LastUsed.IsZero() {
+		t.Error("last use not recorded")
+	}
+
+	gone, err := s.Create(ctx, CreateRequest{TeamID: blue.ID, Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revoke(ctx, gone.Record.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Authenticate(gone.Key); !errors.Is(err, ErrNotFound) {
+		t.Errorf("revoked key still works: %v", err)
+	}
+	if err := s.Revoke(ctx, gone.Record.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second revoke: %v", err)
+	}
+
+	// A restart: the same keys, teams and revocations, read back.
+	st.Close()
+	st2 := openStore(t, dir)
+	s2, err := New(ctx, st2, Options{Bootstrap: []string{boot}, TeamOf: teamOf, Now: func() time.Time { return time.Now() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s2.Authenticate(ro.Key); err != nil || p.KeyName != "renamed" || p.Team != blue.ID {
+		t.Errorf("after restart: %+v, %v", p, err)
+	}
+	if _, err := s2.Authenticate(gone.Key); !errors.Is(err, ErrNotFound) {
+		t.Errorf("revoked key works after restart: %v", err)
+	}
+	if len(s2.Teams()) != 2 {
+		t.Errorf("teams after restart: %v", s2.Teams())
+	}
+	keys, _ := s2.List(ctx, blue.ID)
+	if len(keys) != 2 {
+		t.Errorf("blue's keys: %v", keys)
+	}
+}
