@@ -138,6 +138,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrEscalation is a key asking for more than it holds.
 	ErrEscalation = errors.New("scope escalation")
+	// ErrRevoked is a key that was revoked (Authenticate tells it apart
+	// from one never made, so its holder learns why).
+	ErrRevoked = errors.New("revoked API key")
 )
 
 // Store is what the service keeps its records in (store.SQLite).
@@ -165,6 +168,8 @@ type Service struct {
 	teams  map[string]store.Team // by ID
 	// used is when each stored key was last seen, not yet written.
 	used map[string]time.Time
+	// revoked holds the hashes of revoked keys.
+	revoked map[string]bool
 }
 
 // Options configures New.
@@ -186,7 +191,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, teams: map[string]store.Team{}, used: map[string]time.Time{}}
+	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]bool{}}
 	teams, err := st.Teams(ctx)
 	if err != nil {
 		return nil, err
@@ -217,6 +222,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	}
 	for _, k := range keys {
 		if !k.RevokedAt.IsZero() {
+			s.revoked[k.Hash] = true
 			continue
 		}
 		p, err := principalOf(k)
@@ -258,7 +264,11 @@ func (s *Service) Authenticate(key string) (Principal, error) {
 	h := hashKey(key)
 	s.mu.RLock()
 	p, ok := s.byHash[h]
+	revoked := s.revoked[h]
 	s.mu.RUnlock()
+	if revoked {
+		return Principal{}, ErrRevoked
+	}
 	if !ok {
 		return Principal{}, ErrNotFound
 	}
@@ -484,6 +494,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 	s.mu.Lock()
 	p, live := s.byHash[k.Hash]
 	delete(s.byHash, k.Hash)
+	s.revoked[k.Hash] = true
 	s.mu.Unlock()
 	if err := s.st.RevokeAPIKey(ctx, id, s.now()); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
@@ -492,6 +503,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 		if live { // not revoked after all: the record says so, and so does memory
 			s.mu.Lock()
 			s.byHash[k.Hash] = p
+			delete(s.revoked, k.Hash)
 			s.mu.Unlock()
 		}
 		return err

@@ -115,8 +115,8 @@ func TestKeys(t *testing.T) {
 	if err := s.Revoke(ctx, gone.Record.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Authenticate(gone.Key); !errors.Is(err, ErrNotFound) {
-		t.Errorf("revoked key still works: %v", err)
+	if _, err := s.Authenticate(gone.Key); !errors.Is(err, ErrRevoked) {
+		t.Errorf("revoked key: %v, want ErrRevoked", err)
 	}
 	if err := s.Revoke(ctx, gone.Record.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("second revoke: %v", err)
@@ -132,7 +132,7 @@ func TestKeys(t *testing.T) {
 	if p, err := s2.Authenticate(ro.Key); err != nil || p.KeyName != "renamed" || p.Team != blue.ID {
 		t.Errorf("after restart: %+v, %v", p, err)
 	}
-	if _, err := s2.Authenticate(gone.Key); !errors.Is(err, ErrNotFound) {
+	if _, err := s2.Authenticate(gone.Key); !errors.Is(err, ErrRevoked) {
 		t.Errorf("revoked key works after restart: %v", err)
 	}
 	if len(s2.Teams()) != 2 {

@@ -380,14 +380,14 @@ func (p *persister) captures(ctx context.Context, n, fork10 int) ([]Row, error) 
 		start = time.Now()
 		info, err := p.create(ctx, s.ID)
 		if err != nil {
-			_ = p.cfg.Manager.DeleteSnapshot(context.WithoutCancel(ctx), s.ID)
+			_ = p.cfg.Manager.DeleteSnapshot(context.WithoutCancel(ctx), s.ID, "")
 			return nil, fmt.Errorf("create from snapshot: %w", err)
 		}
 		fromSnap.Samples = append(fromSnap.Samples, time.Since(start))
 		fromModes[startedMode(orig, info)]++
 		err = p.sh(ctx, info, "true")
 		p.kill(ctx, info.ID)
-		if derr := p.cfg.Manager.DeleteSnapshot(context.WithoutCancel(ctx), s.ID); derr != nil && err == nil {
+		if derr := p.cfg.Manager.DeleteSnapshot(context.WithoutCancel(ctx), s.ID, ""); derr != nil && err == nil {
 			err = derr
 		}
 		if err != nil {

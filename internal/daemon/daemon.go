@@ -47,7 +47,6 @@ package daemon
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -65,6 +64,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/dashboard"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
@@ -181,7 +181,10 @@ type Daemon struct {
 	log    *slog.Logger
 	Layout layout.DataDir
 
+	// APIKeys are the bootstrap keys; Keys holds them and the teams and
+	// keys made through the API or `airlock keys`.
 	APIKeys   []string
+	Keys      *apikey.Service
 	Templates *template.Store
 	Builds    *tplbuild.Service // template builds asked for through the E2B API
 	Store     *store.SQLite
@@ -302,6 +305,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	d.push("store", d.Store.Close)
+	if err := d.startKeys(ctx); err != nil {
+		return err
+	}
 	d.startEvents()
 	if err := d.startSecrets(ctx); err != nil {
 		return err
@@ -507,13 +513,44 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 	return nil
 }
 
-// authenticate reports whether key is one of the server's API keys.
+// authenticate reports whether key is a live API key of the server's.
 func (d *Daemon) authenticate(key string) bool {
-	ok := 0
-	for _, k := range d.APIKeys { // no early exit: time does not tell which key matched
-		ok |= subtle.ConstantTimeCompare([]byte(key), []byte(k))
+	_, err := d.Keys.Authenticate(key)
+	return err == nil
+}
+
+// startKeys loads the teams and keys; the bootstrap keys hold every scope,
+// each in the team whose ID is the digest Airlock has always recorded as
+// the owner of what a key made. Last uses are written every few seconds.
+func (d *Daemon) startKeys(ctx context.Context) error {
+	keys, err := apikey.New(ctx, d.Store, apikey.Options{Bootstrap: d.APIKeys, TeamOf: e2b.OwnerOf, Logger: d.log})
+	if err != nil {
+		return fmt.Errorf("api keys: %w", err)
 	}
-	return ok == 1
+	d.Keys = keys
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if err := keys.FlushUsage(context.Background()); err != nil {
+					d.log.Warn("api keys: last use not written", "err", err)
+				}
+			}
+		}
+	}()
+	d.push("api keys", func() error {
+		close(stop)
+		<-done
+		return keys.FlushUsage(context.Background())
+	})
+	return nil
 }
 
 // startListeners serves the API (with /mcp and the info endpoint) and the
@@ -531,7 +568,7 @@ func (d *Daemon) startListeners() error {
 		lns = append(lns, ln)
 	}
 	opts := e2b.Options{
-		Authenticate: d.authenticate,
+		Identify:     d.Keys.Authenticate,
 		MaxTimeout:   d.cfg.MaxTimeout,
 		Domain:       d.cfg.Domain,
 		DomainFor:    d.domainFor,
@@ -606,7 +643,7 @@ func (d *Daemon) startListeners() error {
 // goes through this server's own proxy, as the MCP tools' does.
 func (d *Daemon) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashboard.Dashboard, error) {
 	o := dashboard.Options{
-		Authenticate: d.authenticate, OwnerOf: e2b.OwnerOf, API: api,
+		Identify: d.Keys.Authenticate, API: api,
 		Sandboxes: d.Manager, Events: d.Events, Templates: d.Templates,
 		DataDir: d.Layout.Root, Logger: d.log,
 	}

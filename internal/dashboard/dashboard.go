@@ -10,9 +10,10 @@
 //     the server's own Authenticate and kept in a server-side session; the
 //     browser gets only an opaque id in an httpOnly, SameSite=Strict cookie
 //     and a CSRF token that every non-GET request must echo in a header.
-//  3. Each API route finds the session, then acts as that key: sandbox
-//     routes answer 404 for a sandbox another key created (the E2B API lets
-//     any key reach any sandbox; the dashboard shows a key only its own),
+//  3. Each API route finds the session and asks again who its key is (a
+//     revoked key's session ends there), then acts as that key: sandbox
+//     routes answer 404 for a sandbox of another team, exactly as for one
+//     that never existed,
 //     actions go through the E2B REST handler in-process with the session's
 //     key (so validation, limits and metrics are the API's own), and envd
 //     work (files, processes, the terminal) goes through the sandbox proxy
@@ -36,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
@@ -75,10 +77,10 @@ type BuildRecords interface {
 
 // Options wires the dashboard to the server.
 type Options struct {
-	// Authenticate reports whether an API key is valid (the server's own).
-	Authenticate func(apiKey string) bool
-	// OwnerOf turns a key into the owner the manager records (e2b.OwnerOf).
-	OwnerOf func(apiKey string) string
+	// Identify returns who an API key is (the server's keys and teams); a
+	// session asks at every request, so a revoked key's session ends at
+	// its next request.
+	Identify func(apiKey string) (apikey.Principal, error)
 	// API is the E2B REST handler; actions are served by calling it
 	// in-process as the session's key.
 	API       http.Handler
@@ -109,8 +111,8 @@ type Dashboard struct {
 
 // New returns the dashboard handler.
 func New(o Options) (*Dashboard, error) {
-	if o.Authenticate == nil || o.OwnerOf == nil || o.API == nil || o.Sandboxes == nil || o.Envd == nil {
-		return nil, errors.New("dashboard: Authenticate, OwnerOf, API, Sandboxes and Envd are required")
+	if o.Identify == nil || o.API == nil || o.Sandboxes == nil || o.Envd == nil {
+		return nil, errors.New("dashboard: Identify, API, Sandboxes and Envd are required")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/template"
@@ -27,15 +29,25 @@ func (noSandboxes) Metrics(context.Context, string, time.Time, time.Time) ([]san
 	return nil, nil
 }
 
+// identify knows the keys given, each its own team "owner-<key>" with every
+// scope.
+func identify(keys ...string) func(string) (apikey.Principal, error) {
+	return func(k string) (apikey.Principal, error) {
+		if !slices.Contains(keys, k) {
+			return apikey.Principal{}, apikey.ErrNotFound
+		}
+		return apikey.Principal{KeyID: k, KeyName: k, Team: "owner-" + k, Scopes: apikey.All}, nil
+	}
+}
+
 func newTest(t *testing.T, now func() time.Time) *Dashboard {
 	t.Helper()
 	d, err := New(Options{
-		Authenticate: func(k string) bool { return k == "e2b_good_key_0001" },
-		OwnerOf:      func(k string) string { return "owner-" + k },
-		API:          http.NotFoundHandler(),
-		Sandboxes:    noSandboxes{},
-		Envd:         func(string) *e2bclient.Client { return nil },
-		Now:          now,
+		Identify:  identify("e2b_good_key_0001"),
+		API:       http.NotFoundHandler(),
+		Sandboxes: noSandboxes{},
+		Envd:      func(string) *e2bclient.Client { return nil },
+		Now:       now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -204,9 +216,8 @@ func (f fakeRecords) OwnedBy(owner string) ([]tplbuild.BuildInfo, error) {
 func TestListTemplates(t *testing.T) {
 	at := time.Date(2026, 11, 28, 8, 0, 0, 0, time.UTC)
 	d, err := New(Options{
-		Authenticate: func(string) bool { return true },
-		OwnerOf:      func(k string) string { return "owner-" + k },
-		API:          http.NotFoundHandler(), Sandboxes: noSandboxes{},
+		Identify: identify("k1"),
+		API:      http.NotFoundHandler(), Sandboxes: noSandboxes{},
 		Envd: func(string) *e2bclient.Client { return nil },
 		Templates: fakeTemplates{
 			{ID: "base", Builtin: true, Ready: true, SizeBytes: 300 << 20, Layers: make([]template.Layer, 5), BuildID: "b1", BuiltAt: at},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/api/gen/filesystem"
 	"github.com/airlock-sandbox/airlock/api/gen/process"
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
@@ -259,6 +260,10 @@ func (d *Dashboard) terminal(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Query().Get("csrf") != s.csrf {
 		c.Close(closeForbidden, "missing or wrong csrf parameter: reload the page")
+		return
+	}
+	if !s.who.Has(apikey.SandboxesWrite) {
+		c.Close(closeForbidden, "this API key lacks the scope "+string(apikey.SandboxesWrite))
 		return
 	}
 	in, err := d.o.Sandboxes.Get(r.Context(), r.PathValue("id"))

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -183,10 +184,15 @@ func (d *Dashboard) owned(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// running is owned for routes that reach into the sandbox: a paused one
-// answers 409 saying to resume it.
+// running is owned for routes that reach into the sandbox (files,
+// processes): they need sandboxes:write, as commands and files through the
+// SDK do, and a paused sandbox answers 409 saying to resume it.
 func (d *Dashboard) running(next http.HandlerFunc) http.HandlerFunc {
 	return d.owned(func(w http.ResponseWriter, r *http.Request) {
+		if who := sessionFrom(r.Context()).who; !who.Has(apikey.SandboxesWrite) {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("This API key (%s) lacks the scope %s", who.KeyName, apikey.SandboxesWrite))
+			return
+		}
 		if in := infoFrom(r.Context()); in.State != sandbox.StateRunning {
 			writeError(w, http.StatusConflict, fmt.Sprintf("Sandbox %s is %s: resume it first", in.ID, in.State))
 			return

@@ -5,11 +5,15 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 )
 
 const (
@@ -30,9 +34,12 @@ const (
 type session struct {
 	id, csrf string
 	key      string // the API key it acts as
-	owner    string // what the manager records for key
 	created  time.Time
 	seen     time.Time
+	// owner (the key's team) and who are filled at each request from the
+	// key's current record, never kept from the sign-in.
+	owner string
+	who   apikey.Principal
 }
 
 // sessions keeps the signed-in browsers in memory.
@@ -52,9 +59,9 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func (s *sessions) create(key, owner string) *session {
+func (s *sessions) create(key string) *session {
 	now := s.now()
-	ss := &session{id: randomToken(), csrf: randomToken(), key: key, owner: owner, created: now, seen: now}
+	ss := &session{id: randomToken(), csrf: randomToken(), key: key, created: now, seen: now}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.m) >= maxSessions {
@@ -116,13 +123,24 @@ func sessionFrom(ctx context.Context) *session {
 	return s
 }
 
-// sessionOf returns the request's session, or nil.
+// sessionOf returns the request's session, with who its key is now; nil
+// when there is none, or its key no longer works (the session ends then).
 func (d *Dashboard) sessionOf(r *http.Request) *session {
 	c, err := r.Cookie(cookieName)
 	if err != nil || c.Value == "" {
 		return nil
 	}
-	return d.sessions.get(c.Value)
+	s := d.sessions.get(c.Value)
+	if s == nil {
+		return nil
+	}
+	p, err := d.o.Identify(s.key)
+	if err != nil {
+		d.sessions.remove(s.id)
+		return nil
+	}
+	s.who, s.owner = p, p.Team
+	return s
 }
 
 // signedIn serves next for a signed-in browser only; a request that
@@ -195,11 +213,23 @@ func (d *Dashboard) signIn(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "Enter an API key")
 		return
 	}
-	if !d.o.Authenticate(key) {
-		writeError(w, http.StatusUnauthorized, "Invalid API key")
+	p, err := d.o.Identify(key)
+	if err != nil {
+		msg := "Invalid API key"
+		switch {
+		case errors.Is(err, apikey.ErrRevoked):
+			msg = "Invalid API key: it was revoked"
+		case errors.Is(err, apikey.ErrMalformed):
+			msg = "Malformed API key: a key is 8-200 letters, digits, _ and -"
+		}
+		writeError(w, http.StatusUnauthorized, msg)
 		return
 	}
-	s := d.sessions.create(key, d.o.OwnerOf(key))
+	if !p.Has(apikey.SandboxesRead) {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("This API key (%s) lacks the scope %s, which the dashboard needs", p.KeyName, apikey.SandboxesRead))
+		return
+	}
+	s := d.sessions.create(key)
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: s.id, Path: strings.TrimSuffix(Prefix, "/"),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,

@@ -100,6 +100,9 @@ func (f *fakeManager) add(info sandbox.Info) {
 	if info.State == "" {
 		info.State = sandbox.StateRunning
 	}
+	if info.Owner == "" {
+		info.Owner = OwnerOf(testKey)
+	}
 	if info.EndAt.IsZero() {
 		info.EndAt = time.Now().Add(time.Hour)
 	}
@@ -151,6 +154,7 @@ func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sa
 		return sandbox.Info{}, fmt.Errorf("template %q: %w", req.Template, sandbox.ErrTemplateNotFound)
 	}
 	info := f.newSandbox(tid, req.Timeout)
+	info.Owner = req.Owner
 	info.Metadata = maps.Clone(req.Metadata)
 	info.EnvVars = maps.Clone(req.EnvVars)
 	info.AllowInternetAccess = req.AllowInternetAccess
@@ -421,7 +425,7 @@ func (f *fakeManager) ListSnapshots(_ context.Context, filter sandbox.SnapshotFi
 	return out, nil
 }
 
-func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName string) error {
+func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName, _ string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++

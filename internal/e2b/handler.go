@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
@@ -29,10 +30,15 @@ const (
 
 // Options configures the control-plane handler.
 type Options struct {
-	// Authenticate reports whether an API key is valid. It sees the key from
-	// X-API-KEY or from "Authorization: Bearer". A nil Authenticate rejects
-	// every request: an API left open by a forgotten option is worse than one
-	// that visibly refuses.
+	// Identify returns who an API key is: its team (the owner of what it
+	// makes and all it may see) and its scopes; an error for an unknown,
+	// revoked or malformed key. It sees the key from X-API-KEY or from
+	// "Authorization: Bearer".
+	Identify func(apiKey string) (apikey.Principal, error)
+	// Authenticate, used when Identify is nil, reports whether a key is
+	// valid; each key is then its own team with every scope. With neither,
+	// every request is refused: an API left open by a forgotten option is
+	// worse than one that visibly refuses.
 	Authenticate func(apiKey string) bool
 	// DefaultTimeout is the sandbox lifetime when the v2 create or connect
 	// body names none (the SDKs' own default is 300 s).
@@ -154,15 +160,18 @@ func NewHandler(m Manager, opts Options) *Handler {
 // goes through the same mapping to {"code","message"}.
 type apiHandler func(w http.ResponseWriter, r *http.Request) error
 
+// handle serves an authenticated route: the key must hold the route's
+// scope (scopeFor). Handlers reach sandboxes through h.sbx, which shows the
+// key's team its own only.
 func (h *Handler) handle(pattern string, fn apiHandler) {
-	h.mux.Handle(pattern, h.authenticated(h.serveAPI(fn)))
+	h.mux.Handle(pattern, h.authenticated(scopeFor(pattern), h.serveAPI(fn)))
 }
 
 // handleCreate is handle for the sandbox-creating routes, which also spend a
 // token of the key's create bucket.
 func (h *Handler) handleCreate(pattern string, fn apiHandler) {
 	serve := h.serveAPI(fn)
-	h.mux.Handle(pattern, h.authenticated(func(w http.ResponseWriter, r *http.Request) {
+	h.mux.Handle(pattern, h.authenticated(scopeFor(pattern), func(w http.ResponseWriter, r *http.Request) {
 		if ok, wait := h.creates.take(ownerFrom(r.Context()), time.Now()); !ok {
 			tooManyRequests(w, "sandbox creations", h.opts.Limits.Creates, wait)
 			return
@@ -252,8 +261,9 @@ func (h *Handler) unrouted(w http.ResponseWriter, r *http.Request) {
 }
 
 // authenticated accepts the key from X-API-KEY (what the SDKs send) or from
-// "Authorization: Bearer" (what the upstream CLI sends).
-func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
+// "Authorization: Bearer" (what the upstream CLI sends), and serves next
+// when the key holds scope.
+func (h *Handler) authenticated(scope apikey.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get(e2bwire.HeaderAPIKey)
 		if key == "" {
@@ -265,16 +275,20 @@ func (h *Handler) authenticated(next http.HandlerFunc) http.Handler {
 			writeError(w, http.StatusUnauthorized, "Missing API key: send it in the X-API-KEY header")
 			return
 		}
-		if h.opts.Authenticate == nil || !h.opts.Authenticate(key) {
-			writeError(w, http.StatusUnauthorized, "Invalid API key")
+		p, err := h.identify(key)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, errorForKey(err))
 			return
 		}
-		owner := OwnerOf(key)
-		if ok, wait := h.requests.take(owner, time.Now()); !ok {
+		if ok, wait := h.requests.take(p.Team, time.Now()); !ok {
 			tooManyRequests(w, "requests", h.opts.Limits.Requests, wait)
 			return
 		}
-		next(w, r.WithContext(withOwner(r.Context(), owner)))
+		if scope != noScope && !p.Has(scope) {
+			missingScope(w, p, scope)
+			return
+		}
+		next(w, r.WithContext(withPrincipal(r.Context(), p)))
 	})
 }
 

@@ -371,7 +371,8 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 	wantRunning := slices.Contains(lq.filter.States, sandbox.StateRunning)
 
 	// Keys of every match, then the Infos of the page's alone.
-	keys, err := h.m.ListKeys(r.Context(), lq.filter)
+	lq.filter.Owner = ownerFrom(r.Context())
+	keys, err := h.sbx(r.Context()).ListKeys(r.Context(), lq.filter)
 	if errors.Is(err, sandbox.ErrTemplateNotFound) {
 		// No such template means no sandboxes from it; upstream answers an
 		// empty page rather than an error here.
@@ -409,7 +410,7 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 	kept = page(w, kept, func(k sandbox.ListKey) pageKey { return keyOf(k.StartedAt, k.ID) }, lq.pageQuery)
 	out := make([]e2bwire.ListedSandbox, 0, len(kept))
 	for _, k := range kept {
-		info, err := h.m.Get(r.Context(), k.ID)
+		info, err := h.sbx(r.Context()).Get(r.Context(), k.ID)
 		if err != nil || !listed(info.State) {
 			continue // gone, or changed state, since its key was taken
 		}
@@ -422,7 +423,7 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request) error {
 // listV1 serves the deprecated GET /sandboxes (JS 1.x): running sandboxes
 // only, newest first, metadata the only filter, no pagination.
 func (h *Handler) listV1(w http.ResponseWriter, r *http.Request) error {
-	filter := sandbox.ListFilter{States: []sandbox.State{sandbox.StateRunning}}
+	filter := sandbox.ListFilter{Owner: ownerFrom(r.Context()), States: []sandbox.State{sandbox.StateRunning}}
 	if v := r.URL.Query().Get("metadata"); v != "" {
 		md, err := parseMetadataFilter(v)
 		if err != nil {
@@ -430,7 +431,7 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request) error {
 		}
 		filter.Metadata = md
 	}
-	infos, err := h.m.List(r.Context(), filter)
+	infos, err := h.sbx(r.Context()).List(r.Context(), filter)
 	if err != nil {
 		return managerError(fmt.Errorf("list sandboxes: %w", err), "", "")
 	}

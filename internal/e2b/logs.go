@@ -125,7 +125,7 @@ func (h *Handler) logsV1(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	entries, err := h.m.Logs(r.Context(), id, q)
+	entries, err := h.sbx(r.Context()).Logs(r.Context(), id, q)
 	if err != nil {
 		return managerError(fmt.Errorf("sandbox logs: %w", err), id, "")
 	}
@@ -146,7 +146,7 @@ func (h *Handler) logsV2(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	entries, err := h.m.Logs(r.Context(), id, q)
+	entries, err := h.sbx(r.Context()).Logs(r.Context(), id, q)
 	if err != nil {
 		return managerError(fmt.Errorf("sandbox logs: %w", err), id, "")
 	}

@@ -36,9 +36,9 @@ type Manager interface {
 	CreateSnapshot(ctx context.Context, id string, req sandbox.SnapshotRequest) (sandbox.Snapshot, error)
 	// ListSnapshots returns the snapshots f selects, newest first.
 	ListSnapshots(ctx context.Context, f sandbox.SnapshotFilter) ([]sandbox.Snapshot, error)
-	// DeleteSnapshot removes a snapshot by ID or name; ErrNotFound when
-	// there is none.
-	DeleteSnapshot(ctx context.Context, idOrName string) error
+	// DeleteSnapshot removes owner's snapshot by ID or name; ErrNotFound
+	// when owner has none.
+	DeleteSnapshot(ctx context.Context, idOrName, owner string) error
 	// UpdateNetwork replaces a running sandbox's egress rules.
 	UpdateNetwork(ctx context.Context, id string, u sandbox.NetworkUpdate) error
 	// Metrics returns the samples taken between start and end (inclusive).

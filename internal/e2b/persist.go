@@ -53,7 +53,7 @@ func (h *Handler) fork(w http.ResponseWriter, r *http.Request) error {
 	case count > sandbox.MaxForkCount:
 		return badRequest("Count cannot be greater than %d, got %d", sandbox.MaxForkCount, count)
 	}
-	results, err := h.m.Fork(r.Context(), id, sandbox.ForkRequest{
+	results, err := h.sbx(r.Context()).Fork(r.Context(), id, sandbox.ForkRequest{
 		Count: int(count), Timeout: timeout, Owner: ownerFrom(r.Context()),
 	})
 	if err != nil {
@@ -99,7 +99,7 @@ func (h *Handler) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	snap, err := h.m.CreateSnapshot(r.Context(), id, req)
+	snap, err := h.sbx(r.Context()).CreateSnapshot(r.Context(), id, req)
 	if err != nil {
 		return managerError(fmt.Errorf("snapshot sandbox: %w", err), id, "")
 	}
@@ -146,7 +146,7 @@ func (h *Handler) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.Name = v
 	}
-	snaps, err := h.m.ListSnapshots(r.Context(), f)
+	snaps, err := h.sbx(r.Context()).ListSnapshots(r.Context(), f)
 	if err != nil {
 		return managerError(fmt.Errorf("list snapshots: %w", err), "", "")
 	}
@@ -200,7 +200,7 @@ func (h *Handler) deleteSnapshotOrTemplate(w http.ResponseWriter, r *http.Reques
 	if err != nil {
 		return err
 	}
-	err = h.m.DeleteSnapshot(r.Context(), ref)
+	err = h.sbx(r.Context()).DeleteSnapshot(r.Context(), ref, ownerFrom(r.Context()))
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)

@@ -117,7 +117,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 	}
 	spans.Add("access", time.Since(begin))
 	// Template may name a snapshot; the manager resolves it before templates.
-	info, err := h.m.Create(timing.With(r.Context(), spans), req)
+	info, err := h.sbx(r.Context()).Create(timing.With(r.Context(), spans), req)
 	if err != nil {
 		return managerError(fmt.Errorf("create sandbox from %q: %w", body.TemplateID, err), "", body.TemplateID)
 	}
@@ -215,7 +215,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := h.m.Get(r.Context(), id)
+	info, err := h.sbx(r.Context()).Get(r.Context(), id)
 	if err != nil {
 		return managerError(fmt.Errorf("get sandbox: %w", err), id, "")
 	}
@@ -228,7 +228,7 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := h.m.Kill(r.Context(), id); err != nil {
+	if err := h.sbx(r.Context()).Kill(r.Context(), id); err != nil {
 		return managerError(fmt.Errorf("kill sandbox: %w", err), id, "")
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -252,7 +252,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, resumed, err := h.m.Connect(r.Context(), id, timeout)
+	info, resumed, err := h.sbx(r.Context()).Connect(r.Context(), id, timeout)
 	if err != nil {
 		return managerError(fmt.Errorf("connect sandbox: %w", err), id, "")
 	}
@@ -291,7 +291,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	info, err := h.m.Get(r.Context(), id)
+	info, err := h.sbx(r.Context()).Get(r.Context(), id)
 	if err != nil {
 		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
 	}
@@ -300,7 +300,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Between Get and Connect another client may resume it first; the
 	// sandbox is then running as asked, so that is still a success.
-	info, _, err = h.m.Connect(r.Context(), id, timeout)
+	info, _, err = h.sbx(r.Context()).Connect(r.Context(), id, timeout)
 	if err != nil {
 		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
 	}
@@ -321,7 +321,7 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := h.m.SetTimeout(r.Context(), id, d); err != nil {
+	if err := h.sbx(r.Context()).SetTimeout(r.Context(), id, d); err != nil {
 		return managerError(fmt.Errorf("set sandbox timeout: %w", err), id, "")
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -349,7 +349,7 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 	if d > h.opts.MaxTimeout {
 		d = h.opts.MaxTimeout
 	}
-	info, err := h.m.Get(r.Context(), id)
+	info, err := h.sbx(r.Context()).Get(r.Context(), id)
 	if err != nil {
 		return managerError(fmt.Errorf("refresh sandbox: %w", err), id, "")
 	}
@@ -357,7 +357,7 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{status: http.StatusConflict, message: fmt.Sprintf("sandbox %q is paused; connect to resume it", id)}
 	}
 	if time.Now().Add(d).After(info.EndAt) {
-		if err := h.m.SetTimeout(r.Context(), id, d); err != nil {
+		if err := h.sbx(r.Context()).SetTimeout(r.Context(), id, d); err != nil {
 			return managerError(fmt.Errorf("refresh sandbox: %w", err), id, "")
 		}
 	}
@@ -375,7 +375,7 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	opts := sandbox.PauseOptions{DropMemory: body.Memory != nil && !*body.Memory}
-	if err := h.m.Pause(r.Context(), id, opts); err != nil {
+	if err := h.sbx(r.Context()).Pause(r.Context(), id, opts); err != nil {
 		return managerError(fmt.Errorf("pause sandbox: %w", err), id, "")
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -402,7 +402,7 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request) error {
 	if end.Before(start) {
 		return badRequest("end (%d) is before start (%d)", end.Unix(), start.Unix())
 	}
-	samples, err := h.m.Metrics(r.Context(), id, start, end)
+	samples, err := h.sbx(r.Context()).Metrics(r.Context(), id, start, end)
 	if err != nil {
 		return managerError(fmt.Errorf("sandbox metrics: %w", err), id, "")
 	}
@@ -450,7 +450,7 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 		AllowOut: body.AllowOut, DenyOut: body.DenyOut, AllowInternetAccess: body.AllowInternetAccess,
 		Rules: rulesFromWire(body.Rules), EgressProxy: egressProxyFromWire(body.EgressProxy),
 	}
-	if err := h.m.UpdateNetwork(r.Context(), id, upd); err != nil {
+	if err := h.sbx(r.Context()).UpdateNetwork(r.Context(), id, upd); err != nil {
 		return managerError(fmt.Errorf("update sandbox network: %w", err), id, "")
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -389,7 +389,7 @@ type usage struct {
 // lastSpawnedAt report: not all-time use, but a count that is exact for the
 // question a user asks before deleting a template.
 func (h *Handler) templateUsage(ctx context.Context) (map[string]usage, error) {
-	infos, err := h.m.List(ctx, sandbox.ListFilter{})
+	infos, err := h.sbx(ctx).List(ctx, sandbox.ListFilter{Owner: ownerFrom(ctx)})
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"net/http"
 
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
@@ -93,11 +94,17 @@ func volumeMountsJSON(in []sandbox.VolumeMount) []e2bwire.SandboxVolumeMount {
 	return out
 }
 
+// detailJSON is GET /sandboxes/{id}'s answer. Its tokens let their holder
+// run commands and move files, so a key that may only read gets none.
 func (h *Handler) detailJSON(r *http.Request, info sandbox.Info) e2bwire.SandboxDetail {
+	envdToken, trafficToken := info.AccessToken, info.TrafficAccessToken
+	if !principalFrom(r.Context()).Has(apikey.SandboxesWrite) {
+		envdToken, trafficToken = "", ""
+	}
 	return e2bwire.SandboxDetail{
 		ListedSandbox:       h.listedJSON(info),
-		EnvdAccessToken:     info.AccessToken,
-		TrafficAccessToken:  info.TrafficAccessToken,
+		EnvdAccessToken:     envdToken,
+		TrafficAccessToken:  trafficToken,
 		Domain:              h.domain(r),
 		AllowInternetAccess: info.AllowInternetAccess,
 		Network:             networkOf(info.Network),

@@ -1029,6 +1029,9 @@ func (m *Manager) List(_ context.Context, f ListFilter) ([]Info, error) {
 }
 
 func matches(info *Info, f ListFilter) bool {
+	if f.Owner != "" && info.Owner != f.Owner {
+		return false
+	}
 	if len(f.States) > 0 {
 		ok := false
 		for _, s := range f.States {

@@ -37,6 +37,14 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 	if strings.Contains(name, ":") {
 		return Snapshot{}, fmt.Errorf("%w: snapshot name %q: only the %q tag is supported", ErrInvalid, req.Name, snapshotTag)
 	}
+	if name != "" {
+		// Names are one namespace for every team: another team's name is
+		// refused before the capture (and again in the record's
+		// transaction, for a race), never replaced.
+		if r, err := m.opts.Store.GetSnapshot(ctx, name); err == nil && r.Name == name && r.Owner != req.Owner {
+			return Snapshot{}, fmt.Errorf("%w: the snapshot name %q is taken", ErrConflict, name)
+		}
+	}
 	raw := "snap" + newID()
 	dir := filepath.Join(m.snapshotsDir(), raw)
 	var rec store.Snapshot
@@ -63,6 +71,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		defer m.snapMu.Unlock()
 		replaced, err := m.commitSnapshot(context.WithoutCancel(ctx), e, rec,
 			lifecycle.EventData{SnapshotID: snapshotOf(rec).ID})
+		if errors.Is(err, store.ErrExists) {
+			return fmt.Errorf("%w: snapshot: %w", ErrConflict, err)
+		}
 		if err != nil {
 			return fmt.Errorf("snapshot: %w", err)
 		}
@@ -106,20 +117,21 @@ func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsh
 	return out, nil
 }
 
-// findSnapshot looks a snapshot up by its ID or name.
-func (m *Manager) findSnapshot(ctx context.Context, ref string) (store.Snapshot, error) {
+// findSnapshot looks a snapshot of owner's up by its ID or name ("" owner:
+// anyone's); another owner's is not found.
+func (m *Manager) findSnapshot(ctx context.Context, ref, owner string) (store.Snapshot, error) {
 	r, err := m.opts.Store.GetSnapshot(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) {
-		return r, fmt.Errorf("%w: snapshot %q", ErrNotFound, ref)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && owner != "" && r.Owner != owner) {
+		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, ref)
 	}
 	return r, err
 }
 
-// DeleteSnapshot removes a snapshot by ID or name.
-func (m *Manager) DeleteSnapshot(ctx context.Context, ref string) error {
+// DeleteSnapshot removes owner's snapshot by ID or name ("" owner: anyone's).
+func (m *Manager) DeleteSnapshot(ctx context.Context, ref, owner string) error {
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()
-	r, err := m.findSnapshot(ctx, ref)
+	r, err := m.findSnapshot(ctx, ref, owner)
 	if err != nil {
 		return err
 	}
@@ -140,7 +152,7 @@ func (m *Manager) createFromSnapshot(ctx context.Context, req CreateRequest) (in
 	// replacement waits until this sandbox has its own copy.
 	m.snapMu.RLock()
 	defer m.snapMu.RUnlock()
-	r, err := m.findSnapshot(ctx, req.Template)
+	r, err := m.findSnapshot(ctx, req.Template, req.Owner)
 	if err != nil {
 		return Info{}, false, nil
 	}

@@ -199,6 +199,8 @@ type CreateRequest struct {
 
 // ListFilter selects sandboxes for List. Zero values match everything.
 type ListFilter struct {
+	// Owner keeps the sandboxes of one owner (a team); "" keeps all.
+	Owner        string
 	States       []State
 	Metadata     map[string]string
 	Template     string // id or alias

@@ -69,11 +69,14 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string,
 		name = sn.Name
 	}
 	if sn.Name != "" {
-		err := tx.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE name = ? AND id != ?`, sn.Name, sn.ID).Scan(&replaced)
+		var owner string
+		err := tx.QueryRowContext(ctx, `SELECT id, owner FROM snapshots WHERE name = ? AND id != ?`, sn.Name, sn.ID).Scan(&replaced, &owner)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
+		case owner != sn.Owner: // another team's name is taken, not replaced
+			return "", fmt.Errorf("%w: snapshot name %q", ErrExists, sn.Name)
 		default:
 			if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, replaced); err != nil {
 				return "", fmt.Errorf("store: put snapshot %s: replace %s: %w", sn.ID, replaced, err)
