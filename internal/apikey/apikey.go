@@ -168,8 +168,9 @@ type Service struct {
 	teams  map[string]store.Team // by ID
 	// used is when each stored key was last seen, not yet written.
 	used map[string]time.Time
-	// revoked holds the hashes of revoked keys.
-	revoked map[string]bool
+	// revoked holds the revoked keys by hash: who they were, for the audit
+	// log of a request that still uses one.
+	revoked map[string]Principal
 }
 
 // Options configures New.
@@ -191,7 +192,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]bool{}}
+	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]Principal{}}
 	teams, err := st.Teams(ctx)
 	if err != nil {
 		return nil, err
@@ -222,7 +223,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	}
 	for _, k := range keys {
 		if !k.RevokedAt.IsZero() {
-			s.revoked[k.Hash] = true
+			s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 			continue
 		}
 		p, err := principalOf(k)
@@ -255,8 +256,9 @@ var keyShape = regexp.MustCompile(`^[A-Za-z0-9_\-]{8,200}$`)
 // ErrMalformed is a key that cannot be a key of any shape.
 var ErrMalformed = errors.New("malformed API key")
 
-// Authenticate returns who key is; ErrMalformed or ErrNotFound (unknown or
-// revoked) otherwise. It reads memory only.
+// Authenticate returns who key is; ErrMalformed, ErrNotFound (unknown) or
+// ErrRevoked otherwise, the last with who the key was and no scopes. It
+// reads memory only.
 func (s *Service) Authenticate(key string) (Principal, error) {
 	if !keyShape.MatchString(key) {
 		return Principal{}, ErrMalformed
@@ -264,10 +266,10 @@ func (s *Service) Authenticate(key string) (Principal, error) {
 	h := hashKey(key)
 	s.mu.RLock()
 	p, ok := s.byHash[h]
-	revoked := s.revoked[h]
+	was, revoked := s.revoked[h]
 	s.mu.RUnlock()
-	if revoked {
-		return Principal{}, ErrRevoked
+	if revoked { // who it was, without scopes: for the audit log only
+		return was, ErrRevoked
 	}
 	if !ok {
 		return Principal{}, ErrNotFound
@@ -494,7 +496,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 	s.mu.Lock()
 	p, live := s.byHash[k.Hash]
 	delete(s.byHash, k.Hash)
-	s.revoked[k.Hash] = true
+	s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 	s.mu.Unlock()
 	if err := s.st.RevokeAPIKey(ctx, id, s.now()); err != nil {
 		if errors.Is(err, store.ErrNotFound) {

@@ -568,16 +568,18 @@ func (d *Daemon) startListeners() error {
 		lns = append(lns, ln)
 	}
 	opts := e2b.Options{
-		Identify:     d.Keys.Authenticate,
-		MaxTimeout:   d.cfg.MaxTimeout,
-		Domain:       d.cfg.Domain,
-		DomainFor:    d.domainFor,
-		Limits:       d.cfg.Limits,
-		Templates:    e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
-		Builds:       d.Builds,
-		Events:       d.Events,
-		Secrets:      d.Secrets,
-		Logger:       d.log,
+		Identify:   d.Keys.Authenticate,
+		MaxTimeout: d.cfg.MaxTimeout,
+		Domain:     d.cfg.Domain,
+		DomainFor:  d.domainFor,
+		Limits:     d.cfg.Limits,
+		Templates:  e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
+		Builds:     d.Builds,
+		Events:     d.Events,
+		Secrets:    d.Secrets,
+		Keys:       d.Keys,
+		Audit:      d.Store,
+		Logger:     d.log,
 
 		Webhooks:            d.Store,
 		WebhookAllowPrivate: d.cfg.Webhooks.AllowPrivate,

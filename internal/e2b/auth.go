@@ -10,6 +10,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // Every route needs one scope, read off its pattern by scopeFor: the area
@@ -189,4 +190,50 @@ func errorForKey(err error) string {
 		return "Invalid API key: it was revoked"
 	}
 	return "Invalid API key"
+}
+
+// auditNote is where a handler names what a request made (a create's new
+// sandbox, a new key), for its audit entry.
+type auditNote struct{ kind, id, detail string }
+
+type auditNoteKey struct{}
+
+// noteTarget names what the request acted on, when its path does not.
+func noteTarget(ctx context.Context, kind, id string) {
+	if n, ok := ctx.Value(auditNoteKey{}).(*auditNote); ok {
+		n.kind, n.id = kind, id
+	}
+}
+
+// pathTargets are the path values that name what a route acts on.
+var pathTargets = []struct{ value, kind string }{
+	{"sandboxID", "sandbox"}, {"templateID", "template"}, {"buildID", "build"}, {"volumeID", "volume"},
+	{"apiKeyID", "key"}, {"webhookID", "webhook"}, {"secretID", "secret"},
+}
+
+// audit records a request that changes something (any method but GET and
+// HEAD), or that was refused for its key, once it is answered: who (key ID
+// and name, team), what (the route), to what, and the status. No bodies,
+// so no secret values.
+func (h *Handler) audit(r *http.Request, p apikey.Principal, pattern string, status int, note *auditNote, detail string) {
+	if h.opts.Audit == nil {
+		return
+	}
+	e := store.AuditEntry{At: time.Now(), KeyID: p.KeyID, KeyName: p.KeyName, TeamID: p.Team,
+		Action: pattern, Status: status, Detail: detail}
+	if note != nil && note.id != "" {
+		e.TargetKind, e.TargetID = note.kind, note.id
+	}
+	for _, t := range pathTargets {
+		if v := r.PathValue(t.value); v != "" && e.TargetID == "" {
+			e.TargetKind, e.TargetID = t.kind, v
+		}
+	}
+	// The request's own context may be done (the client left); the entry
+	// is still written.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	if err := h.opts.Audit.AppendAudit(ctx, []store.AuditEntry{e}); err != nil {
+		h.log.Error("audit log: entry not written", "action", pattern, "err", err)
+	}
 }

@@ -1,6 +1,8 @@
 package e2b
 
 import (
+	"cmp"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -83,7 +85,13 @@ type Options struct {
 	// Secrets keeps the secrets (secrets.go); nil makes their endpoints
 	// answer 501.
 	Secrets SecretService
-	Logger  *slog.Logger
+	// Keys manages teams and API keys (keys.go: /api-keys, /teams); nil
+	// makes the key routes answer 501.
+	Keys KeyService
+	// Audit keeps the audit log: every request that changes something, and
+	// every request refused for its key, is written to it; nil keeps none.
+	Audit  AuditLog
+	Logger *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.
@@ -153,6 +161,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h.routeWebhooks()
 	h.routeVolumes()
 	h.routeSecrets()
+	h.routeKeys()
 	return h
 }
 
@@ -164,14 +173,14 @@ type apiHandler func(w http.ResponseWriter, r *http.Request) error
 // scope (scopeFor). Handlers reach sandboxes through h.sbx, which shows the
 // key's team its own only.
 func (h *Handler) handle(pattern string, fn apiHandler) {
-	h.mux.Handle(pattern, h.authenticated(scopeFor(pattern), h.serveAPI(fn)))
+	h.mux.Handle(pattern, h.authenticated(pattern, h.serveAPI(fn)))
 }
 
 // handleCreate is handle for the sandbox-creating routes, which also spend a
 // token of the key's create bucket.
 func (h *Handler) handleCreate(pattern string, fn apiHandler) {
 	serve := h.serveAPI(fn)
-	h.mux.Handle(pattern, h.authenticated(scopeFor(pattern), func(w http.ResponseWriter, r *http.Request) {
+	h.mux.Handle(pattern, h.authenticated(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if ok, wait := h.creates.take(ownerFrom(r.Context()), time.Now()); !ok {
 			tooManyRequests(w, "sandbox creations", h.opts.Limits.Creates, wait)
 			return
@@ -262,8 +271,11 @@ func (h *Handler) unrouted(w http.ResponseWriter, r *http.Request) {
 
 // authenticated accepts the key from X-API-KEY (what the SDKs send) or from
 // "Authorization: Bearer" (what the upstream CLI sends), and serves next
-// when the key holds scope.
-func (h *Handler) authenticated(scope apikey.Scope, next http.HandlerFunc) http.Handler {
+// when the key holds the route's scope (scopeFor). Requests that change
+// something, and requests refused for their key, go to the audit log.
+func (h *Handler) authenticated(pattern string, next http.HandlerFunc) http.Handler {
+	scope := scopeFor(pattern)
+	changes := !strings.HasPrefix(pattern, "GET ") && !strings.HasPrefix(pattern, "HEAD ")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get(e2bwire.HeaderAPIKey)
 		if key == "" {
@@ -277,7 +289,9 @@ func (h *Handler) authenticated(scope apikey.Scope, next http.HandlerFunc) http.
 		}
 		p, err := h.identify(key)
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, errorForKey(err))
+			msg := errorForKey(err)
+			writeError(w, http.StatusUnauthorized, msg)
+			h.audit(r, p, pattern, http.StatusUnauthorized, nil, msg)
 			return
 		}
 		if ok, wait := h.requests.take(p.Team, time.Now()); !ok {
@@ -286,9 +300,18 @@ func (h *Handler) authenticated(scope apikey.Scope, next http.HandlerFunc) http.
 		}
 		if scope != noScope && !p.Has(scope) {
 			missingScope(w, p, scope)
+			h.audit(r, p, pattern, http.StatusForbidden, nil, "missing scope "+string(scope))
 			return
 		}
-		next(w, r.WithContext(withPrincipal(r.Context(), p)))
+		ctx := withPrincipal(r.Context(), p)
+		if !changes {
+			next(w, r.WithContext(ctx))
+			return
+		}
+		note := &auditNote{}
+		sw := &statusWriter{ResponseWriter: w}
+		next(sw, r.WithContext(context.WithValue(ctx, auditNoteKey{}, note)))
+		h.audit(r, p, pattern, cmp.Or(sw.status, http.StatusOK), note, "")
 	})
 }
 
@@ -297,14 +320,21 @@ func (h *Handler) authenticated(scope apikey.Scope, next http.HandlerFunc) http.
 type statusWriter struct {
 	http.ResponseWriter
 	wroteHeader bool
+	status      int // the first status written (0: none yet)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status = code
+	}
 	w.wroteHeader = true
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.status = http.StatusOK
+	}
 	w.wroteHeader = true
 	return w.ResponseWriter.Write(b)
 }

@@ -123,6 +123,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 	}
 	spans.Add("total", time.Since(begin))
 	w.Header().Set("Server-Timing", timing.ServerTiming(spans.Spans()))
+	noteTarget(r.Context(), "sandbox", info.ID)
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(r, info))
 	return nil
 }
@@ -304,6 +305,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return managerError(fmt.Errorf("resume sandbox: %w", err), id, "")
 	}
+	noteTarget(r.Context(), "sandbox", info.ID)
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(r, info))
 	return nil
 }

@@ -82,6 +82,7 @@ func (h *Handler) createSecret(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return secretError(err, "")
 	}
+	noteTarget(r.Context(), "secret", sec.ID)
 	writeJSON(w, http.StatusCreated, toWireSecret(sec))
 	return nil
 }

@@ -122,6 +122,7 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return buildError(err)
 	}
+	noteTarget(r.Context(), "template", id)
 	writeJSON(w, http.StatusAccepted, e2bwire.TemplateRequestResponseV3{
 		TemplateID: id, BuildID: build, Public: false, // a new build is its key's until PATCHed public
 		Aliases: []string{id}, Names: []string{id}, Tags: tags,

@@ -54,6 +54,7 @@ func (h *Handler) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return volumeError(err, "")
 	}
+	noteTarget(r.Context(), "volume", v.ID)
 	writeJSON(w, http.StatusCreated, toVolumeAndToken(v))
 	return nil
 }

@@ -125,6 +125,7 @@ func (h *Handler) createWebhook(w http.ResponseWriter, r *http.Request) error {
 	if err := h.opts.Webhooks.PutWebhook(r.Context(), hook); err != nil {
 		return err
 	}
+	noteTarget(r.Context(), "webhook", hook.ID)
 	writeJSON(w, http.StatusCreated, toWebhookJSON(hook))
 	return nil
 }

@@ -1,0 +1,227 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+)
+
+// keysFixture is a handler over the real key service and store: the
+// bootstrap key testKey (team "default", every scope), and in team blue a
+// full key, a read-only key and a revoked one; one sandbox of each team.
+type keysFixture struct {
+	h                        *Handler
+	m                        *fakeManager
+	st                       *store.SQLite
+	keys                     *apikey.Service
+	full, readOnly, revoked  string
+	readOnlyID, blueTeam     string
+	blueSandbox, homeSandbox string
+}
+
+func newKeysFixture(t *testing.T) *keysFixture {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	keys, err := apikey.New(ctx, st, apikey.Options{Bootstrap: []string{testKey}, TeamOf: OwnerOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blue, err := keys.EnsureTeam(ctx, "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string, scopes []apikey.Scope) apikey.Created {
+		c, err := keys.Create(ctx, apikey.CreateRequest{TeamID: blue.ID, Name: name, Scopes: scopes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	f := &keysFixture{st: st, keys: keys, blueTeam: blue.ID, blueSandbox: "bluesbx", homeSandbox: "homesbx"}
+	f.full = mk("blue-full", nil).Key
+	ro := mk("blue-reader", []apikey.Scope{apikey.SandboxesRead, apikey.TemplatesRead})
+	f.readOnly, f.readOnlyID = ro.Key, ro.Record.ID
+	rv := mk("blue-gone", nil)
+	f.revoked = rv.Key
+	if err := keys.Revoke(ctx, rv.Record.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.h, f.m = newTestHandler(t, func(o *Options) {
+		o.Authenticate = nil
+		o.Identify = keys.Authenticate
+		o.Keys = keys
+		o.Audit = st
+		o.Templates = newFakeTemplates()
+	})
+	f.m.add(sandbox.Info{ID: f.blueSandbox, Owner: blue.ID, AccessToken: "blue-token"})
+	f.m.add(sandbox.Info{ID: f.homeSandbox, Owner: OwnerOf(testKey), AccessToken: "home-token"})
+	return f
+}
+
+// Every kind of caller against the routes of one sandbox of team blue, and
+// the lists: the exact status for each. "other" is team default's key
+// (which holds every scope, keys:admin too): blue's sandbox does not exist
+// for it.
+func TestKeyMatrix(t *testing.T) {
+	f := newKeysFixture(t)
+	callers := []struct{ name, key string }{
+		{"none", ""}, {"revoked", f.revoked}, {"other team", testKey}, {"read-only", f.readOnly}, {"full", f.full},
+	}
+	sbx := "/sandboxes/" + f.blueSandbox
+	routes := []struct {
+		method, path, body string
+		want               [5]int // none, revoked, other team, read-only, full
+	}{
+		{"GET", sbx, "", [5]int{401, 401, 404, 200, 200}},
+		{"GET", sbx + "/metrics", "", [5]int{401, 401, 404, 200, 200}},
+		{"POST", sbx + "/timeout", `{"timeout":60}`, [5]int{401, 401, 404, 403, 204}},
+		{"POST", sbx + "/refreshes", `{"duration":60}`, [5]int{401, 401, 404, 403, 204}},
+		{"PUT", sbx + "/network", `{"allowOut":["1.1.1.1"]}`, [5]int{401, 401, 404, 403, 204}},
+		{"POST", sbx + "/snapshots", `{}`, [5]int{401, 401, 404, 403, 201}},
+		{"POST", sbx + "/fork", `{}`, [5]int{401, 401, 404, 403, 201}},
+		{"POST", sbx + "/pause", "", [5]int{401, 401, 404, 403, 204}},
+		{"POST", sbx + "/connect", `{"timeout":60}`, [5]int{401, 401, 404, 403, 201}},
+		{"GET", "/v2/sandboxes", "", [5]int{401, 401, 200, 200, 200}},
+		{"GET", "/snapshots", "", [5]int{401, 401, 200, 200, 200}},
+		{"POST", "/sandboxes", `{"templateID":"base"}`, [5]int{401, 401, 201, 403, 201}},
+		{"GET", "/templates", "", [5]int{401, 401, 200, 200, 200}},
+		{"GET", "/volumes", "", [5]int{401, 401, 501, 403, 501}},
+		{"GET", "/secrets", "", [5]int{401, 401, 501, 403, 501}},
+		{"GET", "/events/webhooks", "", [5]int{401, 401, 501, 403, 501}},
+		{"GET", "/api-keys", "", [5]int{401, 401, 200, 403, 403}},
+		{"PATCH", "/api-keys/" + f.readOnlyID, `{"name":"blue-reader"}`, [5]int{401, 401, 200, 403, 403}},
+		{"GET", "/teams", "", [5]int{401, 401, 200, 200, 200}},
+		{"GET", "/airlock/v1/audit", "", [5]int{401, 401, 200, 403, 403}},
+		{"DELETE", sbx, "", [5]int{401, 401, 404, 403, 204}},
+	}
+	for _, rt := range routes {
+		for i, c := range callers {
+			rec := request(t, f.h, rt.method, rt.path, rt.body, "X-API-KEY", c.key)
+			if rec.Code != rt.want[i] {
+				t.Errorf("%s %s as %s = %d %.300s, want %d", rt.method, rt.path, c.name, rec.Code, rec.Body, rt.want[i])
+			}
+			if rec.Code >= 400 {
+				var e struct{ Message string }
+				if json.Unmarshal(rec.Body.Bytes(), &e); e.Message == "" {
+					t.Errorf("%s %s as %s: no message in %s", rt.method, rt.path, c.name, rec.Body)
+				}
+			}
+			if rec.Code == http.StatusNotFound && strings.Contains(rec.Body.String(), "forbidden") {
+				t.Errorf("a 404 that says forbidden: %s", rec.Body)
+			}
+		}
+		// Whatever the other team did, blue's sandbox is still there for
+		// blue until blue kills it.
+	}
+	// The read-only key lists blue's sandbox but never its tokens; the other
+	// team's list never holds blue's sandbox.
+	rec := request(t, f.h, "GET", "/v2/sandboxes?state=running,paused", "", "X-API-KEY", testKey)
+	if strings.Contains(rec.Body.String(), f.blueSandbox) {
+		t.Errorf("team default's list holds blue's sandbox: %s", rec.Body)
+	}
+	f.m.add(sandbox.Info{ID: "blue2", Owner: f.blueTeam, AccessToken: "blue2-token", TrafficAccessToken: "blue2-traffic"})
+	rec = request(t, f.h, "GET", "/sandboxes/blue2", "", "X-API-KEY", f.readOnly)
+	if rec.Code != 200 || strings.Contains(rec.Body.String(), "blue2-token") || strings.Contains(rec.Body.String(), "blue2-traffic") {
+		t.Errorf("read-only detail: %d %s", rec.Code, rec.Body)
+	}
+	rec = request(t, f.h, "GET", "/sandboxes/blue2", "", "X-API-KEY", f.full)
+	if !strings.Contains(rec.Body.String(), "blue2-token") {
+		t.Errorf("full key's detail lacks the token: %s", rec.Body)
+	}
+}
+
+// Keys over the API: made by an admin (shown once, as a hash after), named
+// scopes checked, unknown scopes refused, an escalation refused, a revoked
+// key refused at its next request; each change and each refusal audited.
+func TestKeysAPI(t *testing.T) {
+	f := newKeysFixture(t)
+	rec := request(t, f.h, "POST", "/api-keys", `{"name":"ci","scopes":["sandboxes:*"],"team":"green"}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	var made keyJSON
+	json.Unmarshal(rec.Body.Bytes(), &made)
+	if !strings.HasPrefix(made.Key, "e2b_") || made.Mask.MaskedValueSuffix != made.Key[len(made.Key)-4:] || len(made.Scopes) != 2 {
+		t.Fatalf("made %+v", made)
+	}
+	rec = request(t, f.h, "GET", "/api-keys?team=green", "")
+	if rec.Code != 200 || strings.Contains(rec.Body.String(), made.Key) || !strings.Contains(rec.Body.String(), made.ID) {
+		t.Errorf("list green: %d %s", rec.Code, rec.Body)
+	}
+	if rec := request(t, f.h, "POST", "/sandboxes", `{"templateID":"base"}`, "X-API-KEY", made.Key); rec.Code != 201 {
+		t.Errorf("the new key creates: %d %s", rec.Code, rec.Body)
+	}
+	if rec := request(t, f.h, "GET", "/templates", "", "X-API-KEY", made.Key); rec.Code != 403 || !strings.Contains(rec.Body.String(), "templates:read") {
+		t.Errorf("the new key reads templates: %d %s", rec.Code, rec.Body)
+	}
+
+	for _, bad := range []string{`{"name":"x","scopes":["sandboxes:delete"]}`, `{"scopes":["*"]}`, `{"name":"x","scopes":[]}`, `{"name":"x","team":"Not A Team"}`} {
+		if rec := request(t, f.h, "POST", "/api-keys", bad); rec.Code != http.StatusBadRequest {
+			t.Errorf("create %s = %d %s, want 400", bad, rec.Code, rec.Body)
+		}
+	}
+	// An admin key that holds less cannot give more.
+	rec = request(t, f.h, "POST", "/api-keys", `{"name":"small-admin","scopes":["keys:admin","sandboxes:read"]}`)
+	var small keyJSON
+	json.Unmarshal(rec.Body.Bytes(), &small)
+	if rec := request(t, f.h, "PATCH", "/api-keys/"+made.ID, `{"scopes":["*"]}`, "X-API-KEY", small.Key); rec.Code != 403 || !strings.Contains(rec.Body.String(), "cannot give") {
+		t.Errorf("escalation through PATCH: %d %s", rec.Code, rec.Body)
+	}
+
+	if rec := request(t, f.h, "DELETE", "/api-keys/"+made.ID, ""); rec.Code != 204 {
+		t.Fatalf("revoke: %d %s", rec.Code, rec.Body)
+	}
+	rec = request(t, f.h, "GET", "/v2/sandboxes", "", "X-API-KEY", made.Key)
+	if rec.Code != 401 || !strings.Contains(rec.Body.String(), "revoked") {
+		t.Errorf("revoked key: %d %s", rec.Code, rec.Body)
+	}
+	if rec := request(t, f.h, "DELETE", "/api-keys/"+made.ID, ""); rec.Code != 404 {
+		t.Errorf("second revoke: %d %s", rec.Code, rec.Body)
+	}
+	if rec := request(t, f.h, "GET", "/v2/sandboxes", "", "X-API-KEY", "short"); rec.Code != 401 || !strings.Contains(rec.Body.String(), "Malformed") {
+		t.Errorf("malformed key: %d %s", rec.Code, rec.Body)
+	}
+
+	// The audit log: the create, the refused escalation, the revocation,
+	// the revoked key's attempt, each with who did it; no key value.
+	rec = request(t, f.h, "GET", "/airlock/v1/audit?limit=1000", "")
+	if rec.Code != 200 {
+		t.Fatalf("audit: %d %s", rec.Code, rec.Body)
+	}
+	var entries []auditJSON
+	json.Unmarshal(rec.Body.Bytes(), &entries)
+	want := map[string]bool{
+		fmt.Sprintf("POST /api-keys bootstrap 201 key"):               false,
+		fmt.Sprintf("PATCH /api-keys/{apiKeyID} small-admin 403 key"): false,
+		fmt.Sprintf("DELETE /api-keys/{apiKeyID} bootstrap 204 key"):  false,
+		fmt.Sprintf("GET /v2/sandboxes ci 401 "):                      false,
+		fmt.Sprintf("POST /sandboxes ci 201 sandbox"):                 false,
+	}
+	for _, e := range entries {
+		k := fmt.Sprintf("%s %s %d %s", e.Action, e.KeyName, e.Status, e.TargetKind)
+		if _, ok := want[k]; ok {
+			want[k] = true
+		}
+		if strings.Contains(rec.Body.String(), made.Key) || strings.Contains(rec.Body.String(), small.Key) {
+			t.Fatal("the audit log holds a key")
+		}
+	}
+	for k, seen := range want {
+		if !seen {
+			t.Errorf("no audit entry %q in %s", k, rec.Body)
+		}
+	}
+}
