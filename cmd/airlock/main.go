@@ -36,7 +36,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), templateCmd(), benchCmd(), mcpCmd(), doctorCmd(), serviceCmd())
+	root.AddCommand(serveCmd(), templateCmd(), benchCmd(), mcpCmd(), doctorCmd(), serviceCmd(), keysCmd(), auditCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
 		os.Exit(1)

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
@@ -38,36 +38,13 @@ func (h *Handler) routeKeys() {
 	h.handle("PATCH /api-keys/{apiKeyID}", h.updateKey)
 	h.handle("DELETE /api-keys/{apiKeyID}", h.revokeKey)
 	h.handle("GET /teams", h.listTeams)
-	h.handle("GET /airlock/v1/audit", h.readAudit)
+	h.handle("GET "+e2bwire.AuditPath, h.readAudit)
 }
 
-// keyMask is upstream's IdentifierMaskingDetails.
-type keyMask struct {
-	Prefix            string `json:"prefix"`
-	ValueLength       int    `json:"valueLength"`
-	MaskedValuePrefix string `json:"maskedValuePrefix"`
-	MaskedValueSuffix string `json:"maskedValueSuffix"`
-}
-
-// keyJSON is upstream's TeamAPIKey (CreatedTeamAPIKey with Key), plus what
-// Airlock adds: the key's team, scopes and revocation.
-type keyJSON struct {
-	ID        string     `json:"id"`
-	Key       string     `json:"key,omitempty"`
-	Name      string     `json:"name"`
-	Mask      keyMask    `json:"mask"`
-	CreatedAt time.Time  `json:"createdAt"`
-	CreatedBy *teamUser  `json:"createdBy"`
-	LastUsed  *time.Time `json:"lastUsed"`
-	TeamID    string     `json:"teamID"`
-	Scopes    []string   `json:"scopes"`
-	RevokedAt *time.Time `json:"revokedAt,omitempty"`
-}
-
-func toKeyJSON(k store.APIKey) keyJSON {
-	out := keyJSON{
+func toKeyJSON(k store.APIKey) e2bwire.TeamAPIKey {
+	out := e2bwire.TeamAPIKey{
 		ID: k.ID, Name: k.Name, CreatedAt: k.CreatedAt.UTC(), TeamID: k.TeamID,
-		Mask:   keyMask{Prefix: k.Prefix, ValueLength: k.Length, MaskedValuePrefix: k.MaskPrefix, MaskedValueSuffix: k.MaskSuffix},
+		Mask:   e2bwire.KeyMask{Prefix: k.Prefix, ValueLength: k.Length, MaskedValuePrefix: k.MaskPrefix, MaskedValueSuffix: k.MaskSuffix},
 		Scopes: []string{},
 	}
 	if scopes, err := apikey.ParseScopes([]string{k.Scopes}); err == nil {
@@ -131,21 +108,12 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]keyJSON, 0, len(keys))
+	out := make([]e2bwire.TeamAPIKey, 0, len(keys))
 	for _, k := range keys {
 		out = append(out, toKeyJSON(k))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// keyBody is the body of POST and PATCH /api-keys: upstream's name, and
-// Airlock's scopes and team (POST: by ID or name; a new name makes the
-// team).
-type keyBody struct {
-	Name   *string  `json:"name"`
-	Scopes []string `json:"scopes"`
-	Team   string   `json:"team"`
 }
 
 func parseScopesField(list []string) ([]apikey.Scope, error) {
@@ -163,7 +131,7 @@ func (h *Handler) createKey(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.Keys == nil {
 		return errNoKeys
 	}
-	var body keyBody
+	var body e2bwire.NewTeamAPIKey
 	if _, err := h.decodeBody(w, r, &body); err != nil {
 		return err
 	}
@@ -201,7 +169,7 @@ func (h *Handler) updateKey(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.Keys == nil {
 		return errNoKeys
 	}
-	var body keyBody
+	var body e2bwire.NewTeamAPIKey
 	if _, err := h.decodeBody(w, r, &body); err != nil {
 		return err
 	}
@@ -236,43 +204,22 @@ func (h *Handler) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// teamJSON is upstream's Team; apiKey is empty (keys are kept as hashes).
-type teamJSON struct {
-	TeamID    string `json:"teamID"`
-	Name      string `json:"name"`
-	APIKey    string `json:"apiKey"`
-	IsDefault bool   `json:"isDefault"`
-}
-
 // listTeams is GET /teams: the caller's team; every team for keys:admin.
 func (h *Handler) listTeams(w http.ResponseWriter, r *http.Request) error {
 	p := principalFrom(r.Context())
-	out := []teamJSON{}
+	out := []e2bwire.Team{}
 	if h.opts.Keys == nil {
-		out = append(out, teamJSON{TeamID: p.Team, Name: p.Team, IsDefault: true})
+		out = append(out, e2bwire.Team{TeamID: p.Team, Name: p.Team, IsDefault: true})
 		writeJSON(w, http.StatusOK, out)
 		return nil
 	}
 	for _, t := range h.opts.Keys.Teams() {
 		if t.ID == p.Team || p.Has(apikey.KeysAdmin) {
-			out = append(out, teamJSON{TeamID: t.ID, Name: t.Name, IsDefault: t.ID == p.Team})
+			out = append(out, e2bwire.Team{TeamID: t.ID, Name: t.Name, IsDefault: t.ID == p.Team})
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-type auditJSON struct {
-	Seq        int64     `json:"seq"`
-	At         time.Time `json:"at"`
-	KeyID      string    `json:"keyID"`
-	KeyName    string    `json:"keyName"`
-	TeamID     string    `json:"teamID"`
-	Action     string    `json:"action"`
-	TargetKind string    `json:"targetKind"`
-	TargetID   string    `json:"targetID"`
-	Status     int       `json:"status"`
-	Detail     string    `json:"detail"`
 }
 
 // readAudit is GET /airlock/v1/audit: the newest entries first, of one
@@ -308,9 +255,9 @@ func (h *Handler) readAudit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]auditJSON, 0, len(entries))
+	out := make([]e2bwire.AuditEntry, 0, len(entries))
 	for _, e := range entries {
-		out = append(out, auditJSON{Seq: e.Seq, At: e.At.UTC(), KeyID: e.KeyID, KeyName: e.KeyName, TeamID: e.TeamID,
+		out = append(out, e2bwire.AuditEntry{Seq: e.Seq, At: e.At.UTC(), KeyID: e.KeyID, KeyName: e.KeyName, TeamID: e.TeamID,
 			Action: e.Action, TargetKind: e.TargetKind, TargetID: e.TargetID, Status: e.Status, Detail: e.Detail})
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 )
@@ -152,7 +153,7 @@ func TestKeysAPI(t *testing.T) {
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("create: %d %s", rec.Code, rec.Body)
 	}
-	var made keyJSON
+	var made e2bwire.TeamAPIKey
 	json.Unmarshal(rec.Body.Bytes(), &made)
 	if !strings.HasPrefix(made.Key, "e2b_") || made.Mask.MaskedValueSuffix != made.Key[len(made.Key)-4:] || len(made.Scopes) != 2 {
 		t.Fatalf("made %+v", made)
@@ -175,7 +176,7 @@ func TestKeysAPI(t *testing.T) {
 	}
 	// An admin key that holds less cannot give more.
 	rec = request(t, f.h, "POST", "/api-keys", `{"name":"small-admin","scopes":["keys:admin","sandboxes:read"]}`)
-	var small keyJSON
+	var small e2bwire.TeamAPIKey
 	json.Unmarshal(rec.Body.Bytes(), &small)
 	if rec := request(t, f.h, "PATCH", "/api-keys/"+made.ID, `{"scopes":["*"]}`, "X-API-KEY", small.Key); rec.Code != 403 || !strings.Contains(rec.Body.String(), "cannot give") {
 		t.Errorf("escalation through PATCH: %d %s", rec.Code, rec.Body)
@@ -201,7 +202,7 @@ func TestKeysAPI(t *testing.T) {
 	if rec.Code != 200 {
 		t.Fatalf("audit: %d %s", rec.Code, rec.Body)
 	}
-	var entries []auditJSON
+	var entries []e2bwire.AuditEntry
 	json.Unmarshal(rec.Body.Bytes(), &entries)
 	want := map[string]bool{
 		fmt.Sprintf("POST /api-keys bootstrap 201 key"):               false,

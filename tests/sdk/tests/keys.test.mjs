@@ -1,0 +1,80 @@
+// Teams, scoped API keys and the audit log through the official SDK, the
+// REST API and the `airlock keys` / `airlock audit` commands: a read-only
+// key lists but cannot create (a clear error naming the scope), another
+// team's key finds nothing of this team's, a revoked key is refused at its
+// next request, and each of those is in the audit log.
+
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import { describe, test } from 'node:test'
+import { Sandbox } from 'e2b'
+import { API_KEY, API_URL, TEMPLATE, api, createSandbox, meta, trackCleanup, uniq } from './helpers.mjs'
+
+trackCleanup()
+
+const BIN = process.env.AIRLOCK_BIN
+const run = promisify(execFile)
+const cli = (...args) => run(BIN, [...args, '--url', API_URL, '--api-key', API_KEY], { timeout: 30_000 })
+
+describe('API keys and teams', () => {
+  const tag = uniq('keys')
+  let sbx, readOnly, otherTeam
+
+  test('airlock keys create makes keys, shown once, listed masked', async () => {
+    sbx = await createSandbox({ metadata: { keys: tag } })
+    const ro = await cli('keys', 'create', '--name', `reader-${tag}`, '--scopes', 'sandboxes:read,templates:read')
+    readOnly = ro.stdout.trim()
+    assert.match(readOnly, /^e2b_[0-9a-f]{40}$/)
+    assert.match(ro.stderr, /sandboxes:read templates:read/)
+    const other = await cli('keys', 'create', '--team', tag, '--name', 'elsewhere')
+    otherTeam = other.stdout.trim()
+    const list = await cli('keys', 'list')
+    assert.match(list.stdout, new RegExp(`reader-${tag}`))
+    assert.ok(!list.stdout.includes(readOnly), 'the list shows the key itself')
+    assert.ok(list.stdout.includes(readOnly.slice(-4)), 'the list shows the key masked')
+  })
+
+  test('a read-only key lists, and Sandbox.create fails naming the scope', async () => {
+    const page = await Sandbox.list({ apiKey: readOnly, query: { metadata: { keys: tag } } }).nextItems()
+    assert.deepEqual(page.map((s) => s.sandboxId), [sbx.sandboxId])
+    const err = await Sandbox.create(TEMPLATE, { apiKey: readOnly, metadata: meta() }).then(() => null, (e) => e)
+    assert.ok(err, 'Sandbox.create with a read-only key succeeded')
+    assert.match(String(err.message), /sandboxes:write/)
+    // Its detail holds no token: the key cannot reach into the sandbox.
+    const res = await api('GET', `/sandboxes/${sbx.sandboxId}`, { key: readOnly })
+    assert.equal(res.status, 200)
+    assert.ok(!res.json.envdAccessToken, 'a read-only key got the access token')
+    assert.equal((await api('POST', `/sandboxes/${sbx.sandboxId}/connect`, { key: readOnly, body: { timeout: 60 } })).status, 403)
+  })
+
+  test("another team's key finds nothing of this team's", async () => {
+    const page = await Sandbox.list({ apiKey: otherTeam, query: { metadata: { keys: tag } } }).nextItems()
+    assert.deepEqual(page, [])
+    await assert.rejects(Sandbox.getInfo(sbx.sandboxId, { apiKey: otherTeam }), (e) => e.name === 'SandboxNotFoundError' || /not found/i.test(e.message))
+    assert.equal(await Sandbox.kill(sbx.sandboxId, { apiKey: otherTeam }), false)
+    for (const [method, path] of [['GET', `/sandboxes/${sbx.sandboxId}`], ['POST', `/sandboxes/${sbx.sandboxId}/pause`],
+      ['POST', `/sandboxes/${sbx.sandboxId}/timeout`], ['GET', `/sandboxes/${sbx.sandboxId}/metrics`]]) {
+      const res = await api(method, path, { key: otherTeam, body: method === 'POST' ? { timeout: 30 } : undefined })
+      assert.equal(res.status, 404, `${method} ${path} as another team: ${res.status}`)
+    }
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).sandboxId, sbx.sandboxId, 'the sandbox survived')
+  })
+
+  test('a revoked key is refused at its next request', async () => {
+    const keys = await api('GET', '/api-keys')
+    const id = keys.json.find((k) => k.name === `reader-${tag}`).id
+    await cli('keys', 'revoke', id)
+    const err = await Sandbox.list({ apiKey: readOnly }).nextItems().then(() => null, (e) => e)
+    assert.ok(err, 'a revoked key listed')
+    assert.match(String(err.message), /revoked/)
+  })
+
+  test('airlock audit shows who did what', async () => {
+    const { stdout } = await cli('audit', '--limit', '1000')
+    assert.match(stdout, new RegExp(`reader-${tag}\\s+\\S+\\s+POST /v2/sandboxes\\s+-\\s+403`))
+    assert.match(stdout, new RegExp(`elsewhere\\s+\\S+\\s+DELETE /sandboxes/\\{sandboxID\\}\\s+sandbox ${sbx.sandboxId}\\s+404`))
+    assert.match(stdout, /DELETE \/api-keys\/\{apiKeyID\}/)
+    assert.ok(!stdout.includes(readOnly) && !stdout.includes(otherTeam), 'the audit log holds a key')
+  })
+})
