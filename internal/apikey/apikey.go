@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -510,5 +511,52 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	return nil
+}
+
+// Quotas are a team's limits; a zero field is the server's default (for
+// Sandboxes, serve's per-key cap) or no limit.
+type Quotas struct {
+	// Sandboxes alive at once: running, paused or starting.
+	Sandboxes int `json:"sandboxes,omitempty"`
+	// VCPUs and MemoryMB of the running sandboxes together.
+	VCPUs    int `json:"vcpus,omitempty"`
+	MemoryMB int `json:"memoryMB,omitempty"`
+	// PausedSandboxes at once.
+	PausedSandboxes int `json:"pausedSandboxes,omitempty"`
+}
+
+// Quotas returns a team's quotas (zero for a team without any, or unknown).
+func (s *Service) Quotas(teamID string) Quotas {
+	s.mu.RLock()
+	t, ok := s.teams[teamID]
+	s.mu.RUnlock()
+	var q Quotas
+	if ok && t.Quotas != "" {
+		_ = json.Unmarshal([]byte(t.Quotas), &q) // written by SetQuotas only
+	}
+	return q
+}
+
+// SetQuotas replaces a team's quotas.
+func (s *Service) SetQuotas(ctx context.Context, teamID string, q Quotas) error {
+	if q.Sandboxes < 0 || q.VCPUs < 0 || q.MemoryMB < 0 || q.PausedSandboxes < 0 {
+		return fmt.Errorf("%w: a quota is 0 (the default) or more", ErrInvalid)
+	}
+	b, err := json.Marshal(q)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.teams[teamID]
+	if !ok {
+		return fmt.Errorf("%w: team %s", ErrNotFound, teamID)
+	}
+	if err := s.st.SetTeamQuotas(ctx, teamID, string(b)); err != nil {
+		return err
+	}
+	t.Quotas = string(b)
+	s.teams[teamID] = t
 	return nil
 }

@@ -482,6 +482,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 		EnvdPath:        d.cfg.EnvdPath,
 		MaxTimeout:      d.cfg.MaxTimeout,
 		MaxPerOwner:     d.cfg.MaxPerKey,
+		Quota:           d.teamQuota,
 		Network:         d.Network,
 		EgressTrust:     d.egressTrust(),
 		Secrets:         d.managerSecrets(),
@@ -517,6 +518,13 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 func (d *Daemon) authenticate(key string) bool {
 	_, err := d.Keys.Authenticate(key)
 	return err == nil
+}
+
+// teamQuota is a team's quota as the manager enforces it.
+func (d *Daemon) teamQuota(owner string) sandbox.Quota {
+	q := d.Keys.Quotas(owner)
+	t, _ := d.Keys.Team(owner)
+	return sandbox.Quota{Team: t.Name, Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB, Paused: q.PausedSandboxes}
 }
 
 // startKeys loads the teams and keys; the bootstrap keys hold every scope,

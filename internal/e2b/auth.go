@@ -208,7 +208,7 @@ func noteTarget(ctx context.Context, kind, id string) {
 // pathTargets are the path values that name what a route acts on.
 var pathTargets = []struct{ value, kind string }{
 	{"sandboxID", "sandbox"}, {"templateID", "template"}, {"buildID", "build"}, {"volumeID", "volume"},
-	{"apiKeyID", "key"}, {"webhookID", "webhook"}, {"secretID", "secret"},
+	{"apiKeyID", "key"}, {"webhookID", "webhook"}, {"secretID", "secret"}, {"teamID", "team"},
 }
 
 // audit records a request that changes something (any method but GET and

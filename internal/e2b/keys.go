@@ -22,6 +22,8 @@ type KeyService interface {
 	Teams() []store.Team
 	TeamByRef(ref string) (store.Team, bool)
 	EnsureTeam(ctx context.Context, name string) (store.Team, error)
+	Quotas(teamID string) apikey.Quotas
+	SetQuotas(ctx context.Context, teamID string, q apikey.Quotas) error
 }
 
 // AuditLog keeps the audit log (store.SQLite).
@@ -38,6 +40,7 @@ func (h *Handler) routeKeys() {
 	h.handle("PATCH /api-keys/{apiKeyID}", h.updateKey)
 	h.handle("DELETE /api-keys/{apiKeyID}", h.revokeKey)
 	h.handle("GET /teams", h.listTeams)
+	h.handle("PATCH /teams/{teamID}", h.updateTeam)
 	h.handle("GET "+e2bwire.AuditPath, h.readAudit)
 }
 
@@ -215,10 +218,45 @@ func (h *Handler) listTeams(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, t := range h.opts.Keys.Teams() {
 		if t.ID == p.Team || p.Has(apikey.KeysAdmin) {
-			out = append(out, e2bwire.Team{TeamID: t.ID, Name: t.Name, IsDefault: t.ID == p.Team})
+			out = append(out, h.teamJSON(t, p))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (h *Handler) teamJSON(t store.Team, p apikey.Principal) e2bwire.Team {
+	q := h.opts.Keys.Quotas(t.ID)
+	return e2bwire.Team{TeamID: t.ID, Name: t.Name, IsDefault: t.ID == p.Team, Quotas: &e2bwire.TeamQuotas{
+		Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB, PausedSandboxes: q.PausedSandboxes}}
+}
+
+// updateTeam is PATCH /teams/{teamID} (an Airlock extension): a team's
+// quotas, by keys:admin; another team is 404 to anyone else.
+func (h *Handler) updateTeam(w http.ResponseWriter, r *http.Request) error {
+	if h.opts.Keys == nil {
+		return errNoKeys
+	}
+	p := principalFrom(r.Context())
+	t, ok := h.opts.Keys.TeamByRef(r.PathValue("teamID"))
+	if !ok || (t.ID != p.Team && !p.Has(apikey.KeysAdmin)) {
+		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("team %q not found", r.PathValue("teamID"))}
+	}
+	if !p.Has(apikey.KeysAdmin) {
+		return &apiError{status: http.StatusForbidden, message: fmt.Sprintf("This API key (%s) lacks the scope %s", p.KeyName, apikey.KeysAdmin)}
+	}
+	var body e2bwire.TeamUpdate
+	if _, err := h.decodeBody(w, r, &body); err != nil {
+		return err
+	}
+	if body.Quotas == nil {
+		return badRequest("nothing to change: send quotas")
+	}
+	q := apikey.Quotas{Sandboxes: body.Quotas.Sandboxes, VCPUs: body.Quotas.VCPUs, MemoryMB: body.Quotas.MemoryMB, PausedSandboxes: body.Quotas.PausedSandboxes}
+	if err := h.opts.Keys.SetQuotas(r.Context(), t.ID, q); err != nil {
+		return keyError(err)
+	}
+	writeJSON(w, http.StatusOK, h.teamJSON(t, p))
 	return nil
 }
 

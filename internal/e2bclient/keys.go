@@ -65,3 +65,10 @@ func (c *Client) Audit(ctx context.Context, team string, limit int, before int64
 	_, err := c.do(ctx, http.MethodGet, e2bwire.AuditPath+"?"+q.Encode(), nil, &out)
 	return out, err
 }
+
+// UpdateTeam is PATCH /teams/{team} (ID or name): its quotas.
+func (c *Client) UpdateTeam(ctx context.Context, team string, q e2bwire.TeamQuotas) (e2bwire.Team, error) {
+	var out e2bwire.Team
+	_, err := c.do(ctx, http.MethodPatch, "/teams/"+url.PathEscape(team), e2bwire.TeamUpdate{Quotas: &q}, &out)
+	return out, err
+}

@@ -44,10 +44,11 @@ type NewTeamAPIKey struct {
 
 // Team is upstream's Team; APIKey is empty (Airlock keeps keys as hashes).
 type Team struct {
-	TeamID    string `json:"teamID"`
-	Name      string `json:"name"`
-	APIKey    string `json:"apiKey"`
-	IsDefault bool   `json:"isDefault"`
+	TeamID    string      `json:"teamID"`
+	Name      string      `json:"name"`
+	APIKey    string      `json:"apiKey"`
+	IsDefault bool        `json:"isDefault"`
+	Quotas    *TeamQuotas `json:"quotas,omitempty"`
 }
 
 // AuditEntry is one line of GET /airlock/v1/audit.
@@ -66,3 +67,17 @@ type AuditEntry struct {
 
 // AuditPath is where the audit log is read (an Airlock extension).
 const AuditPath = "/airlock/v1/audit"
+
+// TeamQuotas are a team's limits (an Airlock extension of Team); 0 is the
+// server's default.
+type TeamQuotas struct {
+	Sandboxes       int `json:"sandboxes"`
+	VCPUs           int `json:"vcpus"`
+	MemoryMB        int `json:"memoryMB"`
+	PausedSandboxes int `json:"pausedSandboxes"`
+}
+
+// TeamUpdate is the body of PATCH /teams/{teamID}.
+type TeamUpdate struct {
+	Quotas *TeamQuotas `json:"quotas"`
+}

@@ -137,6 +137,9 @@ type Options struct {
 	MetricsInterval time.Duration
 	// PidsMax limits processes per sandbox (default 4096).
 	PidsMax int64
+	// Quota, when set, gives each owner's (team's) quota (quota.go); a
+	// zero Sandboxes in it falls back to MaxPerOwner.
+	Quota func(owner string) Quota
 	// MaxPerOwner caps the sandboxes one owner (API key) may have alive at
 	// once, counting creations in flight; 0 means no cap.
 	MaxPerOwner int
@@ -220,7 +223,7 @@ type Manager struct {
 	snapMu sync.RWMutex
 	// creating counts creations in flight per owner, so that concurrent
 	// requests cannot all pass the MaxPerOwner check before any finishes.
-	creating map[string]int
+	creating map[string]pending
 	// envd is the current envd binary's stored copy (envdstore.go).
 	envd envdStore
 	// lastLogSweep is when a kill last swept old logs (unix ns; sblogs.go).
@@ -315,7 +318,7 @@ func New(opts Options) *Manager {
 		poolTarget: map[string]poolWant{},
 		poolKick:   make(chan struct{}, 1),
 		stop:       make(chan struct{}),
-		creating:   map[string]int{},
+		creating:   map[string]pending{},
 	}
 	m.life, m.endLife = context.WithCancel(context.Background())
 	return m
@@ -381,7 +384,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	if err != nil {
 		return Info{}, err
 	}
-	release, err := m.reserve(req.Owner)
+	release, err := m.reserve(req.Owner, tpl.CPUCount, tpl.MemoryMB, false)
 	if err != nil {
 		return Info{}, err
 	}
@@ -527,37 +530,6 @@ func (m *Manager) SetMaxPerOwner(n int) {
 	m.mu.Lock()
 	m.opts.MaxPerOwner = n
 	m.mu.Unlock()
-}
-
-// reserve counts one creation in flight for owner, or fails with ErrLimit when
-// the owner already has MaxPerOwner sandboxes alive or being created. The
-// returned release must be called once the creation has ended either way (a
-// created sandbox is then counted among the live ones).
-func (m *Manager) reserve(owner string) (release func(), err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.opts.MaxPerOwner <= 0 {
-		return func() {}, nil
-	}
-	n := m.creating[owner]
-	for _, e := range m.sandboxes {
-		e.mu.Lock()
-		if e.info.Owner == owner {
-			n++
-		}
-		e.mu.Unlock()
-	}
-	if limit := m.opts.MaxPerOwner; n >= limit {
-		return nil, fmt.Errorf("%w: this API key has %d sandboxes running, paused or starting, the most it may have at once; kill one first", ErrLimit, limit)
-	}
-	m.creating[owner]++
-	return func() {
-		m.mu.Lock()
-		if m.creating[owner]--; m.creating[owner] <= 0 {
-			delete(m.creating, owner)
-		}
-		m.mu.Unlock()
-	}, nil
 }
 
 // start creates the runtime sandbox of e, not yet published, and waits for
@@ -1193,7 +1165,14 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	paused := e.info.State == StatePaused
 	e.mu.Unlock()
 	if paused {
-		var err error
+		e.mu.Lock()
+		owner, cpu, mem := e.info.Owner, e.info.CPUCount, e.info.MemoryMB
+		e.mu.Unlock()
+		release, err := m.reserve(owner, cpu, mem, true)
+		if err != nil {
+			return Info{}, false, err
+		}
+		defer release()
 		if e.rt != nil {
 			// Frozen in place (a runtime without checkpoints).
 			err = e.rt.Resume()
@@ -1238,8 +1217,21 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 // Pause saves the sandbox to disk and frees its memory (persist.go); on a
 // runtime without checkpoints it freezes every process, its memory resident.
 // A paused sandbox does not time out.
+//
+// The team's quota of paused sandboxes applies to a pause asked for, not to
+// the auto-pause at a timeout, which would otherwise have to kill.
 func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
-	return m.with(id, func(e *entry) error { return m.pause(ctx, e, opts) })
+	return m.with(id, func(e *entry) error {
+		e.mu.Lock()
+		owner, state := e.info.Owner, e.info.State
+		e.mu.Unlock()
+		if state != StatePaused {
+			if err := m.checkPausedQuota(ctx, owner); err != nil {
+				return err
+			}
+		}
+		return m.pause(ctx, e, opts)
+	})
 }
 
 // freeze pauses e in place: every process frozen, its memory resident. The

@@ -768,7 +768,7 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 	// capture leaves memory/ only when the checkpoint succeeded.
 	entries, _ := os.ReadDir(filepath.Join(dir, captureMemory))
 	withMemory := len(entries) > 0
-	release, err := m.reserve(info.Owner)
+	release, err := m.reserve(info.Owner, info.CPUCount, info.MemoryMB, false)
 	if err != nil {
 		return Info{}, err
 	}

@@ -1,0 +1,93 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/daemon/daemontest"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+)
+
+// A team's quotas, set over the API, refuse with 429 what would exceed them,
+// naming the quota, its limit and its use, on real sandboxes: concurrent
+// sandboxes, vCPUs (a resume too), memory and paused sandboxes; another
+// team is not held back by them.
+func TestTeamQuotas(t *testing.T) {
+	d := daemontest.Start(t, nil)
+	ctx := context.Background()
+	admin := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
+	name := "quota-test"
+	made, err := admin.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &name, Team: "tight"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tight := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: made.Key})
+	setQuotas := func(q e2bwire.TeamQuotas) {
+		t.Helper()
+		if _, err := admin.UpdateTeam(ctx, "tight", q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(err error, quota string) {
+		t.Helper()
+		var e *e2bclient.Error
+		if !errors.As(err, &e) || e.Status != http.StatusTooManyRequests || !strings.Contains(e.Message, quota) {
+			t.Fatalf("got %v, want 429 naming %q", err, quota)
+		}
+	}
+	create := func(c *e2bclient.Client) (string, error) {
+		sb, err := c.Create(ctx, e2bwire.NewSandbox{TemplateID: "base"})
+		return sb.SandboxID, err
+	}
+
+	// base sandboxes have 2 vCPUs and 512 MiB each.
+	setQuotas(e2bwire.TeamQuotas{Sandboxes: 2})
+	a, err := create(tight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := create(tight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = create(tight)
+	refused(err, "quota of concurrent sandboxes reached: team tight has 2 running, paused or starting, its limit is 2")
+	if _, err := create(admin); err != nil {
+		t.Fatalf("another team held back by tight's quota: %v", err)
+	}
+
+	setQuotas(e2bwire.TeamQuotas{VCPUs: 4, PausedSandboxes: 1})
+	if err := tight.Pause(ctx, b, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(tight); err != nil { // a and the new one: 4 vCPUs
+		t.Fatal(err)
+	}
+	_, err = create(tight)
+	refused(err, "quota of vCPUs reached: team tight's running sandboxes use 4 of its 4 vCPUs, and this one needs 2")
+	_, _, err = tight.Connect(ctx, b, time.Minute)
+	refused(err, "quota of vCPUs")
+	err = tight.Pause(ctx, a, true)
+	refused(err, "quota of paused sandboxes reached: team tight has 1 paused, its limit is 1")
+	if err := tight.Kill(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tight.Connect(ctx, b, time.Minute); err != nil {
+		t.Fatalf("resume once vCPUs are free: %v", err)
+	}
+
+	setQuotas(e2bwire.TeamQuotas{MemoryMB: 1024 + 256})
+	_, err = create(tight)
+	refused(err, "quota of memory reached: team tight's running sandboxes use 1024 of its 1280 MiB, and this one needs 512 MiB")
+
+	// Only an admin sets quotas.
+	if _, err := tight.UpdateTeam(ctx, "tight", e2bwire.TeamQuotas{}); err == nil || !strings.Contains(err.Error(), string(apikey.KeysAdmin)) {
+		t.Errorf("a team key set its own quotas: %v", err)
+	}
+}
