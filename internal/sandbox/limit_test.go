@@ -47,7 +47,7 @@ func TestMaxPerOwner(t *testing.T) {
 	if len(created) != 2 || len(limited) != 2 {
 		t.Fatalf("created %d, limited %d; want 2 and 2", len(created), len(limited))
 	}
-	want := "limit reached: this API key has 2 sandboxes running, paused or starting, the most it may have at once; kill one first"
+	want := "limit reached: quota of concurrent sandboxes reached: this team has 2 running, paused or starting, its limit is 2; kill one first"
 	if limited[0].Error() != want {
 		t.Fatalf("error = %q, want %q", limited[0], want)
 	}
