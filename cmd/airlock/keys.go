@@ -138,8 +138,57 @@ func keysCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, list, update, revoke)
+	var q e2bwire.TeamQuotas
+	quota := &cobra.Command{
+		Use:   "quota TEAM [--sandboxes N] [--vcpus N] [--memory-mb N] [--paused N]",
+		Short: "Set a team's quotas (0: the server's default, or none); with no flag, show them",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var t e2bwire.Team
+			if !anyChanged(cmd, "sandboxes", "vcpus", "memory-mb", "paused") {
+				teams, err := c.Teams(cmd.Context())
+				if err != nil {
+					return err
+				}
+				found := false
+				for _, tm := range teams {
+					if tm.TeamID == args[0] || tm.Name == args[0] {
+						t, found = tm, true
+					}
+				}
+				if !found {
+					return fmt.Errorf("team %q not found", args[0])
+				}
+			} else if t, err = c.UpdateTeam(cmd.Context(), args[0], q); err != nil {
+				return err
+			}
+			if t.Quotas != nil {
+				q = *t.Quotas
+			}
+			fmt.Printf("team %s (%s): sandboxes %d, vcpus %d, memory %d MiB, paused %d (0: the server's default, or none)\n",
+				t.Name, t.TeamID, q.Sandboxes, q.VCPUs, q.MemoryMB, q.PausedSandboxes)
+			return nil
+		},
+	}
+	quota.Flags().IntVar(&q.Sandboxes, "sandboxes", 0, "sandboxes alive at once (running, paused or starting)")
+	quota.Flags().IntVar(&q.VCPUs, "vcpus", 0, "vCPUs of the running sandboxes together")
+	quota.Flags().IntVar(&q.MemoryMB, "memory-mb", 0, "memory of the running sandboxes together, MiB")
+	quota.Flags().IntVar(&q.PausedSandboxes, "paused", 0, "paused sandboxes at once")
+	cmd.AddCommand(create, list, update, revoke, quota)
 	return cmd
+}
+
+func anyChanged(cmd *cobra.Command, names ...string) bool {
+	for _, n := range names {
+		if cmd.Flags().Changed(n) {
+			return true
+		}
+	}
+	return false
 }
 
 func when(t *time.Time) string {

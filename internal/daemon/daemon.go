@@ -81,6 +81,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/teamstats"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tlsfront"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
@@ -183,8 +184,10 @@ type Daemon struct {
 
 	// APIKeys are the bootstrap keys; Keys holds them and the teams and
 	// keys made through the API or `airlock keys`.
-	APIKeys   []string
-	Keys      *apikey.Service
+	APIKeys []string
+	Keys    *apikey.Service
+	// TeamStats samples each team's concurrent sandboxes and start rate.
+	TeamStats *teamstats.Sampler
 	Templates *template.Store
 	Builds    *tplbuild.Service // template builds asked for through the E2B API
 	Store     *store.SQLite
@@ -506,6 +509,7 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 	// Timers, metrics and pools only after Recover: they act on what Recover
 	// re-adopted.
 	d.Manager.Start()
+	d.startTeamStats()
 	for _, name := range first {
 		if t, err := (template.Resolver{Store: d.Templates}).Resolve(ctx, name); err == nil {
 			d.Manager.SetWarmPool(t, d.cfg.WarmPool)
@@ -518,6 +522,25 @@ func (d *Daemon) startManager(ctx context.Context, first []string) error {
 func (d *Daemon) authenticate(key string) bool {
 	_, err := d.Keys.Authenticate(key)
 	return err == nil
+}
+
+// startTeamStats samples every team's sandboxes every 5 s for GET
+// /teams/{teamID}/metrics.
+func (d *Daemon) startTeamStats() {
+	d.TeamStats = teamstats.New(func(ctx context.Context) ([]sandbox.Info, error) {
+		return d.Manager.List(ctx, sandbox.ListFilter{})
+	}, 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.TeamStats.Run(ctx)
+	}()
+	d.push("team metrics", func() error {
+		cancel()
+		<-done
+		return nil
+	})
 }
 
 // teamQuota is a team's quota as the manager enforces it.
@@ -576,18 +599,19 @@ func (d *Daemon) startListeners() error {
 		lns = append(lns, ln)
 	}
 	opts := e2b.Options{
-		Identify:   d.Keys.Authenticate,
-		MaxTimeout: d.cfg.MaxTimeout,
-		Domain:     d.cfg.Domain,
-		DomainFor:  d.domainFor,
-		Limits:     d.cfg.Limits,
-		Templates:  e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
-		Builds:     d.Builds,
-		Events:     d.Events,
-		Secrets:    d.Secrets,
-		Keys:       d.Keys,
-		Audit:      d.Store,
-		Logger:     d.log,
+		Identify:    d.Keys.Authenticate,
+		MaxTimeout:  d.cfg.MaxTimeout,
+		Domain:      d.cfg.Domain,
+		DomainFor:   d.domainFor,
+		Limits:      d.cfg.Limits,
+		Templates:   e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
+		Builds:      d.Builds,
+		Events:      d.Events,
+		Secrets:     d.Secrets,
+		Keys:        d.Keys,
+		Audit:       d.Store,
+		TeamMetrics: d.TeamStats,
+		Logger:      d.log,
 
 		Webhooks:            d.Store,
 		WebhookAllowPrivate: d.cfg.Webhooks.AllowPrivate,

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -86,8 +87,38 @@ func TestTeamQuotas(t *testing.T) {
 	_, err = create(tight)
 	refused(err, "quota of memory reached: team tight's running sandboxes use 1024 of its 1280 MiB, and this one needs 512 MiB")
 
+	// The team's metrics show its sandboxes (sampled every 5 s); another
+	// team's answer 404.
+	waitFor(t, "tight's metrics to show its two running sandboxes", func() bool {
+		var pts []e2bwire.TeamMetric
+		st := getJSON(t, d.APIURL+"/teams/tight/metrics", made.Key, &pts)
+		return st == http.StatusOK && len(pts) > 0 && pts[len(pts)-1].ConcurrentSandboxes == 2
+	})
+	team, _ := d.Keys.TeamByRef("default")
+	if st := getJSON(t, d.APIURL+"/teams/"+team.ID+"/metrics", made.Key, nil); st != http.StatusNotFound {
+		t.Errorf("another team's metrics: %d, want 404", st)
+	}
+
 	// Only an admin sets quotas.
 	if _, err := tight.UpdateTeam(ctx, "tight", e2bwire.TeamQuotas{}); err == nil || !strings.Contains(err.Error(), string(apikey.KeysAdmin)) {
 		t.Errorf("a team key set its own quotas: %v", err)
 	}
+}
+
+// getJSON GETs url with key and decodes a 200 answer into out.
+func getJSON(t *testing.T, url, key string, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set(e2bwire.HeaderAPIKey, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resp.StatusCode
 }

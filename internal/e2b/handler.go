@@ -90,8 +90,10 @@ type Options struct {
 	Keys KeyService
 	// Audit keeps the audit log: every request that changes something, and
 	// every request refused for its key, is written to it; nil keeps none.
-	Audit  AuditLog
-	Logger *slog.Logger
+	Audit AuditLog
+	// TeamMetrics answers GET /teams/{teamID}/metrics; nil: 501.
+	TeamMetrics TeamMetrics
+	Logger      *slog.Logger
 }
 
 // Handler serves the E2B control-plane REST API (docs/E2B-WIRE.md §2) over a Manager.

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/teamstats"
 )
 
 // KeyService keeps the teams and API keys (apikey.Service).
@@ -41,6 +43,7 @@ func (h *Handler) routeKeys() {
 	h.handle("DELETE /api-keys/{apiKeyID}", h.revokeKey)
 	h.handle("GET /teams", h.listTeams)
 	h.handle("PATCH /teams/{teamID}", h.updateTeam)
+	h.handle("GET /teams/{teamID}/metrics", h.teamMetrics)
 	h.handle("GET "+e2bwire.AuditPath, h.readAudit)
 }
 
@@ -297,6 +300,61 @@ func (h *Handler) readAudit(w http.ResponseWriter, r *http.Request) error {
 	for _, e := range entries {
 		out = append(out, e2bwire.AuditEntry{Seq: e.Seq, At: e.At.UTC(), KeyID: e.KeyID, KeyName: e.KeyName, TeamID: e.TeamID,
 			Action: e.Action, TargetKind: e.TargetKind, TargetID: e.TargetID, Status: e.Status, Detail: e.Detail})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// TeamMetrics keeps each team's concurrent sandboxes and start rate
+// (teamstats.Sampler).
+type TeamMetrics interface {
+	Query(team string, start, end time.Time) []teamstats.Point
+}
+
+// teamMetrics is GET /teams/{teamID}/metrics: the team's samples between
+// start and end (unix seconds; default the last hour kept). A key reads its
+// own team's with sandboxes:read, any team's with keys:admin; another team
+// is not found.
+func (h *Handler) teamMetrics(w http.ResponseWriter, r *http.Request) error {
+	p := principalFrom(r.Context())
+	ref := r.PathValue("teamID")
+	team := ref
+	if h.opts.Keys != nil {
+		if t, ok := h.opts.Keys.TeamByRef(ref); ok {
+			team = t.ID
+		}
+	}
+	if team != p.Team && !p.Has(apikey.KeysAdmin) {
+		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("team %q not found", ref)}
+	}
+	if team == p.Team && !p.Has(apikey.SandboxesRead) && !p.Has(apikey.KeysAdmin) {
+		return &apiError{status: http.StatusForbidden, message: fmt.Sprintf("This API key (%s) lacks the scope %s", p.KeyName, apikey.SandboxesRead)}
+	}
+	if h.opts.TeamMetrics == nil {
+		return &apiError{status: http.StatusNotImplemented, message: "This server keeps no team metrics"}
+	}
+	end := time.Now()
+	start := end.Add(-teamstats.Keep)
+	q := r.URL.Query()
+	for _, v := range []struct {
+		name string
+		t    *time.Time
+	}{{"start", &start}, {"end", &end}} {
+		if s := q.Get(v.name); s != "" {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n < 0 || n > unixBound {
+				return badRequest("%s must be a unix time in seconds, got %q", v.name, s)
+			}
+			*v.t = time.Unix(n, 0)
+		}
+	}
+	if end.Before(start) {
+		return badRequest("end (%d) is before start (%d)", end.Unix(), start.Unix())
+	}
+	out := []e2bwire.TeamMetric{}
+	for _, pt := range h.opts.TeamMetrics.Query(team, start, end) {
+		out = append(out, e2bwire.TeamMetric{Timestamp: pt.At.UTC(), TimestampUnix: pt.At.Unix(),
+			ConcurrentSandboxes: pt.Concurrent, SandboxStartRate: pt.StartRate})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

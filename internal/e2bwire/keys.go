@@ -81,3 +81,12 @@ type TeamQuotas struct {
 type TeamUpdate struct {
 	Quotas *TeamQuotas `json:"quotas"`
 }
+
+// TeamMetric is upstream's TeamMetric: one sample of GET
+// /teams/{teamID}/metrics.
+type TeamMetric struct {
+	Timestamp           time.Time `json:"timestamp"`
+	TimestampUnix       int64     `json:"timestampUnix"`
+	ConcurrentSandboxes int       `json:"concurrentSandboxes"`
+	SandboxStartRate    float64   `json:"sandboxStartRate"`
+}

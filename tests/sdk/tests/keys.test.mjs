@@ -61,6 +61,19 @@ describe('API keys and teams', () => {
     assert.equal((await Sandbox.getInfo(sbx.sandboxId)).sandboxId, sbx.sandboxId, 'the sandbox survived')
   })
 
+  test('airlock keys quota: a team past its quota of sandboxes is told which quota, its limit and use', async () => {
+    const { stdout } = await cli('keys', 'quota', tag, '--sandboxes', '1')
+    assert.match(stdout, /sandboxes 1/)
+    const one = await Sandbox.create(TEMPLATE, { apiKey: otherTeam, metadata: meta({ keys: tag }) })
+    try {
+      const err = await Sandbox.create(TEMPLATE, { apiKey: otherTeam, metadata: meta() }).then((s) => s.kill().then(() => null), (e) => e)
+      assert.ok(err, 'a create past the quota succeeded')
+      assert.match(String(err.message), /quota of concurrent sandboxes reached: team .+ has 1 running, paused or starting, its limit is 1/)
+    } finally {
+      await Sandbox.kill(one.sandboxId, { apiKey: otherTeam })
+    }
+  })
+
   test('a revoked key is refused at its next request', async () => {
     const keys = await api('GET', '/api-keys')
     const id = keys.json.find((k) => k.name === `reader-${tag}`).id
