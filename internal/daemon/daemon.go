@@ -630,7 +630,7 @@ func (d *Daemon) startListeners() error {
 	// The API listener also serves MCP (/mcp), whose tools call this
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()
-	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.authenticate))
+	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.Keys.Authenticate))
 	apiMux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
 	// The volume content API, authorised by volume tokens rather than API
 	// keys (E2B_VOLUME_API_URL is the API URL).

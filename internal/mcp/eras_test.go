@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +34,12 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // httpServer serves /mcp over a fake backend, as serve mounts it.
 func httpServer(t *testing.T, b Backend) string {
 	t.Helper()
-	h := newStreamableHandler(func(string) Backend { return b }, func(k string) bool { return k == testKey })
+	h := newStreamableHandler(func(string) Backend { return b }, func(k string) (apikey.Principal, error) {
+		if k != testKey {
+			return apikey.Principal{}, apikey.ErrNotFound
+		}
+		return apikey.Principal{Scopes: apikey.All}, nil
+	})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -34,23 +35,27 @@ import (
 // stateless handler, which is the only kind the go-sdk accepts them on, and
 // initialize and everything of a session (Mcp-Session-Id) by a stateful one,
 // so clients of 2025-11-25 and before keep their sessions.
-func NewStreamableHandler(apiURL, sandboxURL string, authenticate func(string) bool) http.Handler {
+func NewStreamableHandler(apiURL, sandboxURL string, identify func(string) (apikey.Principal, error)) http.Handler {
 	return newStreamableHandler(func(key string) Backend {
 		return NewHTTPBackend(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key})
-	}, authenticate)
+	}, identify)
 }
 
 // newStreamableHandler is NewStreamableHandler with the backend of a key
 // made by backendFor (tests give a fake).
-func newStreamableHandler(backendFor func(key string) Backend, authenticate func(string) bool) http.Handler {
+func newStreamableHandler(backendFor func(key string) Backend, identify func(string) (apikey.Principal, error)) http.Handler {
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		if token == "" || !authenticate(token) {
+		if token == "" {
+			return nil, auth.ErrInvalidToken
+		}
+		p, err := identify(token)
+		if err != nil {
 			return nil, auth.ErrInvalidToken
 		}
 		// The digest binds a session to the key that opened it, without
 		// keeping the key itself in the session table.
 		sum := sha256.Sum256([]byte(token))
-		return &auth.TokenInfo{UserID: hex.EncodeToString(sum[:8]), Extra: map[string]any{"key": token}}, nil
+		return &auth.TokenInfo{UserID: hex.EncodeToString(sum[:8]), Extra: map[string]any{"key": token, "scopes": p.Scopes}}, nil
 	}
 	servers := &serverCache{backendFor: backendFor, byUser: map[string]*mcpsdk.Server{}}
 	router := &eraRouter{
@@ -82,12 +87,16 @@ func (c *serverCache) get(r *http.Request) *mcpsdk.Server {
 		return nil // RequireBearerToken let nothing through without a token
 	}
 	key, _ := info.Extra["key"].(string)
+	scopes, _ := info.Extra["scopes"].([]apikey.Scope)
+	// By key and scopes: a key whose scopes change gets a server with the
+	// tools they allow now.
+	id := info.UserID + " " + fmt.Sprint(scopes)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.byUser[info.UserID]
+	s, ok := c.byUser[id]
 	if !ok {
-		s = NewServer(c.backendFor(key), Options{})
-		c.byUser[info.UserID] = s
+		s = NewServer(c.backendFor(key), Options{Scopes: scopes})
+		c.byUser[id] = s
 	}
 	return s
 }

@@ -2,6 +2,8 @@ package mcp
 
 import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 )
 
 // Options tunes the server. It exists so serve and `airlock mcp` can grow
@@ -10,6 +12,9 @@ type Options struct {
 	// Version is reported to clients (initialize's and server/discover's
 	// serverInfo).
 	Version string
+	// Scopes, when not nil, are the key's: the server offers only the
+	// tools they allow.
+	Scopes []apikey.Scope
 }
 
 // instructions tell a client's model, once, how the tools fit together.
@@ -35,6 +40,7 @@ func NewServer(b Backend, opts Options) *mcp.Server {
 	registerLogsTool(s, b)
 	registerResources(s, b)
 	s.AddReceivingMiddleware(listSandboxResources(b))
+	keepAllowed(s, opts.Scopes)
 	return s
 }
 

@@ -117,10 +117,14 @@ func (f *fakeBackend) ListFiles(_ context.Context, _, path string, depth int) ([
 
 // connectClient serves NewServer(b) over in-memory transports and returns a client session.
 func connectClient(t *testing.T, b Backend) *mcp.ClientSession {
+	return connectClientWith(t, b, Options{})
+}
+
+func connectClientWith(t *testing.T, b Backend, opts Options) *mcp.ClientSession {
 	t.Helper()
 	ctx := context.Background()
 	st, ct := mcp.NewInMemoryTransports()
-	ss, err := NewServer(b, Options{}).Connect(ctx, st, nil)
+	ss, err := NewServer(b, opts).Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
