@@ -22,36 +22,42 @@ type KeysConfig struct {
 // then with the store full of keys and teams: through one of the keys made
 // and, interleaved with it one create at a time, through the first key
 // again (what drift alone does to the same key in the same run).
+// Phase one's series holds twice the samples of each of phase two's.
 func RunKeys(ctx context.Context, cfg KeysConfig) ([]Row, error) {
 	first := newClient(cfg.Config)
-	series := func(c *client, label string) ([]Row, error) {
-		return c.keysSeries(ctx, label, cfg.Creates, cfg.Commands)
+	// Both phases run the same shape of work, one create and a few
+	// commands at a time by each of two clients in turn, so that what
+	// differs between them is the store alone; within a phase, drift
+	// touches both clients alike.
+	alternate := func(a, b *client, labelA, labelB string) (rowsA, rowsB []Row, err error) {
+		cmds := max(1, cfg.Commands/cfg.Creates)
+		for range cfg.Creates {
+			ra, err := a.keysSeries(ctx, labelA, 1, cmds)
+			if err != nil {
+				return nil, nil, err
+			}
+			rb, err := b.keysSeries(ctx, labelB, 1, cmds)
+			if err != nil {
+				return nil, nil, err
+			}
+			rowsA, rowsB = merge(rowsA, ra), merge(rowsB, rb)
+		}
+		return rowsA, rowsB, nil
 	}
-	rows, err := series(first, "1 key in the store")
+	one, again, err := alternate(first, first, "1 key in the store", "1 key in the store")
 	if err != nil {
 		return nil, err
 	}
+	rows := merge(one, again)
 	key, err := cfg.AddKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("add keys: %w", err)
 	}
 	madeCfg := cfg.Config
 	madeCfg.APIKey = key
-	made := newClient(madeCfg)
-	// One create and a few commands at a time, by each key in turn, so
-	// that drift touches both series alike.
-	var withMade, withFirst []Row
-	for i := 0; i < cfg.Creates; i++ {
-		cmds := cfg.Commands / cfg.Creates
-		m, err := made.keysSeries(ctx, cfg.Added+", a key made", 1, cmds)
-		if err != nil {
-			return nil, err
-		}
-		f, err := first.keysSeries(ctx, cfg.Added+", the first key", 1, cmds)
-		if err != nil {
-			return nil, err
-		}
-		withMade, withFirst = merge(withMade, m), merge(withFirst, f)
+	withMade, withFirst, err := alternate(newClient(madeCfg), first, cfg.Added+", a key made", cfg.Added+", the first key")
+	if err != nil {
+		return nil, err
 	}
 	return append(rows, append(withMade, withFirst...)...), nil
 }

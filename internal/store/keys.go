@@ -105,12 +105,18 @@ func (s *SQLite) PutTeam(ctx context.Context, t Team) error {
 
 // SetTeamQuotas replaces a team's quotas; ErrNotFound when there is none.
 func (s *SQLite) SetTeamQuotas(ctx context.Context, id, quotas string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE teams SET quotas = ? WHERE id = ?`, quotas, id)
+	return s.updateOne(ctx, "team "+id, `UPDATE teams SET quotas = ? WHERE id = ?`, quotas, id)
+}
+
+// updateOne runs an UPDATE of one row; ErrNotFound (naming what) when it
+// changed none.
+func (s *SQLite) updateOne(ctx context.Context, what, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
 	if err != nil {
-		return fmt.Errorf("store: set team quotas %s: %w", id, err)
+		return fmt.Errorf("store: update %s: %w", what, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: team %s", ErrNotFound, id)
+		return fmt.Errorf("%w: %s", ErrNotFound, what)
 	}
 	return nil
 }
@@ -217,27 +223,13 @@ func (s *SQLite) APIKey(ctx context.Context, id string) (APIKey, error) {
 // UpdateAPIKey changes a key's name and scopes; ErrNotFound when there is
 // no such key (or it is revoked).
 func (s *SQLite) UpdateAPIKey(ctx context.Context, id, name, scopes string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET name = ?, scopes = ? WHERE id = ? AND revoked_at = 0`, name, scopes, id)
-	if err != nil {
-		return fmt.Errorf("store: update api key %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: api key %s", ErrNotFound, id)
-	}
-	return nil
+	return s.updateOne(ctx, "api key "+id, `UPDATE api_keys SET name = ?, scopes = ? WHERE id = ? AND revoked_at = 0`, name, scopes, id)
 }
 
 // RevokeAPIKey marks a key revoked at; ErrNotFound when there is no such
 // key not yet revoked.
 func (s *SQLite) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, at.UnixNano(), id)
-	if err != nil {
-		return fmt.Errorf("store: revoke api key %s: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: api key %s", ErrNotFound, id)
-	}
-	return nil
+	return s.updateOne(ctx, "api key "+id, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, at.UnixNano(), id)
 }
 
 // TouchAPIKeys records when keys were last used (id → time), in one

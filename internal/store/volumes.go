@@ -104,14 +104,7 @@ func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) e
 
 // SetVolumeState changes a record's state; ErrNotFound if there is none.
 func (s *SQLite) SetVolumeState(ctx context.Context, id, state string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE volumes SET state = ? WHERE id = ?`, state, id)
-	if err != nil {
-		return fmt.Errorf("store: volume %s state: %w", id, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("%w: volume %s", ErrNotFound, id)
-	}
-	return nil
+	return s.updateOne(ctx, "volume "+id, `UPDATE volumes SET state = ? WHERE id = ?`, state, id)
 }
 
 // GetVolume returns a record by ID, whoever owns it (the content API checks
