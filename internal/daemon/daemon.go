@@ -611,6 +611,7 @@ func (d *Daemon) startListeners() error {
 		Keys:        d.Keys,
 		Audit:       d.Store,
 		TeamMetrics: d.TeamStats,
+		TeamRate:    func(team string) float64 { return d.Keys.Quotas(team).RequestsPerSecond },
 		Logger:      d.log,
 
 		Webhooks:            d.Store,

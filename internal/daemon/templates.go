@@ -39,6 +39,7 @@ func (d *Daemon) startTemplateBuilds() error {
 		Dir: d.Layout.TemplateBuilds(), FilesDir: d.Layout.TemplateFiles(), Logger: d.log,
 		MaxConcurrent: l.Concurrent, MaxPerOwner: l.PerKey, MaxContext: l.MaxContextMB << 20, Timeout: l.Timeout,
 		Finished: d.Metrics.BuildFinished,
+		MaxFor:   func(owner string) int { return d.Keys.Quotas(owner).Builds },
 	})
 	if err != nil {
 		return err

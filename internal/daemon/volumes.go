@@ -37,6 +37,7 @@ func (d *Daemon) startVolumes(ctx context.Context) error {
 	svc, err := volume.New(volume.Options{
 		Pool: d.Disk, Store: d.Store, Logger: d.log,
 		DefaultSize: c.DefaultMB << 20, MaxSize: c.MaxMB << 20, PerOwner: lim,
+		SpaceFor: func(owner string) int64 { return int64(d.Keys.Quotas(owner).VolumesMB) << 20 },
 	})
 	if err != nil {
 		return fmt.Errorf("volumes: %w", err)

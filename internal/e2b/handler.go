@@ -6,12 +6,14 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
 	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
@@ -91,6 +93,9 @@ type Options struct {
 	// Audit keeps the audit log: every request that changes something, and
 	// every request refused for its key, is written to it; nil keeps none.
 	Audit AuditLog
+	// TeamRate, when set, gives a team's own rate of requests per second
+	// (0: Limits.Requests'); its bursts are as large as a second of it.
+	TeamRate func(team string) float64
 	// TeamMetrics answers GET /teams/{teamID}/metrics; nil: 501.
 	TeamMetrics TeamMetrics
 	Logger      *slog.Logger
@@ -104,6 +109,9 @@ type Handler struct {
 	mux  *http.ServeMux
 	// requests and creates are the per-key token buckets (nil: no limit).
 	requests, creates *keyLimiters
+	// teamRates are the buckets of the teams with a rate of their own.
+	teamMu    sync.Mutex
+	teamRates map[string]*rate.Limiter
 	// uploadKey signs template file upload URLs; per process, so a URL
 	// outlives neither the server nor a restart.
 	uploadKey []byte
@@ -130,6 +138,7 @@ func NewHandler(m Manager, opts Options) *Handler {
 	h := &Handler{
 		m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux(),
 		requests:  newKeyLimiters(opts.Limits.Requests),
+		teamRates: map[string]*rate.Limiter{},
 		creates:   newKeyLimiters(opts.Limits.Creates),
 		uploadKey: make([]byte, 32),
 	}
@@ -296,8 +305,8 @@ func (h *Handler) authenticated(pattern string, next http.HandlerFunc) http.Hand
 			h.audit(r, p, pattern, http.StatusUnauthorized, nil, msg)
 			return
 		}
-		if ok, wait := h.requests.take(p.Team, time.Now()); !ok {
-			tooManyRequests(w, "requests", h.opts.Limits.Requests, wait)
+		if ok, wait := h.takeRequest(p.Team, time.Now()); !ok {
+			h.tooManyTeamRequests(w, p.Team, wait)
 			return
 		}
 		if scope != noScope && !p.Has(scope) {

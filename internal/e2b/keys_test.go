@@ -226,3 +226,33 @@ func TestKeysAPI(t *testing.T) {
 		}
 	}
 }
+
+// A team with a rate of its own is held to it, and told so; another team
+// keeps the server's.
+func TestTeamRate(t *testing.T) {
+	h, _ := newTestHandler(t, func(o *Options) {
+		o.Authenticate = func(k string) bool { return k == testKey || k == otherKey }
+		o.TeamRate = func(team string) float64 {
+			if team == OwnerOf(testKey) {
+				return 2
+			}
+			return 0
+		}
+	})
+	codes := []int{}
+	for range 3 {
+		codes = append(codes, request(t, h, "GET", "/v2/sandboxes", "").Code)
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != http.StatusTooManyRequests {
+		t.Fatalf("three requests at once at 2 per second: %v", codes)
+	}
+	rec := request(t, h, "GET", "/v2/sandboxes", "")
+	if !strings.Contains(rec.Body.String(), "quota of API requests reached: the team may make 2 requests per second") || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("refusal: %s %v", rec.Body, rec.Header())
+	}
+	for range 5 {
+		if rec := request(t, h, "GET", "/v2/sandboxes", "", "X-API-KEY", otherKey); rec.Code != 200 {
+			t.Fatalf("the other team, without a rate of its own: %d", rec.Code)
+		}
+	}
+}

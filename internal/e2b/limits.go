@@ -103,3 +103,47 @@ func ownerFrom(ctx context.Context) string {
 	s, _ := ctx.Value(ownerKey{}).(string)
 	return s
 }
+
+// takeRequest spends one of team's requests: from its own bucket when it
+// has a rate of its own (TeamRate), else from the server's per-team one.
+func (h *Handler) takeRequest(team string, now time.Time) (ok bool, retryAfter time.Duration) {
+	own := 0.0
+	if h.opts.TeamRate != nil {
+		own = h.opts.TeamRate(team)
+	}
+	if own <= 0 {
+		return h.requests.take(team, now)
+	}
+	burst := max(1, int(math.Ceil(own)))
+	h.teamMu.Lock()
+	l := h.teamRates[team]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(own), burst)
+		h.teamRates[team] = l
+	} else if float64(l.Limit()) != own {
+		l.SetLimitAt(now, rate.Limit(own))
+		l.SetBurstAt(now, burst)
+	}
+	h.teamMu.Unlock()
+	r := l.ReserveN(now, 1)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return false, d
+	}
+	return true, 0
+}
+
+// tooManyTeamRequests is tooManyRequests for the request rate, naming the
+// team's own quota when it has one.
+func (h *Handler) tooManyTeamRequests(w http.ResponseWriter, team string, wait time.Duration) {
+	if h.opts.TeamRate == nil || h.opts.TeamRate(team) <= 0 {
+		tooManyRequests(w, "requests", h.opts.Limits.Requests, wait)
+		return
+	}
+	own := h.opts.TeamRate(team)
+	secs := max(1, int(math.Ceil(wait.Seconds())))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeError(w, http.StatusTooManyRequests,
+		fmt.Sprintf("quota of API requests reached: the team may make %g requests per second (bursts of %d), and has used them; retry after %d s",
+			own, max(1, int(math.Ceil(own))), secs))
+}

@@ -127,6 +127,7 @@ func volumeError(err error, id string) error {
 		{volume.ErrInvalid, http.StatusBadRequest},
 		{volume.ErrExists, http.StatusBadRequest},
 		{volume.ErrLimit, http.StatusTooManyRequests},
+		{volume.ErrNoSpace, http.StatusInsufficientStorage},
 		{volume.ErrInUse, http.StatusConflict},
 		{volume.ErrNotFound, http.StatusNotFound},
 		{volume.ErrClosed, http.StatusServiceUnavailable},

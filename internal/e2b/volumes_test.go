@@ -36,6 +36,9 @@ func (f *fakeVolumes) Create(_ context.Context, owner, name string, size int64) 
 			return volume.Volume{}, fmt.Errorf("%w: Volume with name '%s' already exists", volume.ErrExists, name)
 		}
 	}
+	if name == "huge" {
+		return volume.Volume{}, fmt.Errorf("%w: quota of volume space reached: the team's volumes may total at most 8 MiB (8 MiB in use, 8 MiB asked)", volume.ErrNoSpace)
+	}
 	if len(f.vols) >= 3 {
 		return volume.Volume{}, fmt.Errorf("%w: an API key may have at most 3 volumes", volume.ErrLimit)
 	}
@@ -117,6 +120,7 @@ func TestVolumesAPI(t *testing.T) {
 		t.Fatalf("other key's create: %d %s", rec.Code, rec.Body)
 	}
 	checkError(t, request(t, h, "POST", "/volumes", `{"name":"more"}`), http.StatusTooManyRequests, "an API key may have at most 3 volumes")
+	checkError(t, request(t, h, "POST", "/volumes", `{"name":"huge"}`), http.StatusInsufficientStorage, "quota of volume space reached: the team's volumes may total at most 8 MiB (8 MiB in use, 8 MiB asked)")
 
 	rec = request(t, h, "GET", "/volumes", "")
 	if rec.Code != http.StatusOK || rec.Body.String() != `[{"volumeID":"vol-1","name":"data"},{"volumeID":"vol-2","name":"sized"}]`+"\n" {

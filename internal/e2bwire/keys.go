@@ -71,10 +71,13 @@ const AuditPath = "/airlock/v1/audit"
 // TeamQuotas are a team's limits (an Airlock extension of Team); 0 is the
 // server's default.
 type TeamQuotas struct {
-	Sandboxes       int `json:"sandboxes"`
-	VCPUs           int `json:"vcpus"`
-	MemoryMB        int `json:"memoryMB"`
-	PausedSandboxes int `json:"pausedSandboxes"`
+	Sandboxes         int     `json:"sandboxes"`
+	VCPUs             int     `json:"vcpus"`
+	MemoryMB          int     `json:"memoryMB"`
+	PausedSandboxes   int     `json:"pausedSandboxes"`
+	RequestsPerSecond float64 `json:"requestsPerSecond"`
+	Builds            int     `json:"builds"`
+	VolumesMB         int     `json:"volumesMB"`
 }
 
 // TeamUpdate is the body of PATCH /teams/{teamID}.

@@ -39,6 +39,10 @@ var ErrExists = errors.New("store: already exists")
 // take an owner past its number of volumes or its total quota.
 var ErrVolumeLimit = errors.New("store: volume limit reached")
 
+// ErrVolumeSpace is returned (wrapped, with the figures) when an insert
+// would take an owner's volumes past their total size.
+var ErrVolumeSpace = errors.New("store: volume space used up")
+
 // VolumeLimits bound one owner's volumes; zero fields limit nothing.
 type VolumeLimits struct {
 	MaxCount int
@@ -85,8 +89,8 @@ func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) e
 		return fmt.Errorf("%w: an API key may have at most %d volumes", ErrVolumeLimit, lim.MaxCount)
 	}
 	if lim.MaxBytes > 0 && total+v.SizeBytes > lim.MaxBytes {
-		return fmt.Errorf("%w: an API key's volumes may total at most %d MiB (%d MiB in use, %d MiB asked)",
-			ErrVolumeLimit, lim.MaxBytes>>20, total>>20, v.SizeBytes>>20)
+		return fmt.Errorf("%w: quota of volume space reached: the team's volumes may total at most %d MiB (%d MiB in use, %d MiB asked)",
+			ErrVolumeSpace, lim.MaxBytes>>20, total>>20, v.SizeBytes>>20)
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		v.ID, v.Owner, v.Name, v.Token, v.SizeBytes, v.CreatedAt.UnixNano(), v.State)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -28,7 +29,7 @@ func TestVolumesRecords(t *testing.T) {
 		t.Fatalf("same name, other owner: %v", err)
 	}
 	// Total bytes, then count.
-	if err := s.InsertVolume(ctx, Volume{ID: "id4", Owner: "k1", Name: "big", SizeBytes: 3 << 20, State: VolumeCreating}, lim); !errors.Is(err, ErrVolumeLimit) {
+	if err := s.InsertVolume(ctx, Volume{ID: "id4", Owner: "k1", Name: "big", SizeBytes: 3 << 20, State: VolumeCreating}, lim); !errors.Is(err, ErrVolumeSpace) || !strings.Contains(err.Error(), "at most 3 MiB (1 MiB in use, 3 MiB asked)") {
 		t.Fatalf("past the byte limit: %v", err)
 	}
 	if err := s.InsertVolume(ctx, Volume{ID: "id5", Owner: "k1", Name: "two", SizeBytes: 1 << 20, CreatedAt: time.Unix(12, 0), State: VolumeCreating}, lim); err != nil {

@@ -67,6 +67,9 @@ type Options struct {
 	// MaxPerOwner bounds one API key's started builds that are not over
 	// (waiting or building); default DefaultMaxPerOwner.
 	MaxPerOwner int
+	// MaxFor, when set, gives an owner's (team's) own bound instead (0:
+	// MaxPerOwner).
+	MaxFor func(owner string) int
 	// MaxUpload bounds one upload; default DefaultMaxUpload.
 	MaxUpload int64
 	// MaxContext bounds what one build's uploads unpack to together;
@@ -444,7 +447,12 @@ func (s *Service) Start(owner, templateID, buildID string, spec Spec) error {
 	n := s.activeLocked(owner)
 	s.mu.Unlock()
 	refuse := func() { s.drop(j) } // a build refused here never existed
-	if n > s.opts.MaxPerOwner {
+	if own := s.ownBound(owner); own > 0 {
+		if n > own {
+			refuse()
+			return fmt.Errorf("%w: quota of template builds at once reached: the team has %d builds waiting or building, its limit is %d; wait for one to finish", ErrLimit, n-1, own)
+		}
+	} else if n > s.opts.MaxPerOwner {
 		refuse()
 		return fmt.Errorf("%w: this API key has %d builds waiting or building, the server's bound (serve --builds-per-key %d); wait for one to finish", ErrLimit, n-1, s.opts.MaxPerOwner)
 	}
@@ -559,6 +567,15 @@ func (s *Service) expireRequests() {
 }
 
 // activeLocked counts owner's started builds that are not over.
+// ownBound is the owner's own bound of builds at once (0: none, the
+// server's applies).
+func (s *Service) ownBound(owner string) int {
+	if s.opts.MaxFor == nil {
+		return 0
+	}
+	return s.opts.MaxFor(owner)
+}
+
 func (s *Service) activeLocked(owner string) int {
 	n := 0
 	for _, j := range s.jobs {

@@ -506,3 +506,32 @@ func TestUploadsPerKey(t *testing.T) {
 		}
 	}
 }
+
+// A team's own quota of builds at once replaces the server's per-key bound.
+func TestTeamBuildQuota(t *testing.T) {
+	dir := t.TempDir()
+	s, fb := newServiceWith(t, Options{
+		Dir: filepath.Join(dir, "builds"), FilesDir: filepath.Join(dir, "files"),
+		MaxConcurrent: 3, MaxPerOwner: 1, Timeout: 300 * time.Millisecond,
+		MaxFor: func(owner string) int {
+			if owner == "team-bob" {
+				return 2
+			}
+			return 0
+		},
+	})
+	defer s.Close()
+	run := Spec{FromTemplate: "base", Steps: []Step{{Type: "RUN", Args: []string{"sleep 1000"}}}}
+	for i, want := range []string{"", "", "quota of template builds at once reached: the team has 2 builds waiting or building, its limit is 2"} {
+		tpl, id, _ := s.Request(Request{Name: fmt.Sprintf("b%d", i), Owner: "team-bob"})
+		err := s.Start("team-bob", tpl, id, run)
+		switch {
+		case want == "" && err != nil:
+			t.Fatalf("build %d under the team's quota: %v", i, err)
+		case want == "":
+			<-fb.got
+		case !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), want):
+			t.Errorf("build %d past the team's quota: %v", i, err)
+		}
+	}
+}

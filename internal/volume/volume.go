@@ -63,6 +63,8 @@ var (
 	ErrInvalid  = errors.New("invalid volume request")
 	ErrExists   = errors.New("volume name already exists")
 	ErrLimit    = errors.New("volume limit reached")
+	// ErrNoSpace is a create past the owner's total size (507).
+	ErrNoSpace = errors.New("volume space used up")
 	ErrInUse    = errors.New("volume is mounted by sandboxes")
 	ErrToken    = errors.New("volume token does not open this volume")
 	ErrClosed   = errors.New("volume service is shutting down")
@@ -107,6 +109,9 @@ type Options struct {
 	// Zero fields get DefaultMaxCount and DefaultMaxBytes; negative ones
 	// limit nothing.
 	PerOwner store.VolumeLimits
+	// SpaceFor, when set, gives an owner's (team's) total size in bytes
+	// instead of PerOwner.MaxBytes (0: PerOwner's).
+	SpaceFor func(owner string) int64
 	// Mounts, when set, is asked before a destroy (SetMountChecker sets it
 	// later, once the manager exists).
 	Mounts MountChecker
@@ -259,13 +264,21 @@ func (s *Service) Create(ctx context.Context, owner, name string, size int64) (V
 	// The record first: it claims the name and counts against the limits in
 	// one transaction, and a crash after it leaves a "creating" record that
 	// Recover undoes, never a directory nothing names.
-	if err := s.opts.Store.InsertVolume(ctx, rec, s.opts.PerOwner); err != nil {
+	limits := s.opts.PerOwner
+	if s.opts.SpaceFor != nil {
+		if b := s.opts.SpaceFor(owner); b > 0 {
+			limits.MaxBytes = b
+		}
+	}
+	if err := s.opts.Store.InsertVolume(ctx, rec, limits); err != nil {
 		switch {
 		case errors.Is(err, store.ErrExists):
 			// Upstream's wording and status (400).
 			return Volume{}, fmt.Errorf("%w: Volume with name '%s' already exists", ErrExists, name)
 		case errors.Is(err, store.ErrVolumeLimit):
 			return Volume{}, fmt.Errorf("%w: %s", ErrLimit, strings.TrimPrefix(err.Error(), store.ErrVolumeLimit.Error()+": "))
+		case errors.Is(err, store.ErrVolumeSpace):
+			return Volume{}, fmt.Errorf("%w: %s", ErrNoSpace, strings.TrimPrefix(err.Error(), store.ErrVolumeSpace.Error()+": "))
 		}
 		return Volume{}, fmt.Errorf("volume: %w", err)
 	}

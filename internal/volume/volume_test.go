@@ -143,7 +143,7 @@ func TestSizesAndOwnerLimits(t *testing.T) {
 	if _, err := e.svc.Create(ctx, "k", "a", 32<<20); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.svc.Create(ctx, "k", "b", 32<<20); !errors.Is(err, ErrLimit) || !strings.Contains(err.Error(), "48 MiB") {
+	if _, err := e.svc.Create(ctx, "k", "b", 32<<20); !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "48 MiB") {
 		t.Fatalf("past total bytes: %v", err)
 	}
 	if _, err := e.svc.Create(ctx, "k", "b", 0); err != nil {
