@@ -9,12 +9,19 @@ import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'
 import { describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { API_KEY, API_URL, TEMPLATE, api, createSandbox, meta, trackCleanup, uniq } from './helpers.mjs'
 
 trackCleanup()
 
 const BIN = process.env.AIRLOCK_BIN
 const run = promisify(execFile)
+const mcpClient = async (key) => {
+  const client = new Client({ name: 'airlock-keys-test', version: '0.0.0' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${API_URL}/mcp`), { requestInit: { headers: { Authorization: `Bearer ${key}` } } }))
+  return client
+}
 const cli = (...args) => run(BIN, [...args, '--url', API_URL, '--api-key', API_KEY], { timeout: 30_000 })
 
 describe('API keys and teams', () => {
@@ -46,6 +53,24 @@ describe('API keys and teams', () => {
     assert.equal(res.status, 200)
     assert.ok(!res.json.envdAccessToken, 'a read-only key got the access token')
     assert.equal((await api('POST', `/sandboxes/${sbx.sandboxId}/connect`, { key: readOnly, body: { timeout: 60 } })).status, 403)
+  })
+
+  test("/mcp offers a read-only key the read tools only, and another team none of this team's sandboxes", async () => {
+    const ro = await mcpClient(readOnly)
+    try {
+      const names = (await ro.listTools()).tools.map((t) => t.name).sort()
+      assert.deepEqual(names, ['get_metrics', 'list_sandboxes', 'list_snapshots', 'sandbox_events', 'sandbox_logs'])
+    } finally {
+      await ro.close()
+    }
+    const other = await mcpClient(otherTeam)
+    try {
+      const res = await other.callTool({ name: 'kill_sandbox', arguments: { sandbox_id: sbx.sandboxId } })
+      assert.equal(res.isError, true, 'another team killed the sandbox through MCP')
+      assert.match(JSON.stringify(res.content), /not found/i)
+    } finally {
+      await other.close()
+    }
   })
 
   test("another team's key finds nothing of this team's", async () => {
@@ -81,6 +106,13 @@ describe('API keys and teams', () => {
     const err = await Sandbox.list({ apiKey: readOnly }).nextItems().then(() => null, (e) => e)
     assert.ok(err, 'a revoked key listed')
     assert.match(String(err.message), /revoked/)
+    // /mcp refuses it too.
+    const res = await fetch(`${API_URL}/mcp`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${readOnly}`, 'Content-Type': 'application/json', Accept: 'application/json, text/event-stream' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '0' } } }),
+    })
+    assert.equal(res.status, 401)
   })
 
   test('airlock audit shows who did what', async () => {
