@@ -59,7 +59,7 @@ describe('API keys and teams', () => {
     const ro = await mcpClient(readOnly)
     try {
       const names = (await ro.listTools()).tools.map((t) => t.name).sort()
-      assert.deepEqual(names, ['get_metrics', 'list_sandboxes', 'list_snapshots', 'sandbox_events', 'sandbox_logs'])
+      assert.deepEqual(names, ['get_metrics', 'get_template_build', 'list_sandboxes', 'list_snapshots', 'sandbox_events', 'sandbox_logs']) // sandboxes:read and templates:read
     } finally {
       await ro.close()
     }
