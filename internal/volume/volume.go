@@ -65,9 +65,9 @@ var (
 	ErrLimit    = errors.New("volume limit reached")
 	// ErrNoSpace is a create past the owner's total size (507).
 	ErrNoSpace = errors.New("volume space used up")
-	ErrInUse    = errors.New("volume is mounted by sandboxes")
-	ErrToken    = errors.New("volume token does not open this volume")
-	ErrClosed   = errors.New("volume service is shutting down")
+	ErrInUse   = errors.New("volume is mounted by sandboxes")
+	ErrToken   = errors.New("volume token does not open this volume")
+	ErrClosed  = errors.New("volume service is shutting down")
 )
 
 // InUseError is the refusal to destroy a volume that running sandboxes
