@@ -69,6 +69,11 @@ func (k *keyLimiters) take(owner string, now time.Time) (ok bool, retryAfter tim
 		k.byKey[owner] = l
 	}
 	k.mu.Unlock()
+	return spend(l, now)
+}
+
+// spend takes one token of l, or none and says how long until one is there.
+func spend(l *rate.Limiter, now time.Time) (ok bool, retryAfter time.Duration) {
 	r := l.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now)
@@ -125,12 +130,7 @@ func (h *Handler) takeRequest(team string, now time.Time) (ok bool, retryAfter t
 		l.SetBurstAt(now, burst)
 	}
 	h.teamMu.Unlock()
-	r := l.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		r.CancelAt(now)
-		return false, d
-	}
-	return true, 0
+	return spend(l, now)
 }
 
 // tooManyTeamRequests is tooManyRequests for the request rate, naming the
