@@ -51,7 +51,10 @@ describe('sandbox killed under a request', { concurrency: true }, () => {
 
   test('files.read of a large file as a stream fails mid-way', async () => {
     const sbx = await createSandbox({ metadata: { file: 'teardown', case: 'download' } })
-    await sbx.commands.run('head -c 256M /dev/zero > /tmp/big')
+    // Large, so that the transfer is still under way when the kill lands:
+    // Node's fetch reads the socket ahead of a paused reader, and on a
+    // quick moment a smaller file arrived whole before the kill (seen).
+    await sbx.commands.run('head -c 768M /dev/zero > /tmp/big')
     const stream = await sbx.files.read('/tmp/big', { format: 'stream' })
     const reader = stream.getReader()
     let n = 0
@@ -74,6 +77,6 @@ describe('sandbox killed under a request', { concurrency: true }, () => {
       }
     })())
     const got = await settle(drain, 10_000, 'files.read stream')
-    assert.ok(!got.ok || got.value < (256 << 20), `the download of a killed sandbox ended cleanly after ${got.value} bytes of 256 MiB`)
+    assert.ok(!got.ok || got.value < (768 << 20), `the download of a killed sandbox ended cleanly after ${got.value} bytes of 768 MiB`)
   })
 })
