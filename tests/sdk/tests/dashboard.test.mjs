@@ -46,6 +46,23 @@ describe('dashboard', { skip: chromiumPath ? false : 'no chromium (scripts/setup
     }
   }
 
+  // Signs in with key. The page's sign-in request can fail like a
+  // navigation when the host's network changes under Chromium (see goto);
+  // the page then shows the network error, and the form is sent again.
+  const signIn = async (key) => {
+    for (let i = 0; ; i++) {
+      await page.getByTestId('signin-key').fill(key)
+      await page.getByTestId('signin-submit').click()
+      // The previous attempt's message may still show until this one is
+      // answered: the page signed in is what counts.
+      const signedIn = await page.getByTestId('nav-sandboxes').waitFor({ timeout: 15_000 }).then(() => true, () => false)
+      if (signedIn) return
+      const error = page.getByTestId('signin-error')
+      const msg = (await error.count()) ? await error.textContent() : 'no answer in 15 s'
+      if (i >= 4) throw new Error(`sign-in failed: ${msg}`)
+    }
+  }
+
   before(async () => {
     assert.ok(OTHER_KEY, 'AIRLOCK_SDK_OTHER_KEY is set by run.sh')
     other = await Sandbox.create(TEMPLATE, { apiKey: OTHER_KEY, metadata: meta({ dash: tag }) })
@@ -81,9 +98,7 @@ describe('dashboard', { skip: chromiumPath ? false : 'no chromium (scripts/setup
   })
 
   test('signing in shows the overview', async () => {
-    await page.getByTestId('signin-key').fill(API_KEY)
-    await page.getByTestId('signin-submit').click()
-    await page.getByTestId('nav-sandboxes').waitFor()
+    await signIn(API_KEY)
     // The session is a cookie the page's scripts cannot read.
     assert.equal(await page.evaluate(() => document.cookie.includes('airlock_dashboard')), false)
     await page.getByTestId('nav-overview').click()
@@ -223,9 +238,7 @@ describe('dashboard', { skip: chromiumPath ? false : 'no chromium (scripts/setup
       })
       await goto(`https://api.${domain}/`)
       assert.match(page.url(), new RegExp(`^https://api\\.${domain.replace(/\./g, '\\.')}/dashboard/`))
-      await page.getByTestId('signin-key').fill(API_KEY)
-      await page.getByTestId('signin-submit').click()
-      await page.getByTestId('nav-sandboxes').waitFor()
+      await signIn(API_KEY)
       const cookie = (await context.cookies()).find((c) => c.name === 'airlock_dashboard')
       assert.ok(cookie, 'the session cookie')
       assert.equal(cookie.secure, true)
