@@ -6,9 +6,8 @@
 // (default: artifacts/dashboard at the top of the clone), CI's artefacts.
 
 import assert from 'node:assert/strict'
-import { createHash, X509Certificate } from 'node:crypto'
-import { existsSync, mkdirSync, readFileSync } from 'node:fs'
-import { dirname, join } from 'node:path'
+import { existsSync, mkdirSync } from 'node:fs'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { after, before, describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
@@ -209,65 +208,6 @@ describe('dashboard', { skip: chromiumPath ? false : 'no chromium (scripts/setup
     const base = page.locator('[data-testid="template-row"][data-template-id="base"]')
     await base.waitFor()
     await shot('templates')
-  })
-
-  // What `make run` serves: the dashboard at https://api.<domain>/, its
-  // cookie Secure, its terminal's WebSocket over TLS. The browser trusts
-  // exactly the server's certificate (as in domain.test.mjs).
-  test('over TLS on the domain (make run), the cookie is Secure and the terminal works', async () => {
-    const domain = process.env.AIRLOCK_SDK_DOMAIN
-    assert.ok(domain && process.env.NODE_EXTRA_CA_CERTS, 'run.sh serves --domain')
-    const leafPem = readFileSync(join(dirname(process.env.NODE_EXTRA_CA_CERTS), 'leaf.pem'), 'utf8')
-    const leaf = new X509Certificate(leafPem.slice(0, leafPem.indexOf('-----END CERTIFICATE-----') + 25))
-    const spki = createHash('sha256').update(leaf.publicKey.export({ type: 'spki', format: 'der' })).digest('base64')
-    const { chromium } = await import('playwright-core')
-    const tlsBrowser = await chromium.launch({
-      executablePath: chromiumPath,
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-        '--disable-component-update', '--disable-sync', `--ignore-certificate-errors-spki-list=${spki}`],
-    })
-    const plainPage = page
-    try {
-      const context = await tlsBrowser.newContext({ viewport: { width: 1400, height: 900 } })
-      page = await context.newPage()
-      page.on('response', async (res) => {
-        if (!res.url().includes('/dashboard/api/')) return
-        try {
-          apiBodies.push(await res.text())
-        } catch { /* gone with a navigation */ }
-      })
-      await goto(`https://api.${domain}/`)
-      assert.match(page.url(), new RegExp(`^https://api\\.${domain.replace(/\./g, '\\.')}/dashboard/`))
-      await signIn(API_KEY)
-      const cookie = (await context.cookies()).find((c) => c.name === 'airlock_dashboard')
-      assert.ok(cookie, 'the session cookie')
-      assert.equal(cookie.secure, true)
-      assert.equal(cookie.httpOnly, true)
-      assert.equal(cookie.sameSite, 'Strict')
-      const tlsSbx = await createSandbox({ metadata: { dash: tag } })
-      await page.getByTestId('nav-sandboxes').click()
-      await row(tlsSbx.sandboxId).waitFor({ timeout: 5000 })
-      await row(tlsSbx.sandboxId).click()
-      await page.getByTestId('tab-terminal').click()
-      const term = page.getByTestId('terminal')
-      await term.locator('.xterm').waitFor()
-      await waitFor(async () => {
-        await term.click()
-        await page.keyboard.type('echo tls-$((40+2))\n')
-        try {
-          await waitFor(async () => (await term.textContent()).includes('tls-42'), { timeoutMs: 8000, what: 'the output' })
-          return true
-        } catch {
-          await page.getByTestId('tab-files').click()
-          await page.getByTestId('tab-terminal').click()
-          return false
-        }
-      }, { timeoutMs: 40_000, intervalMs: 500, what: 'echo tls-42 in the terminal over TLS' })
-      await shot('terminal-tls')
-    } finally {
-      page = plainPage
-      await tlsBrowser.close()
-    }
   })
 
   test("the other key's sandbox, and any sandbox's token, never reached the page", async () => {
