@@ -130,14 +130,7 @@ func (d *Dashboard) listDir(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]entryJSON, 0, len(resp.GetEntries()))
 	for _, e := range resp.GetEntries() {
-		t := "file"
-		switch e.GetType() {
-		case filesystem.FileType_FILE_TYPE_DIRECTORY:
-			t = "dir"
-		case filesystem.FileType_FILE_TYPE_SYMLINK:
-			t = "symlink"
-		}
-		out = append(out, entryJSON{Name: e.GetName(), Path: e.GetPath(), Type: t, Size: e.GetSize(),
+		out = append(out, entryJSON{Name: e.GetName(), Path: e.GetPath(), Type: e2bclient.EntryType(e), Size: e.GetSize(),
 			ModifiedTime: e.GetModifiedTime().AsTime(), Permissions: e.GetPermissions()})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"path": dir, "entries": out})

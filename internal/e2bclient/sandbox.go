@@ -242,6 +242,18 @@ func (s *Sandbox) Update(ctx context.Context, msg *process.UpdateRequest) error 
 	return err
 }
 
+// EntryType names a directory entry's type as the SDKs do: file, dir or
+// symlink.
+func EntryType(e *filesystem.EntryInfo) string {
+	switch e.GetType() {
+	case filesystem.FileType_FILE_TYPE_DIRECTORY:
+		return "dir"
+	case filesystem.FileType_FILE_TYPE_SYMLINK:
+		return "symlink"
+	}
+	return "file"
+}
+
 // ListDir is envd's filesystem.ListDir.
 func (s *Sandbox) ListDir(ctx context.Context, msg *filesystem.ListDirRequest) (*filesystem.ListDirResponse, error) {
 	_, _, fs, err := s.c.sandboxURL(ctx)

@@ -503,14 +503,7 @@ func (h *HTTPBackend) ListFiles(ctx context.Context, id, path string, depth int)
 	}
 	out := make([]FileEntry, 0, len(resp.GetEntries()))
 	for _, e := range resp.GetEntries() {
-		typ := "file"
-		switch e.GetType() {
-		case filesystem.FileType_FILE_TYPE_DIRECTORY:
-			typ = "dir"
-		case filesystem.FileType_FILE_TYPE_SYMLINK:
-			typ = "symlink"
-		}
-		fe := FileEntry{Name: e.GetName(), Path: e.GetPath(), Type: typ, Size: e.GetSize(), Permissions: e.GetPermissions()}
+		fe := FileEntry{Name: e.GetName(), Path: e.GetPath(), Type: e2bclient.EntryType(e), Size: e.GetSize(), Permissions: e.GetPermissions()}
 		if e.GetModifiedTime() != nil {
 			fe.Modified = e.GetModifiedTime().AsTime()
 		}

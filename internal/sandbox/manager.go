@@ -1226,7 +1226,7 @@ func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error
 		owner, state := e.info.Owner, e.info.State
 		e.mu.Unlock()
 		if state != StatePaused {
-			if err := m.checkPausedQuota(ctx, owner); err != nil {
+			if err := m.checkPausedQuota(owner); err != nil {
 				return err
 			}
 		}

@@ -1,9 +1,6 @@
 package sandbox
 
-import (
-	"context"
-	"fmt"
-)
+import "fmt"
 
 // Quota is what one owner (a team) may hold at once. A zero field limits
 // nothing, but Sandboxes, which falls back to Options.MaxPerOwner.
@@ -117,7 +114,7 @@ func (m *Manager) reserve(owner string, cpu, mem int, resuming bool) (release fu
 
 // checkPausedQuota fails with ErrLimit when owner may pause no more
 // sandboxes.
-func (m *Manager) checkPausedQuota(_ context.Context, owner string) error {
+func (m *Manager) checkPausedQuota(owner string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	q := m.quotaFor(owner)
