@@ -52,7 +52,7 @@ The targets of issue 13 are printed beside the figures.`,
 			}
 			cfg := bench.PersistConfig{
 				Manager: d.Manager, DataDir: d.Layout.Root,
-				SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
+				SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0], Keys: d.Keys,
 				Base: base, BaseRootfs: bt.RootFS,
 				SmallMiB: smallMiB, BigMiB: bigMiB,
 				Iterations: iterations, BigIterations: bigIterations,

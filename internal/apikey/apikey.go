@@ -166,7 +166,10 @@ type Service struct {
 	mu sync.RWMutex
 	// byHash is every live key by its SHA-256 (hex), bootstrap keys too.
 	byHash map[string]Principal
-	teams  map[string]store.Team // by ID
+	// byID is every key's hash by its ID, revoked ones too: grants name
+	// the key that obtained them by ID (Key).
+	byID  map[string]string
+	teams map[string]store.Team // by ID
 	// used is when each stored key was last seen, not yet written.
 	used map[string]time.Time
 	// revoked holds the revoked keys by hash: who they were, for the audit
@@ -193,7 +196,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]Principal{}}
+	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, byID: map[string]string{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]Principal{}}
 	teams, err := st.Teams(ctx)
 	if err != nil {
 		return nil, err
@@ -216,13 +219,15 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			}
 			s.teams[team], names[name] = t, true
 		}
-		s.byHash[hashKey(key)] = Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true}
+		p := Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true}
+		s.byHash[hashKey(key)], s.byID[p.KeyID] = p, hashKey(key)
 	}
 	keys, err := st.APIKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, k := range keys {
+		s.byID[k.ID] = k.Hash
 		if !k.RevokedAt.IsZero() {
 			s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 			continue
@@ -281,6 +286,38 @@ func (s *Service) Authenticate(key string) (Principal, error) {
 		s.mu.Unlock()
 	}
 	return p, nil
+}
+
+// Key returns the live key of ID id, from memory: ErrRevoked (with who the
+// key was) or ErrNotFound when there is none. Grants are checked with it,
+// so a revoked key's grants fail from the moment Revoke starts.
+func (s *Service) Key(id string) (Principal, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h, ok := s.byID[id]
+	if !ok {
+		return Principal{}, ErrNotFound
+	}
+	if p, ok := s.byHash[h]; ok {
+		return p, nil
+	}
+	if was, ok := s.revoked[h]; ok {
+		return was, ErrRevoked
+	}
+	return Principal{}, ErrNotFound
+}
+
+// TeamKeys returns the live keys of team, in no order.
+func (s *Service) TeamKeys(team string) []Principal {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []Principal
+	for _, p := range s.byHash {
+		if p.Team == team {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // FlushUsage writes when keys were last used; the server calls it every
@@ -404,7 +441,7 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Created, error) 
 	}
 	p, _ := principalOf(rec)
 	s.mu.Lock()
-	s.byHash[rec.Hash] = p
+	s.byHash[rec.Hash], s.byID[rec.ID] = p, rec.Hash
 	s.mu.Unlock()
 	return Created{Record: rec, Key: key}, nil
 }

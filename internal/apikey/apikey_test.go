@@ -181,3 +181,54 @@ func BenchmarkAuthenticate(b *testing.B) {
 		})
 	}
 }
+
+// TestKeyByID is what grants are checked with: a key by its ID, from
+// memory, revoked at once, and the same after a restart.
+func TestKeyByID(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	s, err := New(ctx, st, Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, _ := s.Authenticate(boot)
+	red, _ := s.EnsureTeam(ctx, "red")
+	a, err := s.Create(ctx, CreateRequest{TeamID: red.ID, Name: "a", By: &admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Create(ctx, CreateRequest{TeamID: red.ID, Name: "b", By: &admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Key(admin.KeyID); err != nil || p.Team != admin.Team || !p.Bootstrap {
+		t.Fatalf("bootstrap by ID: %+v %v", p, err)
+	}
+	if p, err := s.Key(a.Record.ID); err != nil || p.Team != red.ID || p.KeyName != "a" {
+		t.Fatalf("a by ID: %+v %v", p, err)
+	}
+	if _, err := s.Key("no-such-id"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown ID: %v", err)
+	}
+	if n := len(s.TeamKeys(red.ID)); n != 2 {
+		t.Fatalf("red has %d live keys, want 2", n)
+	}
+	if err := s.Revoke(ctx, a.Record.ID); err != nil {
+		t.Fatal(err)
+	}
+	for i, svc := range []*Service{s, func() *Service {
+		again, err := New(ctx, st, Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return again
+	}()} {
+		if p, err := svc.Key(a.Record.ID); !errors.Is(err, ErrRevoked) || p.KeyName != "a" {
+			t.Fatalf("run %d: revoked a by ID: %+v %v", i, p, err)
+		}
+		if keys := svc.TeamKeys(red.ID); len(keys) != 1 || keys[0].KeyID != b.Record.ID {
+			t.Fatalf("run %d: red's live keys %+v, want b alone", i, keys)
+		}
+	}
+}

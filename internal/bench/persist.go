@@ -18,6 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"io"
 	"os"
 	"os/exec"
@@ -39,8 +41,11 @@ type PersistConfig struct {
 	Manager *sandbox.Manager
 	DataDir string
 	// SandboxURL and APIKey reach envd through the server's proxy, as the SDK
-	// does, to start and check the workloads in sandboxes.
+	// does, to start and check the workloads in sandboxes; Keys (the
+	// server's) says who APIKey is: the sandboxes are its team's, and the
+	// proxy takes its grants (internal/grant).
 	SandboxURL, APIKey string
+	Keys               *apikey.Service
 	// Base is the template of the idle rows; BaseRootfs its root filesystem
 	// for the runc baseline.
 	Base, BaseRootfs string
@@ -124,7 +129,11 @@ const sandboxTimeout = 30 * time.Minute
 
 // Persist performs every measurement.
 func Persist(ctx context.Context, cfg PersistConfig) (PersistResult, error) {
-	p := &persister{cfg: cfg, c: newClient(Config{SandboxURL: cfg.SandboxURL, APIKey: cfg.APIKey})}
+	who, err := cfg.Keys.Authenticate(cfg.APIKey)
+	if err != nil {
+		return PersistResult{}, fmt.Errorf("the bench's API key: %w", err)
+	}
+	p := &persister{cfg: cfg, who: who, c: newClient(Config{SandboxURL: cfg.SandboxURL, APIKey: cfg.APIKey})}
 	var res PersistResult
 	add := func(rows ...Row) {
 		for _, r := range rows {
@@ -189,11 +198,12 @@ func Persist(ctx context.Context, cfg PersistConfig) (PersistResult, error) {
 
 type persister struct {
 	cfg PersistConfig
+	who apikey.Principal // APIKey's
 	c   *client
 }
 
 func (p *persister) create(ctx context.Context, tpl string) (sandbox.Info, error) {
-	info, err := p.cfg.Manager.Create(ctx, sandbox.CreateRequest{Template: tpl, Timeout: sandboxTimeout, Secure: true})
+	info, err := p.cfg.Manager.Create(ctx, sandbox.CreateRequest{Template: tpl, Timeout: sandboxTimeout, Secure: true, Owner: p.who.Team})
 	if err != nil {
 		return info, fmt.Errorf("create %s: %w", tpl, err)
 	}
@@ -208,7 +218,7 @@ func (p *persister) kill(ctx context.Context, id string) {
 // sh runs cmd in the sandbox through the proxy (commands.run) and fails
 // unless it exits 0.
 func (p *persister) sh(ctx context.Context, info sandbox.Info, cmd string) error {
-	code, err := p.c.run(ctx, p.c.c.Sandbox(info.ID, info.AccessToken), cmd)
+	code, err := p.c.run(ctx, p.c.c.Sandbox(info.ID, grant.Token(info.AccessToken, p.who.KeyID)), cmd)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %q: %w", info.ID, cmd, err)
 	}

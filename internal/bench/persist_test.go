@@ -24,7 +24,7 @@ func TestPersistIdle(t *testing.T) {
 	d := daemontest.Start(t, nil)
 	res, err := bench.Persist(context.Background(), bench.PersistConfig{
 		Manager: d.Manager, DataDir: d.Layout.Root,
-		SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0],
+		SandboxURL: d.SandboxURL, APIKey: d.APIKeys[0], Keys: d.Keys,
 		Base: "base", BaseRootfs: testenv.BaseRootfs(t),
 		Iterations: 2,
 	})

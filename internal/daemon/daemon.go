@@ -71,6 +71,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/egress"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/layout"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/metrics"
@@ -612,6 +613,7 @@ func (d *Daemon) startListeners() error {
 		Audit:       d.Store,
 		TeamMetrics: d.TeamStats,
 		TeamRate:    func(team string) float64 { return d.Keys.Quotas(team).RequestsPerSecond },
+		Grants:      true,
 		Logger:      d.log,
 
 		Webhooks:            d.Store,
@@ -623,7 +625,11 @@ func (d *Daemon) startListeners() error {
 		contentVolumes = d.Volumes
 	}
 	api := e2b.NewHandler(d.Manager, opts)
+	// Tokens handed out are keys' grants; the proxy and the volume content
+	// API check each against the key's current record.
+	grants := grant.Checker{Keys: d.Keys}
 	d.Proxy = proxy.New(d.Manager, d.log)
+	d.Proxy.SetGrants(grants)
 	d.Proxy.SetStats(d.Metrics)
 	if b := d.cfg.Neighbours.ProxyBudget; b != nil {
 		d.Proxy.SetBudget(*b)
@@ -633,9 +639,12 @@ func (d *Daemon) startListeners() error {
 	apiMux := http.NewServeMux()
 	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.Keys.Authenticate))
 	apiMux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
-	// The volume content API, authorised by volume tokens rather than API
-	// keys (E2B_VOLUME_API_URL is the API URL).
-	apiMux.Handle(e2bwire.VolumeContentPrefix, volumecontent.New(contentVolumes, d.log))
+	// The volume content API, authorised by the volume tokens GET
+	// /volumes/{id} hands out (E2B_VOLUME_API_URL is the API URL): each a
+	// key's grant.
+	content := volumecontent.New(contentVolumes, d.log)
+	content.SetGrants(grants)
+	apiMux.Handle(e2bwire.VolumeContentPrefix, content)
 	dash, err := d.dashboard(api, loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()))
 	if err != nil {
 		for _, l := range lns {
@@ -678,7 +687,7 @@ func (d *Daemon) startListeners() error {
 // goes through this server's own proxy, as the MCP tools' does.
 func (d *Daemon) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashboard.Dashboard, error) {
 	o := dashboard.Options{
-		Identify: d.Keys.Authenticate, API: api,
+		Identify: d.Keys.Authenticate, API: api, Grants: true,
 		Sandboxes: d.Manager, Events: d.Events, Templates: d.Templates,
 		DataDir: d.Layout.Root, Logger: d.log,
 	}

@@ -92,6 +92,9 @@ type Options struct {
 	// Envd returns a client of the server's own API and sandbox proxy
 	// acting as apiKey, for envd work (files, processes, terminal).
 	Envd func(apiKey string) *e2bclient.Client
+	// Grants: the proxy takes the keys' grants (internal/grant), not the
+	// sandboxes' own tokens, as the E2B handler's Options.Grants says.
+	Grants bool
 	// DataDir is where the host's disk headroom is read.
 	DataDir string
 	Logger  *slog.Logger

@@ -20,12 +20,20 @@ import (
 	"github.com/airlock-sandbox/airlock/api/gen/process"
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // envdOf is the session's handle on the sandbox's envd, through the proxy.
+// It presents the session key's grant, so that revoking the key or taking
+// its sandboxes:write away ends the dashboard's envd access as it does the
+// SDKs'.
 func (d *Dashboard) envdOf(s *session, in sandbox.Info) *e2bclient.Sandbox {
-	return d.o.Envd(s.key).Sandbox(in.ID, in.AccessToken)
+	token := in.AccessToken
+	if d.o.Grants && token != "" {
+		token = grant.Token(token, s.who.KeyID)
+	}
+	return d.o.Envd(s.key).Sandbox(in.ID, token)
 }
 
 // envdError answers a failed envd call with its status and message.

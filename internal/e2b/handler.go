@@ -96,6 +96,11 @@ type Options struct {
 	// TeamRate, when set, gives a team's own rate of requests per second
 	// (0: Limits.Requests'); its bursts are as large as a second of it.
 	TeamRate func(team string) float64
+	// Grants makes the envd access tokens and volume tokens the API hands
+	// out the grants of the request's key (internal/grant) rather than the
+	// resource's own token: the sandbox proxy and the volume content API
+	// must then check them (they do when the daemon wires them).
+	Grants bool
 	// TeamMetrics answers GET /teams/{teamID}/metrics; nil: 501.
 	TeamMetrics TeamMetrics
 	Logger      *slog.Logger

@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"net/http"
 
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
@@ -40,6 +41,15 @@ func (h *Handler) envdVersion(info sandbox.Info) string {
 	return h.opts.EnvdVersion
 }
 
+// grant is what the request's key is given for a resource whose own
+// token is secret: with Options.Grants the key's grant, else the token.
+func (h *Handler) grant(r *http.Request, secret string) string {
+	if !h.opts.Grants || secret == "" {
+		return secret
+	}
+	return grant.Token(secret, principalFrom(r.Context()).KeyID)
+}
+
 func (h *Handler) sandboxJSON(r *http.Request, info sandbox.Info) e2bwire.Sandbox {
 	return e2bwire.Sandbox{
 		SandboxID:          info.ID,
@@ -47,7 +57,7 @@ func (h *Handler) sandboxJSON(r *http.Request, info sandbox.Info) e2bwire.Sandbo
 		Alias:              info.Alias,
 		ClientID:           h.clientID(info),
 		EnvdVersion:        h.envdVersion(info),
-		EnvdAccessToken:    info.AccessToken,
+		EnvdAccessToken:    h.grant(r, info.AccessToken),
 		TrafficAccessToken: info.TrafficAccessToken,
 		Domain:             h.domain(r),
 	}
@@ -97,7 +107,7 @@ func volumeMountsJSON(in []sandbox.VolumeMount) []e2bwire.SandboxVolumeMount {
 // detailJSON is GET /sandboxes/{id}'s answer. Its tokens let their holder
 // run commands and move files, so a key that may only read gets none.
 func (h *Handler) detailJSON(r *http.Request, info sandbox.Info) e2bwire.SandboxDetail {
-	envdToken, trafficToken := info.AccessToken, info.TrafficAccessToken
+	envdToken, trafficToken := h.grant(r, info.AccessToken), info.TrafficAccessToken
 	if !principalFrom(r.Context()).Has(apikey.SandboxesWrite) {
 		envdToken, trafficToken = "", ""
 	}

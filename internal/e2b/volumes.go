@@ -55,7 +55,7 @@ func (h *Handler) createVolume(w http.ResponseWriter, r *http.Request) error {
 		return volumeError(err, "")
 	}
 	noteTarget(r.Context(), "volume", v.ID)
-	writeJSON(w, http.StatusCreated, toVolumeAndToken(v))
+	writeJSON(w, http.StatusCreated, h.volumeAndToken(r, v))
 	return nil
 }
 
@@ -84,7 +84,7 @@ func (h *Handler) getVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return volumeError(err, id)
 	}
-	writeJSON(w, http.StatusOK, toVolumeAndToken(v))
+	writeJSON(w, http.StatusOK, h.volumeAndToken(r, v))
 	return nil
 }
 
@@ -110,8 +110,8 @@ func (h *Handler) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func toVolumeAndToken(v volume.Volume) e2bwire.VolumeAndToken {
-	return e2bwire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token, SizeMB: v.SizeBytes >> 20}
+func (h *Handler) volumeAndToken(r *http.Request, v volume.Volume) e2bwire.VolumeAndToken {
+	return e2bwire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: h.grant(r, v.Token), SizeMB: v.SizeBytes >> 20}
 }
 
 // volumeError maps the volume service's errors to statuses: upstream answers

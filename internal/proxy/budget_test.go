@@ -24,7 +24,8 @@ type fakeEnvds struct{ tr http.RoundTripper }
 
 func (f fakeEnvds) EnvdTransport(string) (http.RoundTripper, error)   { return f.tr, nil }
 func (f fakeEnvds) InterpTransport(string) (http.RoundTripper, error) { return f.tr, nil }
-func (fakeEnvds) MatchToken(func(string) bool) []string               { return nil }
+func (fakeEnvds) MatchToken(func(string, string) bool) []string       { return nil }
+func (fakeEnvds) Access(string) (string, string, error)               { return "", "", nil }
 func (fakeEnvds) UserPortTarget(string) (netip.Addr, string, string, error) {
 	return netip.Addr{}, "", "", errors.New("no user ports here")
 }

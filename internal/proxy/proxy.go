@@ -28,6 +28,7 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 )
 
 // Sandboxes is what the proxy needs from the sandbox manager.
@@ -35,8 +36,12 @@ type Sandboxes interface {
 	// EnvdTransport returns the transport to a running sandbox's envd, or an
 	// error when the sandbox is unknown, dead or paused.
 	EnvdTransport(id string) (http.RoundTripper, error)
-	// MatchToken returns the running sandboxes whose access token accept takes.
-	MatchToken(accept func(token string) bool) []string
+	// MatchToken returns the running sandboxes whose access token (with
+	// their owner) accept takes.
+	MatchToken(accept func(token, owner string) bool) []string
+	// Access returns a running sandbox's access token ("" for none) and its
+	// owner (the team), or an error when it is unknown, dead or paused.
+	Access(id string) (token, owner string, err error)
 	// UserPortTarget returns the address a running sandbox's user ports are
 	// reached at (invalid when it has no network), the traffic access
 	// token they require ("" for none) and the Host header their requests
@@ -78,6 +83,9 @@ type Proxy struct {
 	// countFrom tell it the bytes of each direction (nil without stats).
 	stats              Stats
 	countTo, countFrom func(int)
+	// grants checks the per-key grants clients present (SetGrants); nil:
+	// tokens go to envd as they came.
+	grants *grant.Checker
 }
 
 // Stats hears what the proxy carries, for the server's metrics: each
@@ -232,6 +240,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if (port == envdapi.Port || port == envdapi.InterpPort) && !p.admit(w, r, id) {
 		return
 	}
 	var rt route
@@ -510,6 +521,9 @@ func parseTarget(id, portStr string) (string, int, error) {
 // signature. Signed URLs carry no sandbox id; a signature is a keyed hash, so
 // at most one live token matches.
 func (p *Proxy) bySignature(r *http.Request) (string, int, error) {
+	if p.grants != nil {
+		return p.bySignatureGrant(r)
+	}
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost || r.Method == http.MethodPut {
@@ -524,7 +538,7 @@ func (p *Proxy) bySignature(r *http.Request) (string, int, error) {
 		exp = v
 	}
 	sig, path, user := q.Get("signature"), q.Get("path"), q.Get("username")
-	ids := p.sandboxes.MatchToken(func(token string) bool {
+	ids := p.sandboxes.MatchToken(func(token, _ string) bool {
 		return envdapi.FileSignature(path, op, user, token, exp) == sig
 	})
 	if len(ids) != 1 {

@@ -357,7 +357,7 @@ func TestLifecycleStress(t *testing.T) {
 			case <-time.After(time.Millisecond):
 			}
 			_, _ = m.List(ctx, sandbox.ListFilter{})
-			m.MatchToken(func(string) bool { return false })
+			m.MatchToken(func(string, string) bool { return false })
 			mu.Lock()
 			ids := slot
 			mu.Unlock()

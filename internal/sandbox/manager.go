@@ -1317,27 +1317,42 @@ func (m *Manager) InterpTransport(id string) (http.RoundTripper, error) {
 	return e.interp, nil
 }
 
-// MatchToken returns the ids of running sandboxes for which accept(token) is
-// true; the proxy routes header-less signed /files URLs with it.
-func (m *Manager) MatchToken(accept func(token string) bool) []string {
+// MatchToken returns the ids of running sandboxes for which accept(token,
+// owner) is true; the proxy routes header-less signed /files URLs with it.
+func (m *Manager) MatchToken(accept func(token, owner string) bool) []string {
 	m.mu.Lock()
-	type cand struct{ id, token string }
+	type cand struct{ id, token, owner string }
 	var cands []cand
 	for id, e := range m.sandboxes {
 		e.mu.Lock()
 		if e.info.State == StateRunning && e.info.AccessToken != "" {
-			cands = append(cands, cand{id, e.info.AccessToken})
+			cands = append(cands, cand{id, e.info.AccessToken, e.info.Owner})
 		}
 		e.mu.Unlock()
 	}
 	m.mu.Unlock()
 	var ids []string
 	for _, c := range cands {
-		if accept(c.token) {
+		if accept(c.token, c.owner) {
 			ids = append(ids, c.id)
 		}
 	}
 	return ids
+}
+
+// Access returns a sandbox's access token and owner, for the proxy's check
+// of the grants clients present. A paused sandbox's too, and without
+// resuming it: a request must pass the check before its traffic can wake
+// the sandbox (Lifecycle.AutoResume).
+func (m *Manager) Access(id string) (token, owner string, err error) {
+	_, info, err := m.view(id)
+	if err == nil && info.State == StateKilled {
+		err = notFound(id)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return info.AccessToken, info.Owner, nil
 }
 
 // armTimerLocked (re)schedules the kill at EndAt; e.mu is held.

@@ -402,20 +402,22 @@ func (s *Service) byName(ctx context.Context, owner, name string) (Volume, error
 	return Volume{}, fmt.Errorf("%w: no volume with ID or name %q", ErrNotFound, name)
 }
 
-// Open checks a content API request: token must be volume id's own token.
-// An unknown volume answers the same as a wrong token (ErrToken), so a
-// token cannot probe which volume IDs exist.
-func (s *Service) Open(ctx context.Context, id, token string) (Volume, error) {
+// Open checks a content API request: accept says whether the request's
+// credential opens volume id, given the volume's own token and its owner.
+// An unknown volume answers ErrToken, as a wrong token does, after accept
+// ran on a token no credential matches: so neither the answer nor its time
+// tells which volume IDs exist.
+func (s *Service) Open(ctx context.Context, id string, accept func(token, owner string) error) (Volume, error) {
 	r, err := s.opts.Store.GetVolume(ctx, id)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return Volume{}, fmt.Errorf("volume: %w", err)
 	}
-	want := r.Token
-	if err != nil || r.State != store.VolumeReady {
-		want = "" // still compared, so time does not tell either
-	}
-	if subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 || want == "" {
+	if err != nil || r.State != store.VolumeReady || r.Token == "" {
+		_ = accept(unknownToken, "")
 		return Volume{}, fmt.Errorf("%w %s", ErrToken, id)
+	}
+	if err := accept(r.Token, r.Owner); err != nil {
+		return Volume{}, fmt.Errorf("volume %s: %w", id, err)
 	}
 	s.mu.Lock()
 	gone := s.destroying[id]
@@ -424,6 +426,21 @@ func (s *Service) Open(ctx context.Context, id, token string) (Volume, error) {
 		return Volume{}, fmt.Errorf("%w %s", ErrToken, id)
 	}
 	return s.toVolume(r), nil
+}
+
+// unknownToken is what Open's accept is given for a volume that is not
+// there: a token no client can hold (tokens are hex).
+const unknownToken = "\x00no volume"
+
+// TokenIs is the accept of Open for a client that presents a volume's own
+// token: ErrToken unless presented is token.
+func TokenIs(presented string) func(token, owner string) error {
+	return func(token, _ string) error {
+		if subtle.ConstantTimeCompare([]byte(presented), []byte(token)) != 1 {
+			return ErrToken
+		}
+		return nil
+	}
 }
 
 // Destroy removes owner's volume and everything in it. While sandboxes

@@ -31,14 +31,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/volume"
 )
 
-// Opener checks a volume's token and says where the volume lives
-// (volume.Service).
+// Opener finds a volume whose token and owner accept takes and says where
+// it lives (volume.Service); volume.ErrToken for an unknown volume.
 type Opener interface {
-	Open(ctx context.Context, volumeID, token string) (volume.Volume, error)
+	Open(ctx context.Context, volumeID string, accept func(token, owner string) error) (volume.Volume, error)
 }
 
 // Defaults of the entries the API creates when the request names no owner or
@@ -58,6 +60,29 @@ type Handler struct {
 	vols Opener
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// grants checks the per-key grants the API hands out in place of a
+	// volume's token (SetGrants); nil: the volume's own token opens it.
+	grants *grant.Checker
+}
+
+// SetGrants makes the handler take only the grants of live keys of the
+// volume's team (internal/grant) that hold volumes:read for reads and
+// volumes:write for changes. Call it before serving.
+func (h *Handler) SetGrants(c grant.Checker) { h.grants = &c }
+
+// accept is Open's check of the bearer token a request presents.
+func (h *Handler) accept(r *http.Request, presented string) func(token, owner string) error {
+	if h.grants == nil {
+		return volume.TokenIs(presented)
+	}
+	scope := apikey.VolumesWrite
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		scope = apikey.VolumesRead
+	}
+	return func(token, owner string) error {
+		_, err := h.grants.Check(presented, owner, token, scope)
+		return err
+	}
 }
 
 // New returns the handler; mount it at e2bwire.VolumeContentPrefix. A nil
@@ -125,8 +150,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, fn op) error {
 		return fail(http.StatusUnauthorized, "missing volume token: send \"Authorization: Bearer <token>\" with the token GET /volumes/{volumeID} returns")
 	}
 	id := r.PathValue("volumeID")
-	v, err := h.vols.Open(r.Context(), id, token)
-	if errors.Is(err, volume.ErrToken) {
+	v, err := h.vols.Open(r.Context(), id, h.accept(r, token))
+	var se *grant.ScopeError
+	switch {
+	case errors.As(err, &se):
+		return fail(http.StatusForbidden, "%s", se.Error())
+	case errors.Is(err, grant.ErrRevoked):
+		return fail(http.StatusUnauthorized, "%s", err.Error())
+	case errors.Is(err, volume.ErrToken), errors.Is(err, grant.ErrInvalid), errors.Is(err, grant.ErrForeign):
+		// Another team's volume answers as one that does not exist, and
+		// that as a wrong token: 404 is a missing path to the SDKs.
 		return fail(http.StatusForbidden, "this token does not open volume %q", id)
 	}
 	if err != nil {

@@ -16,7 +16,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/volume"
 )
 
@@ -24,10 +26,13 @@ import (
 // the same over its records; internal/volume tests it).
 type fakeVolumes map[string]volume.Volume
 
-func (f fakeVolumes) Open(_ context.Context, id, token string) (volume.Volume, error) {
+func (f fakeVolumes) Open(_ context.Context, id string, accept func(token, owner string) error) (volume.Volume, error) {
 	v, ok := f[id]
-	if !ok || v.Token != token {
+	if !ok {
 		return volume.Volume{}, fmt.Errorf("%w %s", volume.ErrToken, id)
+	}
+	if err := accept(v.Token, v.Owner); err != nil {
+		return volume.Volume{}, fmt.Errorf("volume %s: %w", id, err)
 	}
 	return v, nil
 }
@@ -284,4 +289,53 @@ func statUID(st os.FileInfo) int {
 		return int(s.Uid)
 	}
 	return -1
+}
+
+// grantKeys: team t1 owns v1 and has a writer, a reader and a revoked key;
+// team t2 has a writer.
+type grantKeys map[string]apikey.Principal
+
+func (k grantKeys) Key(id string) (apikey.Principal, error) {
+	if id == "revoked" {
+		return apikey.Principal{KeyID: id, Team: "t1"}, apikey.ErrRevoked
+	}
+	if p, ok := k[id]; ok {
+		return p, nil
+	}
+	return apikey.Principal{}, apikey.ErrNotFound
+}
+
+func (k grantKeys) TeamKeys(string) []apikey.Principal { return nil }
+
+func TestGrants(t *testing.T) {
+	base := t.TempDir()
+	v1 := volume.Volume{ID: "v1", Owner: "t1", Token: "tok1", Path: base, SizeBytes: 1 << 30}
+	if err := os.WriteFile(filepath.Join(base, "f"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := New(fakeVolumes{"v1": v1}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h.SetGrants(grant.Checker{Keys: grantKeys{
+		"w": {KeyID: "w", KeyName: "writer", Team: "t1", Scopes: apikey.All},
+		"r": {KeyID: "r", KeyName: "reader", Team: "t1", Scopes: []apikey.Scope{apikey.VolumesRead}},
+		"o": {KeyID: "o", KeyName: "other", Team: "t2", Scopes: apikey.All},
+	}})
+	read := func(token string) *httptest.ResponseRecorder {
+		return do(t, h, "GET", "file", "v1", token, p("path", "f"), nil)
+	}
+	write := func(token string) *httptest.ResponseRecorder {
+		return do(t, h, "PUT", "file", "v1", token, p("path", "g"), strings.NewReader("new"))
+	}
+	wantStatus(t, read(grant.Token("tok1", "w")), 200, "")
+	wantStatus(t, write(grant.Token("tok1", "w")), 201, "")
+	wantStatus(t, read(grant.Token("tok1", "r")), 200, "")
+	wantStatus(t, write(grant.Token("tok1", "r")), 403, "lacks the scope volumes:write")
+	wantStatus(t, read(grant.Token("tok1", "revoked")), 401, "revoked")
+	wantStatus(t, read("tok1"), 403, `does not open volume "v1"`) // the volume's own token is not handed out
+	// Another team's grant answers as a volume that does not exist.
+	other := read(grant.Token("tok1", "o"))
+	wantStatus(t, other, 403, `does not open volume "v1"`)
+	unknown := do(t, h, "GET", "file", "v9", grant.Token("tok1", "o"), p("path", "f"), nil)
+	if strings.ReplaceAll(unknown.Body.String(), "v9", "v1") != other.Body.String() || unknown.Code != other.Code {
+		t.Fatalf("another team's volume %d %s, an unknown one %d %s", other.Code, other.Body, unknown.Code, unknown.Body)
+	}
 }
