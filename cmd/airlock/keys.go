@@ -140,7 +140,7 @@ func keysCmd() *cobra.Command {
 	}
 	var q e2bwire.TeamQuotas
 	quota := &cobra.Command{
-		Use:   "quota TEAM [--sandboxes N] [--vcpus N] [--memory-mb N] [--paused N] [--requests-per-second R] [--builds N] [--volumes-mb N]",
+		Use:   "quota TEAM [--sandboxes N] [--vcpus N] [--memory-mb N] [--paused N] [--paused-disk-mb N] [--requests-per-second R] [--builds N] [--volumes-mb N]",
 		Short: "Set a team's quotas (0: the server's default, or none); with no flag, show them",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -149,7 +149,7 @@ func keysCmd() *cobra.Command {
 				return err
 			}
 			var t e2bwire.Team
-			if !anyChanged(cmd, "sandboxes", "vcpus", "memory-mb", "paused", "requests-per-second", "builds", "volumes-mb") {
+			if !anyChanged(cmd, "sandboxes", "vcpus", "memory-mb", "paused", "paused-disk-mb", "requests-per-second", "builds", "volumes-mb") {
 				teams, err := c.Teams(cmd.Context())
 				if err != nil {
 					return err
@@ -169,8 +169,8 @@ func keysCmd() *cobra.Command {
 			if t.Quotas != nil {
 				q = *t.Quotas
 			}
-			fmt.Printf("team %s (%s): sandboxes %d, vcpus %d, memory %d MiB, paused %d, requests/s %g, builds %d, volumes %d MiB (0: the server's default, or none)\n",
-				t.Name, t.TeamID, q.Sandboxes, q.VCPUs, q.MemoryMB, q.PausedSandboxes, q.RequestsPerSecond, q.Builds, q.VolumesMB)
+			fmt.Printf("team %s (%s): sandboxes %d, vcpus %d, memory %d MiB, paused %d, paused disk %d MiB, requests/s %g, builds %d, volumes %d MiB (0: the server's default, or none)\n",
+				t.Name, t.TeamID, q.Sandboxes, q.VCPUs, q.MemoryMB, q.PausedSandboxes, q.PausedDiskMB, q.RequestsPerSecond, q.Builds, q.VolumesMB)
 			return nil
 		},
 	}
@@ -178,6 +178,7 @@ func keysCmd() *cobra.Command {
 	quota.Flags().IntVar(&q.VCPUs, "vcpus", 0, "vCPUs of the running sandboxes together")
 	quota.Flags().IntVar(&q.MemoryMB, "memory-mb", 0, "memory of the running sandboxes together, MiB")
 	quota.Flags().IntVar(&q.PausedSandboxes, "paused", 0, "paused sandboxes at once")
+	quota.Flags().IntVar(&q.PausedDiskMB, "paused-disk-mb", 0, "disk the paused sandboxes hold together (checkpoint images and writable layers), MiB")
 	quota.Flags().Float64Var(&q.RequestsPerSecond, "requests-per-second", 0, "API requests per second (bursts of a second's worth)")
 	quota.Flags().IntVar(&q.Builds, "builds", 0, "template builds waiting or building at once")
 	quota.Flags().IntVar(&q.VolumesMB, "volumes-mb", 0, "total size of the team's volumes, MiB")

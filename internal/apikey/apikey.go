@@ -561,6 +561,9 @@ type Quotas struct {
 	MemoryMB int `json:"memoryMB,omitempty"`
 	// PausedSandboxes at once.
 	PausedSandboxes int `json:"pausedSandboxes,omitempty"`
+	// PausedDiskMB is what the paused sandboxes hold on disk together:
+	// their checkpoint images and writable layers.
+	PausedDiskMB int `json:"pausedDiskMB,omitempty"`
 	// RequestsPerSecond to the API, bursts of a second's worth.
 	RequestsPerSecond float64 `json:"requestsPerSecond,omitempty"`
 	// Builds of templates waiting or building at once.
@@ -583,7 +586,7 @@ func (s *Service) Quotas(teamID string) Quotas {
 
 // SetQuotas replaces a team's quotas.
 func (s *Service) SetQuotas(ctx context.Context, teamID string, q Quotas) error {
-	if q.Sandboxes < 0 || q.VCPUs < 0 || q.MemoryMB < 0 || q.PausedSandboxes < 0 || q.RequestsPerSecond < 0 || q.Builds < 0 || q.VolumesMB < 0 {
+	if q.Sandboxes < 0 || q.VCPUs < 0 || q.MemoryMB < 0 || q.PausedSandboxes < 0 || q.PausedDiskMB < 0 || q.RequestsPerSecond < 0 || q.Builds < 0 || q.VolumesMB < 0 {
 		return fmt.Errorf("%w: a quota is 0 (the default) or more", ErrInvalid)
 	}
 	b, err := json.Marshal(q)

@@ -232,3 +232,39 @@ func TestKeyByID(t *testing.T) {
 		}
 	}
 }
+
+// A team's quotas are 0 (the default) or more, and are kept across a
+// restart; the paused sandboxes' disk among them.
+func TestSetQuotas(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	s, err := New(ctx, st, Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	team, err := s.EnsureTeam(ctx, "green")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []Quotas{{PausedDiskMB: -1}, {PausedSandboxes: -1}, {VolumesMB: -5}} {
+		if err := s.SetQuotas(ctx, team.ID, bad); !errors.Is(err, ErrInvalid) {
+			t.Errorf("SetQuotas(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+	want := Quotas{PausedSandboxes: 3, PausedDiskMB: 512}
+	if err := s.SetQuotas(ctx, team.ID, want); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Quotas(team.ID); got != want {
+		t.Errorf("Quotas = %+v, want %+v", got, want)
+	}
+	st.Close()
+	s2, err := New(ctx, openStore(t, dir), Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s2.Quotas(team.ID); got != want {
+		t.Errorf("Quotas after a restart = %+v, want %+v", got, want)
+	}
+}

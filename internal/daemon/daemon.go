@@ -548,7 +548,8 @@ func (d *Daemon) startTeamStats() {
 func (d *Daemon) teamQuota(owner string) sandbox.Quota {
 	q := d.Keys.Quotas(owner)
 	t, _ := d.Keys.Team(owner)
-	return sandbox.Quota{Team: t.Name, Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB, Paused: q.PausedSandboxes}
+	return sandbox.Quota{Team: t.Name, Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB, Paused: q.PausedSandboxes,
+		PausedDiskMB: q.PausedDiskMB}
 }
 
 // startKeys loads the teams and keys; the bootstrap keys hold every scope,

@@ -1,9 +1,12 @@
 package daemon_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,12 +16,13 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/daemon/daemontest"
 	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
-// A team's quotas, set over the API, refuse with 429 what would exceed them,
-// naming the quota, its limit and its use, on real sandboxes: concurrent
-// sandboxes, vCPUs (a resume too), memory and paused sandboxes; another
-// team is not held back by them.
+// A team's quotas, set over the API, refuse with 429 (507 for disk) what
+// would exceed them, naming the quota, its limit and its use, on real
+// sandboxes: concurrent sandboxes, vCPUs (a resume too), memory, paused
+// sandboxes and their disk; another team is not held back by them.
 func TestTeamQuotas(t *testing.T) {
 	d := daemontest.Start(t, nil)
 	ctx := context.Background()
@@ -67,7 +71,8 @@ func TestTeamQuotas(t *testing.T) {
 	if err := tight.Pause(ctx, b, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := create(tight); err != nil { // a and the new one: 4 vCPUs
+	c, err := create(tight) // a and c: 4 vCPUs
+	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = create(tight)
@@ -97,6 +102,58 @@ func TestTeamQuotas(t *testing.T) {
 	team, _ := d.Keys.TeamByRef("default")
 	if st := getJSON(t, d.APIURL+"/teams/"+team.ID+"/metrics", made.Key, nil); st != http.StatusNotFound {
 		t.Errorf("another team's metrics: %d, want 404", st)
+	}
+
+	// The paused sandboxes' disk: the first pause passes (nothing is held
+	// yet) and is measured (its image and its writable layer, which holds a
+	// 2 MiB file written before it); the next is refused with 507 until a
+	// resume gives that disk back.
+	setQuotas(e2bwire.TeamQuotas{PausedDiskMB: 1})
+	if teams, err := tight.Teams(ctx); err != nil || len(teams) != 1 || teams[0].Quotas == nil || teams[0].Quotas.PausedDiskMB != 1 {
+		t.Fatalf("tight's team as listed: %+v, %v", teams, err)
+	}
+	detail, err := tight.Get(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ballast := make([]byte, 2<<20)
+	if _, err := rand.Read(ballast); err != nil {
+		t.Fatal(err)
+	}
+	if err := tight.Sandbox(b, detail.EnvdAccessToken).WriteFile(ctx, "/home/user/ballast", bytes.NewReader(ballast)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tight.Pause(ctx, b, true); err != nil {
+		t.Fatalf("the first pause under the disk quota: %v", err)
+	}
+	info, err := d.Manager.Get(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.PausedDiskBytes < 2<<20 {
+		t.Errorf("paused %s holds %d bytes, want at least the 2 MiB file written in it", b, info.PausedDiskBytes)
+	}
+	if rec, err := d.Store.Get(ctx, b); err != nil || rec.PausedDiskBytes != info.PausedDiskBytes {
+		t.Errorf("the record says %d bytes (%v), the manager %d", rec.PausedDiskBytes, err, info.PausedDiskBytes)
+	}
+	err = tight.Pause(ctx, c, true)
+	var e *e2bclient.Error
+	want := fmt.Sprintf("quota of paused sandboxes' disk reached: team tight's paused sandboxes hold %d MiB on disk, its limit is 1 MiB",
+		(info.PausedDiskBytes+1<<20-1)>>20)
+	if !errors.As(err, &e) || e.Status != http.StatusInsufficientStorage || !strings.Contains(e.Message, want) {
+		t.Fatalf("second pause: %v, want 507 naming %q", err, want)
+	}
+	if got, err := d.Manager.Get(ctx, c); err != nil || got.State != sandbox.StateRunning {
+		t.Fatalf("the refused pause touched %s: %+v, %v", c, got, err)
+	}
+	if _, _, err := tight.Connect(ctx, b, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d.Manager.Get(ctx, b); err != nil || info.PausedDiskBytes != 0 {
+		t.Errorf("resumed %s still counts %d bytes paused (%v)", b, info.PausedDiskBytes, err)
+	}
+	if err := tight.Pause(ctx, c, true); err != nil {
+		t.Fatalf("pause once the disk was given back: %v", err)
 	}
 
 	// Only an admin sets quotas.

@@ -227,8 +227,9 @@ func (h *Handler) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 		// build's own progress is already on the terminal.
 		h.log.Debug("e2b api: template not ready yet", "method", r.Method, "path", r.URL.Path, "status", ae.status, "reason", ae.message)
 	// 501 is a client asking for what Airlock does not offer (template
-	// builds through the API), not a server fault.
-	case ae.status >= 500 && ae.status != http.StatusNotImplemented:
+	// builds through the API), and 507 a team's quota on disk (volumes'
+	// total, paused sandboxes' disk): neither is a server fault.
+	case ae.status >= 500 && ae.status != http.StatusNotImplemented && ae.status != http.StatusInsufficientStorage:
 		h.log.Error("e2b api request failed", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)
 	default:
 		h.log.Debug("e2b api request rejected", "method", r.Method, "path", r.URL.Path, "status", ae.status, "err", err)

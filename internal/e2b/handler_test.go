@@ -840,6 +840,7 @@ func TestManagerErrorMapping(t *testing.T) {
 		{fmt.Errorf("x: %w", sandbox.ErrInvalid), "abc", "", 400, "x: invalid request", sandbox.ErrInvalid},
 		{fmt.Errorf("x: %w", sandbox.ErrConflict), "abc", "", 409, "x: conflict", sandbox.ErrConflict},
 		{fmt.Errorf("x: %w", sandbox.ErrLimit), "", "base", 429, "x: limit reached", sandbox.ErrLimit},
+		{fmt.Errorf("x: %w", sandbox.ErrStorageLimit), "abc", "", 507, "x: limit reached (storage)", sandbox.ErrLimit},
 		{fmt.Errorf("x: %w", context.Canceled), "abc", "", 499, "request cancelled", context.Canceled},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), "abc", "", 504, "x: context deadline exceeded", context.DeadlineExceeded},
 		{errors.New("boom"), "abc", "", 500, "boom", nil},

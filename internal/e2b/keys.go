@@ -232,7 +232,7 @@ func (h *Handler) teamJSON(t store.Team, p apikey.Principal) e2bwire.Team {
 	q := h.opts.Keys.Quotas(t.ID)
 	return e2bwire.Team{TeamID: t.ID, Name: t.Name, IsDefault: t.ID == p.Team, Quotas: &e2bwire.TeamQuotas{
 		Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB, PausedSandboxes: q.PausedSandboxes,
-		RequestsPerSecond: q.RequestsPerSecond, Builds: q.Builds, VolumesMB: q.VolumesMB}}
+		PausedDiskMB: q.PausedDiskMB, RequestsPerSecond: q.RequestsPerSecond, Builds: q.Builds, VolumesMB: q.VolumesMB}}
 }
 
 // updateTeam is PATCH /teams/{teamID} (an Airlock extension): a team's
@@ -258,7 +258,7 @@ func (h *Handler) updateTeam(w http.ResponseWriter, r *http.Request) error {
 	}
 	bq := body.Quotas
 	q := apikey.Quotas{Sandboxes: bq.Sandboxes, VCPUs: bq.VCPUs, MemoryMB: bq.MemoryMB, PausedSandboxes: bq.PausedSandboxes,
-		RequestsPerSecond: bq.RequestsPerSecond, Builds: bq.Builds, VolumesMB: bq.VolumesMB}
+		PausedDiskMB: bq.PausedDiskMB, RequestsPerSecond: bq.RequestsPerSecond, Builds: bq.Builds, VolumesMB: bq.VolumesMB}
 	if err := h.opts.Keys.SetQuotas(r.Context(), t.ID, q); err != nil {
 		return keyError(err)
 	}

@@ -75,6 +75,7 @@ type TeamQuotas struct {
 	VCPUs             int     `json:"vcpus"`
 	MemoryMB          int     `json:"memoryMB"`
 	PausedSandboxes   int     `json:"pausedSandboxes"`
+	PausedDiskMB      int     `json:"pausedDiskMB"`
 	RequestsPerSecond float64 `json:"requestsPerSecond"`
 	Builds            int     `json:"builds"`
 	VolumesMB         int     `json:"volumesMB"`

@@ -1188,6 +1188,7 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 		e.info.State = StateRunning
 		e.info.PausedWithMemory = false
 		e.info.PausedAt = time.Time{}
+		e.info.PausedDiskBytes = 0
 	}
 	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || paused {
 		e.info.EndAt = end
@@ -1218,8 +1219,9 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 // runtime without checkpoints it freezes every process, its memory resident.
 // A paused sandbox does not time out.
 //
-// The team's quota of paused sandboxes applies to a pause asked for, not to
-// the auto-pause at a timeout, which would otherwise have to kill.
+// The team's quotas of paused sandboxes (their count, and the disk they
+// hold) apply to a pause asked for, not to the auto-pause at a timeout,
+// which would otherwise have to kill.
 func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
 	return m.with(id, func(e *entry) error {
 		e.mu.Lock()
@@ -1247,10 +1249,16 @@ func (m *Manager) freeze(ctx context.Context, e *entry) error {
 // its memory kept, on disk or frozen, or not) and stops its timer: a paused
 // sandbox does not time out.
 func (m *Manager) markPaused(ctx context.Context, e *entry, withMemory bool) error {
+	// Measured before the state changes, so that a paused sandbox is never
+	// counted against its team's disk quota without its size. Paused without
+	// memory, its processes run on until the release that follows the
+	// record: what they write in between is not counted.
+	size := m.pausedDiskBytes(e)
 	e.mu.Lock()
 	e.info.State = StatePaused
 	e.info.PausedWithMemory = withMemory
 	e.info.PausedAt = time.Now()
+	e.info.PausedDiskBytes = size
 	if e.timer != nil {
 		e.timer.Stop()
 	}
@@ -1652,10 +1660,16 @@ func (m *Manager) Recover(ctx context.Context) error {
 				e.info.PausedAt = time.Now()
 				changed = true
 			}
+			if e.info.PausedDiskBytes == 0 {
+				// Frozen by a pause whose record did not get to say it, or
+				// recorded by an Airlock that did not measure it.
+				e.info.PausedDiskBytes = m.pausedDiskBytes(e)
+				changed = true
+			}
 		} else {
 			changed = changed || e.info.State != StateRunning
 			e.info.State = StateRunning
-			e.info.PausedWithMemory, e.info.PausedAt = false, time.Time{}
+			e.info.PausedWithMemory, e.info.PausedAt, e.info.PausedDiskBytes = false, time.Time{}, 0
 			// A checkpoint image beside a running sandbox is stale (a
 			// resume that booted from it, or a pause whose checkpoint
 			// never completed): it is never restored again.
@@ -1853,7 +1867,7 @@ func toRecord(i Info) store.Sandbox {
 		Lifecycle: store.Lifecycle{
 			OnTimeout: string(i.Lifecycle.OnTimeout), DropMemory: i.Lifecycle.DropMemory, AutoResume: i.Lifecycle.AutoResume,
 		},
-		PausedWithMemory: i.PausedWithMemory, PausedAt: i.PausedAt,
+		PausedWithMemory: i.PausedWithMemory, PausedAt: i.PausedAt, PausedDiskBytes: i.PausedDiskBytes,
 		VolumeMounts: slices.Clone(i.VolumeMounts),
 		Network: store.Network{
 			AllowOut: i.Network.AllowOut, DenyOut: i.Network.DenyOut,
@@ -1896,7 +1910,7 @@ func fromRecord(r store.Sandbox) Info {
 		Lifecycle: Lifecycle{
 			OnTimeout: OnTimeout(r.Lifecycle.OnTimeout), DropMemory: r.Lifecycle.DropMemory, AutoResume: r.Lifecycle.AutoResume,
 		},
-		PausedWithMemory: r.PausedWithMemory, PausedAt: r.PausedAt,
+		PausedWithMemory: r.PausedWithMemory, PausedAt: r.PausedAt, PausedDiskBytes: r.PausedDiskBytes,
 		VolumeMounts:       r.VolumeMounts,
 		Network:            networkFromRecord(r.Network),
 		TrafficAccessToken: r.Network.TrafficAccessToken,

@@ -383,6 +383,17 @@ func (m *Manager) pause(ctx context.Context, e *entry, opts PauseOptions) (err e
 	return nil
 }
 
+// pausedDiskBytes is what the paused (or pausing) sandbox e holds on disk:
+// its checkpoint image, if any, and its directory, the writable layer a
+// resume boots from; allocated blocks, as du counts them. The directory is
+// walked even on a disk pool, whose quota accounting (the sandbox's disk
+// metric) would cost no walk: that accounting lags the writes of the last
+// commit interval, and this size is measured once, when the sandbox pauses,
+// right after the writes a pause is most often preceded by.
+func (m *Manager) pausedDiskBytes(e *entry) int64 {
+	return runtime.DiskUsage(m.layout().Paused(e.id)) + runtime.DiskUsage(e.dir)
+}
+
 // unmarkPaused undoes markPaused in memory for a sandbox whose pause did
 // not go on: it is running, and its timer runs again.
 func (m *Manager) unmarkPaused(e *entry) {
@@ -390,6 +401,7 @@ func (m *Manager) unmarkPaused(e *entry) {
 	e.info.State = StateRunning
 	e.info.PausedWithMemory = false
 	e.info.PausedAt = time.Time{}
+	e.info.PausedDiskBytes = 0
 	m.armTimerLocked(e)
 	e.mu.Unlock()
 }
@@ -604,6 +616,12 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 		if fi, err := os.Stat(dirs.PausedComplete(e.id)); err == nil {
 			e.info.PausedAt = fi.ModTime()
 		}
+	}
+	if e.info.PausedDiskBytes == 0 || unrecorded {
+		// A record that did not get to say the pause, or one written by an
+		// Airlock that did not measure it.
+		paused = true
+		e.info.PausedDiskBytes = m.pausedDiskBytes(e)
 	}
 	var werr error
 	if unrecorded {

@@ -230,6 +230,11 @@ func testPauseWithMemory(t *testing.T, r *rig, m *sandbox.Manager, p pausedSandb
 		if imgBytes < 64<<20 {
 			t.Errorf("pause %d: the image holds %d bytes, less than the 64 MiB a process held", cycle, imgBytes)
 		}
+		// Its writable layer holds little here; counting the template its
+		// root overlay shows would add hundreds of MiB.
+		if got.PausedDiskBytes < imgBytes || got.PausedDiskBytes > imgBytes+64<<20 {
+			t.Errorf("pause %d: the sandbox is said to hold %d bytes on disk; its image holds %d and its writable layer little", cycle, got.PausedDiskBytes, imgBytes)
+		}
 		if p.alive(info.ID) {
 			t.Errorf("pause %d: a host process of the sandbox lives on after a pause with memory", cycle)
 		}
@@ -624,5 +629,72 @@ while True:
 		if _, err := m.CreateSnapshot(ctx, info.ID, sandbox.SnapshotRequest{Name: fmt.Sprintf("nl-%d", cycle)}); err != nil {
 			t.Fatalf("snapshot %d: %v", cycle, err)
 		}
+	}
+}
+
+// TestPausedDiskSurvivesRestart: the disk a paused sandbox holds is measured
+// at its pause (its writable layer with what was written in it), kept in its
+// record across a restart, measured again by Recover for a record without
+// it (an older Airlock's), and given back by a resume.
+func TestPausedDiskSurvivesRestart(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	first := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	info := create(t, first, time.Minute)
+	if out, code := run(t, first, info, "head -c 3145728 /dev/urandom > ~/ballast && echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("writing 3 MiB: %q (exit %d)", out, code)
+	}
+	// Without memory: no checkpoint image (nor CRIU) needed, the writable
+	// layer is the whole of it.
+	if err := first.Pause(ctx, info.ID, sandbox.PauseOptions{DropMemory: true}); err != nil {
+		first.KillAll(ctx)
+		first.Close()
+		t.Fatal(err)
+	}
+	got, err := first.Get(ctx, info.ID)
+	first.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PausedDiskBytes < 3<<20 || got.PausedDiskBytes > 64<<20 {
+		t.Fatalf("paused without memory, %s holds %d bytes; want the 3 MiB written in it and little more", info.ID, got.PausedDiskBytes)
+	}
+
+	// Recovered and closed again, not through r.recovered, whose cleanup
+	// would kill what the third manager below holds.
+	second := sandbox.New(sandbox.Options{Runtime: r.rt, Store: r.db, Templates: r, DataDir: r.dataDir, EnvdPath: r.envd, MaxTimeout: time.Hour})
+	if err := second.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, err := second.Get(ctx, info.ID)
+	second.Close()
+	if err != nil || after.State != sandbox.StatePaused || after.PausedDiskBytes != got.PausedDiskBytes {
+		t.Fatalf("after a restart: %+v, %v; want paused with %d bytes", after, err, got.PausedDiskBytes)
+	}
+
+	rec, err := r.db.Get(ctx, info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.PausedDiskBytes = 0
+	if err := r.db.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	third := r.recovered(t)
+	after, err = third.Get(ctx, info.ID)
+	if err != nil || after.PausedDiskBytes < 3<<20 {
+		t.Fatalf("a record without the size, recovered: %+v, %v; want it measured again", after, err)
+	}
+	if rec, err := r.db.Get(ctx, info.ID); err != nil || rec.PausedDiskBytes != after.PausedDiskBytes {
+		t.Errorf("the size measured at recovery was not recorded: %d, %v", rec.PausedDiskBytes, err)
+	}
+	if _, resumed, err := third.Connect(ctx, info.ID, time.Minute); err != nil || !resumed {
+		t.Fatalf("Connect: resumed=%v, %v", resumed, err)
+	}
+	if after, err := third.Get(ctx, info.ID); err != nil || after.PausedDiskBytes != 0 {
+		t.Errorf("resumed, it still counts %d bytes paused (%v)", after.PausedDiskBytes, err)
+	}
+	if rec, err := r.db.Get(ctx, info.ID); err != nil || rec.PausedDiskBytes != 0 {
+		t.Errorf("resumed, its record still says %d bytes paused (%v)", rec.PausedDiskBytes, err)
 	}
 }

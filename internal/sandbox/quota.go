@@ -15,6 +15,9 @@ type Quota struct {
 	MemoryMB int
 	// Paused sandboxes at once.
 	Paused int
+	// PausedDiskMB is what the paused sandboxes hold on disk together
+	// (Info.PausedDiskBytes).
+	PausedDiskMB int
 }
 
 // pending is what the creations and resumes in flight of one owner will
@@ -23,7 +26,10 @@ type Quota struct {
 type pending struct{ alive, cpu, mem int }
 
 // usage is what an owner holds now.
-type usage struct{ alive, paused, cpu, mem int }
+type usage struct {
+	alive, paused, cpu, mem int
+	pausedDisk              int64
+}
 
 // quotaFor is owner's quota: Options.Quota's, with Options.MaxPerOwner
 // where it sets no Sandboxes. The caller holds m.mu.
@@ -49,6 +55,7 @@ func (m *Manager) usageLocked(owner string) usage {
 			u.alive++
 			if e.info.State == StatePaused {
 				u.paused++
+				u.pausedDisk += e.info.PausedDiskBytes
 			} else {
 				u.cpu += e.info.CPUCount
 				u.mem += e.info.MemoryMB
@@ -113,17 +120,31 @@ func (m *Manager) reserve(owner string, cpu, mem int, resuming bool) (release fu
 }
 
 // checkPausedQuota fails with ErrLimit when owner may pause no more
-// sandboxes.
+// sandboxes, and with ErrStorageLimit (an ErrLimit too) when its paused
+// sandboxes already hold its quota of disk. The disk quota is checked
+// against what is paused already, since a sandbox's size is known only once
+// its pause has written it: the pause that crosses the limit is let through,
+// and the next one is refused. Nothing is reserved for a pause in flight
+// either, so concurrent pauses of one team may all pass.
 func (m *Manager) checkPausedQuota(owner string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	q := m.quotaFor(owner)
-	if q.Paused <= 0 {
+	if q.Paused <= 0 && q.PausedDiskMB <= 0 {
 		return nil
 	}
-	if u := m.usageLocked(owner); u.paused+1 > q.Paused {
+	u := m.usageLocked(owner)
+	if q.Paused > 0 && u.paused+1 > q.Paused {
 		return fmt.Errorf("%w: quota of paused sandboxes reached: %s has %d paused, its limit is %d; kill or resume one first",
 			ErrLimit, teamName(q), u.paused, q.Paused)
 	}
+	if q.PausedDiskMB > 0 && u.pausedDisk >= int64(q.PausedDiskMB)<<20 {
+		return fmt.Errorf("%w: quota of paused sandboxes' disk reached: %s's paused sandboxes hold %d MiB on disk, its limit is %d MiB; kill or resume one first",
+			ErrStorageLimit, teamName(q), ceilMiB(u.pausedDisk), q.PausedDiskMB)
+	}
 	return nil
 }
+
+// ceilMiB is n bytes in MiB, rounded up: a use just past a limit does not
+// read as equal to it.
+func ceilMiB(n int64) int64 { return (n + 1<<20 - 1) >> 20 }

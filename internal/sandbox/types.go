@@ -4,6 +4,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 
 	"errors"
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -59,6 +60,10 @@ type Info struct {
 	PausedWithMemory bool
 	// PausedAt is when a paused sandbox was paused (retention counts from it).
 	PausedAt time.Time
+	// PausedDiskBytes is what a paused sandbox holds on disk (its checkpoint
+	// image and its directory), measured when it paused; the team's quota
+	// of paused sandboxes' disk counts it.
+	PausedDiskBytes int64
 	// VolumeMounts are the volumes the sandbox mounts (volumes.go).
 	VolumeMounts []VolumeMount
 }
@@ -227,6 +232,10 @@ var (
 	ErrConflict         = errors.New("conflict")
 	// ErrLimit means a per-owner quota (concurrent sandboxes) is used up.
 	ErrLimit = errors.New("limit reached")
+	// ErrStorageLimit is the ErrLimit of a quota on disk (the paused
+	// sandboxes'), which the E2B API answers with 507 rather than 429, as
+	// it does a volume's size.
+	ErrStorageLimit = fmt.Errorf("%w (storage)", ErrLimit)
 	// ErrTemplateStart means the template's start command exited (or could
 	// not be started) before the sandbox was ready; the error is a
 	// *StartError carrying the message for the client.

@@ -31,7 +31,7 @@ func TestPausedSandboxFieldsRoundTrip(t *testing.T) {
 	in := Sandbox{
 		ID: "p1", State: "paused",
 		Lifecycle:        Lifecycle{OnTimeout: OnTimeoutPause, DropMemory: true, AutoResume: true},
-		PausedWithMemory: true, PausedAt: paused, HostKey: "hk-secret",
+		PausedWithMemory: true, PausedAt: paused, HostKey: "hk-secret", PausedDiskBytes: 5 << 20,
 	}
 	if err := s.Put(ctx, in); err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestPausedSandboxFieldsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Lifecycle != in.Lifecycle || !got.PausedWithMemory || !got.PausedAt.Equal(paused) || got.HostKey != "hk-secret" {
+	if got.Lifecycle != in.Lifecycle || !got.PausedWithMemory || !got.PausedAt.Equal(paused) || got.HostKey != "hk-secret" || got.PausedDiskBytes != 5<<20 {
 		t.Fatalf("paused record = %+v", got)
 	}
 	// The zero values: kill at timeout, never paused.
@@ -115,20 +115,20 @@ INSERT INTO events VALUES ('old1', 5, 'oom', 1, 'm');`); err != nil {
 			len(old.Network.AllowOut) != 1 || old.AllowInternet == nil || !*old.AllowInternet {
 			t.Fatalf("old record lost data: %+v", old)
 		}
-		if old.Lifecycle != (Lifecycle{OnTimeout: OnTimeoutKill}) || old.PausedWithMemory || !old.PausedAt.IsZero() || old.HostKey != "" {
+		if old.Lifecycle != (Lifecycle{OnTimeout: OnTimeoutKill}) || old.PausedWithMemory || !old.PausedAt.IsZero() || old.HostKey != "" || old.PausedDiskBytes != 0 {
 			t.Fatalf("old record's new fields = %+v", old)
 		}
 		if evs, err := s.Events(ctx, "old1"); err != nil || len(evs) != 1 {
 			t.Fatalf("old events = %v, %v", evs, err)
 		}
-		old.State, old.PausedAt, old.HostKey = "paused", time.Unix(9, 0), "hk"
+		old.State, old.PausedAt, old.HostKey, old.PausedDiskBytes = "paused", time.Unix(9, 0), "hk", 4096
 		if err := s.Put(ctx, old); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := s.Get(ctx, "old1"); err != nil || got.HostKey != "hk" || !got.PausedAt.Equal(time.Unix(9, 0)) {
+		if got, err := s.Get(ctx, "old1"); err != nil || got.HostKey != "hk" || !got.PausedAt.Equal(time.Unix(9, 0)) || got.PausedDiskBytes != 4096 {
 			t.Fatalf("updated old record = %+v, %v", got, err)
 		}
-		old.PausedAt, old.HostKey, old.State = time.Time{}, "", "running"
+		old.PausedAt, old.HostKey, old.State, old.PausedDiskBytes = time.Time{}, "", "running", 0
 		if err := s.Put(ctx, old); err != nil {
 			t.Fatal(err)
 		}

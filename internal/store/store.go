@@ -51,6 +51,10 @@ type Sandbox struct {
 	PausedWithMemory bool
 	// PausedAt is when a paused sandbox was paused; zero otherwise.
 	PausedAt time.Time
+	// PausedDiskBytes is what a paused sandbox holds on disk, as measured
+	// when its pause completed; zero otherwise (and in records older than
+	// it, which Recover measures again).
+	PausedDiskBytes int64
 	// HostKey is the secret the host presents to envd to initialise it again
 	// after a restore, stored as AccessToken is.
 	HostKey string
@@ -171,7 +175,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	paused_with_memory INTEGER NOT NULL DEFAULT 0,
 	paused_at     INTEGER NOT NULL DEFAULT 0,
 	host_key      TEXT NOT NULL DEFAULT '',
-	volume_mounts TEXT NOT NULL DEFAULT '[]'
+	volume_mounts TEXT NOT NULL DEFAULT '[]',
+	paused_disk_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
 	sandbox_id TEXT NOT NULL,
@@ -213,6 +218,7 @@ var migrations = []struct{ column, ddl string }{
 	{"paused_at", `ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER NOT NULL DEFAULT 0`},
 	{"host_key", `ALTER TABLE sandboxes ADD COLUMN host_key TEXT NOT NULL DEFAULT ''`},
 	{"volume_mounts", `ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]'`},
+	{"paused_disk_bytes", `ALTER TABLE sandboxes ADD COLUMN paused_disk_bytes INTEGER NOT NULL DEFAULT 0`},
 }
 
 // OpenSQLite opens (creating if needed) the database file at path.
@@ -326,10 +332,10 @@ func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 	}
 	_, err = db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TemplateID, sb.Alias, sb.ClientID, string(md), string(env), sb.AccessToken,
 		sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(), sb.State, sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, allow, sb.Owner, string(netJSON),
-		onTimeout, sb.Lifecycle.DropMemory, sb.Lifecycle.AutoResume, sb.PausedWithMemory, unixNano(sb.PausedAt), sb.HostKey, string(mountsJSON))
+		onTimeout, sb.Lifecycle.DropMemory, sb.Lifecycle.AutoResume, sb.PausedWithMemory, unixNano(sb.PausedAt), sb.HostKey, string(mountsJSON), sb.PausedDiskBytes)
 	if err != nil {
 		return fmt.Errorf("store: put %s: %w", sb.ID, err)
 	}
@@ -337,7 +343,7 @@ func putSandbox(ctx context.Context, db execer, sb Sandbox) error {
 }
 
 const columns = `id, template_id, alias, client_id, metadata, env_vars, access_token, started_at, end_at, state, cpu_count, memory_mb, disk_size_mb, allow_internet, owner, network,
-	on_timeout, drop_memory, auto_resume, paused_with_memory, paused_at, host_key, volume_mounts`
+	on_timeout, drop_memory, auto_resume, paused_with_memory, paused_at, host_key, volume_mounts, paused_disk_bytes`
 
 func (s *SQLite) Get(ctx context.Context, id string) (Sandbox, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM sandboxes WHERE id = ?`, id)
@@ -417,7 +423,7 @@ func scan(row interface{ Scan(...any) error }) (Sandbox, error) {
 	)
 	if err := row.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.ClientID, &md, &env, &sb.AccessToken,
 		&started, &endAt, &sb.State, &sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &allow, &sb.Owner, &netJSON,
-		&sb.Lifecycle.OnTimeout, &sb.Lifecycle.DropMemory, &sb.Lifecycle.AutoResume, &sb.PausedWithMemory, &pausedAt, &sb.HostKey, &mountsJSON); err != nil {
+		&sb.Lifecycle.OnTimeout, &sb.Lifecycle.DropMemory, &sb.Lifecycle.AutoResume, &sb.PausedWithMemory, &pausedAt, &sb.HostKey, &mountsJSON, &sb.PausedDiskBytes); err != nil {
 		return Sandbox{}, fmt.Errorf("store: scan: %w", err)
 	}
 	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
