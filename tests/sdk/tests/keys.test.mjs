@@ -115,6 +115,43 @@ describe('API keys and teams', () => {
     assert.equal(res.status, 401)
   })
 
+  test("a key's sandbox handle, its signed URLs and its volume token end with the key: revoked, or made read-only", async () => {
+    const made = async (name) => {
+      const r = await cli('keys', 'create', '--name', `${name}-${tag}`, '--scopes', 'sandboxes:*,volumes:*')
+      return { key: r.stdout.trim(), id: r.stderr.match(/^key (\S+) /)[1] }
+    }
+    const worker = await made('worker')
+    const demoted = await made('demoted')
+    const handle = await Sandbox.connect(sbx.sandboxId, { apiKey: worker.key })
+    const other = await Sandbox.connect(sbx.sandboxId, { apiKey: demoted.key })
+    await handle.files.write('/home/user/grant.txt', 'by the worker')
+    assert.equal((await other.commands.run('cat /home/user/grant.txt')).stdout, 'by the worker')
+    const url = await handle.downloadUrl('/home/user/grant.txt')
+    assert.equal(await (await fetch(url)).text(), 'by the worker')
+    const vol = await api('POST', '/volumes', { key: worker.key, body: { name: `grant-${tag}` } })
+    assert.equal(vol.status, 201, JSON.stringify(vol.json))
+    const volFile = `${API_URL}/volumecontent/${vol.json.volumeID}/file?path=f`
+    assert.equal((await fetch(volFile, { method: 'PUT', headers: { Authorization: `Bearer ${vol.json.token}` }, body: 'v' })).status, 201)
+
+    await cli('keys', 'revoke', worker.id)
+    const runErr = await handle.commands.run('echo still here').then(() => null, (e) => e)
+    assert.ok(runErr, "a revoked key's handle still runs commands")
+    assert.match(String(runErr.message), /revoked/)
+    const readErr = await handle.files.read('/home/user/grant.txt').then(() => null, (e) => e)
+    assert.ok(readErr, "a revoked key's handle still reads files")
+    assert.equal((await fetch(url)).status, 401, "a revoked key's signed URL still downloads")
+    assert.equal((await fetch(volFile, { headers: { Authorization: `Bearer ${vol.json.token}` } })).status, 401, "a revoked key's volume token still reads")
+
+    await cli('keys', 'update', demoted.id, '--scopes', 'sandboxes:read')
+    const roErr = await other.commands.run('echo still here').then(() => null, (e) => e)
+    assert.ok(roErr, 'a key made read-only still runs commands with the token it had')
+    assert.match(String(roErr.message), /sandboxes:write/)
+
+    // The team's other keys are untouched.
+    assert.equal((await sbx.commands.run('cat /home/user/grant.txt')).stdout, 'by the worker')
+    assert.equal((await api('DELETE', `/volumes/${vol.json.volumeID}`)).status, 204)
+  })
+
   test('airlock audit shows who did what', async () => {
     const { stdout } = await cli('audit', '--limit', '1000')
     assert.match(stdout, new RegExp(`reader-${tag}\\s+\\S+\\s+POST /v2/sandboxes\\s+-\\s+403`))
