@@ -336,20 +336,17 @@ func (h *Handler) teamMetrics(w http.ResponseWriter, r *http.Request) error {
 	if h.opts.TeamMetrics == nil {
 		return &apiError{status: http.StatusNotImplemented, message: "This server keeps no team metrics"}
 	}
-	end := time.Now()
-	start := end.Add(-teamstats.Keep)
+	// The same rule as a sandbox's metrics (unixParam): a bound outside
+	// what a time holds is clamped, not refused.
+	now := time.Now()
 	q := r.URL.Query()
-	for _, v := range []struct {
-		name string
-		t    *time.Time
-	}{{"start", &start}, {"end", &end}} {
-		if s := q.Get(v.name); s != "" {
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil || n < 0 || n > unixBound {
-				return badRequest("%s must be a unix time in seconds, got %q", v.name, s)
-			}
-			*v.t = time.Unix(n, 0)
-		}
+	start, err := unixParam(q.Get("start"), "start", now.Add(-teamstats.Keep))
+	if err != nil {
+		return err
+	}
+	end, err := unixParam(q.Get("end"), "end", now)
+	if err != nil {
+		return err
 	}
 	if end.Before(start) {
 		return badRequest("end (%d) is before start (%d)", end.Unix(), start.Unix())

@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/teamstats"
 )
 
 // keysFixture is a handler over the real key service and store: the
@@ -254,5 +258,79 @@ func TestTeamRate(t *testing.T) {
 		if rec := request(t, h, "GET", "/v2/sandboxes", "", "X-API-KEY", otherKey); rec.Code != 200 {
 			t.Fatalf("the other team, without a rate of its own: %d", rec.Code)
 		}
+	}
+}
+
+// fakeTeamStats answers every query with its bounds, so a test sees what
+// the handler asked for.
+type fakeTeamStats struct{ team string }
+
+func (f *fakeTeamStats) Query(team string, start, end time.Time) []teamstats.Point {
+	f.team = team
+	return []teamstats.Point{{At: start, Concurrent: 1}, {At: end, Concurrent: 2, StartRate: 0.5}}
+}
+
+func TestTeamMetricsParams(t *testing.T) {
+	f := newKeysFixture(t)
+	stats := &fakeTeamStats{}
+	f.h.opts.TeamMetrics = stats
+	get := func(key, target string) *httptest.ResponseRecorder {
+		return request(t, f.h, "GET", target, "", "X-API-KEY", key)
+	}
+	var pts []e2bwire.TeamMetric
+	rec := get(f.full, "/teams/blue/metrics?start=1700000000&end=1700000060")
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &pts) != nil || len(pts) != 2 ||
+		pts[0].TimestampUnix != 1700000000 || pts[1].TimestampUnix != 1700000060 || stats.team != f.blueTeam {
+		t.Fatalf("bounds: %d %s (team %q)", rec.Code, rec.Body, stats.team)
+	}
+	// Out of range is clamped, as for a sandbox's metrics.
+	rec = get(f.full, "/teams/blue/metrics?start=-5&end=99999999999999")
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &pts) != nil || pts[0].TimestampUnix != 0 || pts[1].TimestampUnix != unixBound {
+		t.Fatalf("clamped: %d %s", rec.Code, rec.Body)
+	}
+	checkError(t, get(f.full, "/teams/blue/metrics?start=yesterday"), 400, `start must be a unix timestamp in seconds, got "yesterday"`)
+	checkError(t, get(f.full, "/teams/blue/metrics?start=20&end=10"), 400, "end (10) is before start (20)")
+	checkError(t, get(f.full, "/teams/default/metrics"), 404, `team "default" not found`)
+	if rec := get(testKey, "/teams/blue/metrics"); rec.Code != 200 { // keys:admin reads any team's
+		t.Fatalf("admin: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// With Options.Grants every envd token the API hands out is the asking
+// key's grant of the sandbox's token, never the token itself.
+func TestGrantTokens(t *testing.T) {
+	f := newKeysFixture(t)
+	f.h.opts.Grants = true
+	detail := func(key string) e2bwire.SandboxDetail {
+		t.Helper()
+		rec := request(t, f.h, "GET", "/sandboxes/"+f.blueSandbox, "", "X-API-KEY", key)
+		var d e2bwire.SandboxDetail
+		if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &d) != nil {
+			t.Fatalf("detail: %d %s", rec.Code, rec.Body)
+		}
+		return d
+	}
+	full, err := f.keys.Authenticate(f.full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := detail(f.full).EnvdAccessToken; got != grant.Token("blue-token", full.KeyID) {
+		t.Fatalf("the full key was handed %q", got)
+	}
+	if got := detail(f.readOnly).EnvdAccessToken; got != "" {
+		t.Fatalf("the read-only key was handed %q", got)
+	}
+	// Another key of the team gets a grant of its own.
+	other, err := f.keys.Create(context.Background(), apikey.CreateRequest{TeamID: f.blueTeam, Name: "blue-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := detail(f.full).EnvdAccessToken, detail(other.Key).EnvdAccessToken; a == b || b != grant.Token("blue-token", other.Record.ID) {
+		t.Fatalf("two keys, grants %q and %q", a, b)
+	}
+	rec := request(t, f.h, "POST", "/sandboxes/"+f.blueSandbox+"/connect", `{"timeout":60}`, "X-API-KEY", f.full)
+	var c e2bwire.Sandbox
+	if rec.Code/100 != 2 || json.Unmarshal(rec.Body.Bytes(), &c) != nil || c.EnvdAccessToken != grant.Token("blue-token", full.KeyID) {
+		t.Fatalf("connect: %d %s", rec.Code, rec.Body)
 	}
 }
