@@ -171,6 +171,31 @@ func TestAccessMatrix(t *testing.T) {
 		t.Errorf("another team's volume: %s; an unknown one: %s", theirs403, ghost403)
 	}
 
+	// The refusals of known keys are in the audit log: who, what, which
+	// sandbox or volume, the status; another team's says no more than its
+	// answer did.
+	entries, err := admin.Audit(ctx, "", 1000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Action, "sandbox proxy ") || strings.HasPrefix(e.Action, "volume content ") {
+			seen[fmt.Sprintf("%s %s %s %d %s", e.KeyName, strings.Fields(e.Action)[0], e.TargetID, e.Status, e.Detail)] = true
+		}
+	}
+	for _, want := range []string{
+		"revoked sandbox " + sb.SandboxID + " 401 the API key that obtained this access token was revoked",
+		"other sandbox " + sb.SandboxID + " 502 not found",
+		"reader sandbox " + sb.SandboxID + " 403 the API key that obtained this access token (reader) lacks the scope sandboxes:write",
+		"revoked volume " + vol.VolumeID + " 401 volume " + vol.VolumeID + ": the API key that obtained this access token was revoked",
+		"other volume " + vol.VolumeID + " 403 not found",
+	} {
+		if !seen[want] {
+			t.Errorf("audit log lacks %q; has %v", want, seen)
+		}
+	}
+
 	t.Run("mcp", func(t *testing.T) {
 		// No key and a revoked key: the endpoint refuses the request.
 		for name, key := range map[string]string{"no key": "", "revoked": revokedKey.Key} {

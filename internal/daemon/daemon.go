@@ -628,7 +628,7 @@ func (d *Daemon) startListeners() error {
 	api := e2b.NewHandler(d.Manager, opts)
 	// Tokens handed out are keys' grants; the proxy and the volume content
 	// API check each against the key's current record.
-	grants := grant.Checker{Keys: d.Keys}
+	grants := grant.Checker{Keys: d.Keys, Refused: d.auditRefusal}
 	d.Proxy = proxy.New(d.Manager, d.log)
 	d.Proxy.SetGrants(grants)
 	d.Proxy.SetStats(d.Metrics)
@@ -682,6 +682,24 @@ func (d *Daemon) startListeners() error {
 		return err
 	}
 	return d.startDomainListener(apiMux, d.Proxy)
+}
+
+// auditRefusal writes a grant the proxy or the volume content API refused
+// to a known key into the audit log, as the API does its keys' refusals.
+func (d *Daemon) auditRefusal(r grant.Refusal) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	detail := r.Reason.Error()
+	if errors.Is(r.Reason, grant.ErrForeign) {
+		// The entry is the key's team's to read: it must not learn more
+		// than its answer told, that there is no such resource for it.
+		detail = "not found"
+	}
+	e := store.AuditEntry{At: time.Now(), KeyID: r.Key.KeyID, KeyName: r.Key.KeyName, TeamID: r.Key.Team,
+		Action: r.Action, TargetKind: r.TargetKind, TargetID: r.TargetID, Status: r.Status, Detail: detail}
+	if err := d.Store.AppendAudit(ctx, []store.AuditEntry{e}); err != nil {
+		d.log.Error("audit log: entry not written", "action", r.Action, "err", err)
+	}
 }
 
 // dashboard makes the web dashboard over the API handler; its envd work

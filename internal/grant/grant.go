@@ -90,13 +90,39 @@ func (e *ScopeError) Error() string {
 }
 
 // Checker checks grants against the live keys.
-type Checker struct{ Keys Keys }
+type Checker struct {
+	Keys Keys
+	// Refused, when set, hears each grant refused to a key the grant
+	// names truly (revoked, of another team, lacking the scope), for the
+	// audit log; callers tell it through Report.
+	Refused func(Refusal)
+}
+
+// Refusal is a grant refused to a known key.
+type Refusal struct {
+	Key apikey.Principal
+	// Action is what was asked (a method and path); TargetKind and
+	// TargetID what it was asked of.
+	Action, TargetKind, TargetID string
+	// Status is the HTTP status answered.
+	Status int
+	Reason error
+}
+
+// Report tells Refused of a refusal of Check or Signed, when the key it
+// returned is known (a wrong MAC names no one).
+func (c Checker) Report(r Refusal) {
+	if c.Refused != nil && r.Key.KeyID != "" {
+		c.Refused(r)
+	}
+}
 
 // Check returns the key whose grant token is, on a resource of owner's
 // team whose secret is secret, holding scope. Its errors are ErrInvalid,
 // ErrRevoked, ErrForeign and *ScopeError, in the order a request meets
 // them: which team comes before the MAC, so another team learns nothing
-// from a forged one.
+// from a forged one. With the last three it returns the key too, for
+// Report; never as a key that may act.
 func (c Checker) Check(token, owner, secret string, scope apikey.Scope) (apikey.Principal, error) {
 	keyID, ok := KeyOf(token)
 	if !ok {
@@ -109,7 +135,7 @@ func (c Checker) Check(token, owner, secret string, scope apikey.Scope) (apikey.
 	case err != nil:
 		return apikey.Principal{}, ErrInvalid
 	case p.Team != owner:
-		return apikey.Principal{}, ErrForeign
+		return p, ErrForeign
 	case !hmac.Equal([]byte(token), []byte(Token(secret, keyID))):
 		return apikey.Principal{}, ErrInvalid
 	case !p.Has(scope):

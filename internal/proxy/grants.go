@@ -40,8 +40,8 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request, id string) bool {
 		return true
 	}
 	if tok := r.Header.Get(e2bwire.HeaderAccessToken); tok != "" {
-		if _, err := p.grants.Check(tok, owner, secret, apikey.SandboxesWrite); err != nil {
-			p.refuse(w, r, id, err)
+		if key, err := p.grants.Check(tok, owner, secret, apikey.SandboxesWrite); err != nil {
+			p.refuse(w, r, id, key, err)
 			return false
 		}
 		r.Header.Set(e2bwire.HeaderAccessToken, secret)
@@ -51,8 +51,8 @@ func (p *Proxy) admit(w http.ResponseWriter, r *http.Request, id string) bool {
 	if !ok {
 		return true
 	}
-	if _, err := p.grants.Signed(owner, secret, apikey.SandboxesWrite, sig.madeWith); err != nil {
-		p.refuse(w, r, id, err)
+	if key, err := p.grants.Signed(owner, secret, apikey.SandboxesWrite, sig.madeWith); err != nil {
+		p.refuse(w, r, id, key, err)
 		return false
 	}
 	q := r.URL.Query()
@@ -85,23 +85,29 @@ func (s fileSignature) sign(token string) string {
 func (s fileSignature) madeWith(token string) bool { return tokenEqual(s.sig, s.sign(token)) }
 
 // refuse answers a grant Check or Signed refused: another team's as a
-// sandbox that does not exist, the rest in the protocol the client speaks.
-func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, id string, err error) {
+// sandbox that does not exist, the rest in the protocol the client speaks;
+// and reports it for the audit log when it names a key.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, id string, key apikey.Principal, err error) {
 	var se *grant.ScopeError
+	status := http.StatusUnauthorized
 	switch {
 	case errors.Is(err, grant.ErrForeign):
+		status = http.StatusBadGateway
 		sandboxGone(w, r, id)
 	case errors.As(err, &se):
-		envdError(w, r, http.StatusForbidden, "permission_denied", se.Error())
+		status = http.StatusForbidden
+		envdError(w, r, status, "permission_denied", se.Error())
 	case errors.Is(err, grant.ErrRevoked):
-		envdError(w, r, http.StatusUnauthorized, "unauthenticated", err.Error())
+		envdError(w, r, status, "unauthenticated", err.Error())
 	default:
 		msg := "unauthorized access, please provide a valid access token or method signing if supported"
 		if r.Header.Get(e2bwire.HeaderAccessToken) == "" {
 			msg = "invalid signature"
 		}
-		envdError(w, r, http.StatusUnauthorized, "unauthenticated", msg)
+		envdError(w, r, status, "unauthenticated", msg)
 	}
+	p.grants.Report(grant.Refusal{Key: key, Action: "sandbox proxy " + r.Method + " " + r.URL.Path,
+		TargetKind: "sandbox", TargetID: id, Status: status, Reason: err})
 }
 
 // connectPath is a Connect RPC's path: /<package>.<Service>/<Method>.

@@ -70,8 +70,9 @@ type Handler struct {
 // volumes:write for changes. Call it before serving.
 func (h *Handler) SetGrants(c grant.Checker) { h.grants = &c }
 
-// accept is Open's check of the bearer token a request presents.
-func (h *Handler) accept(r *http.Request, presented string) func(token, owner string) error {
+// accept is Open's check of the bearer token a request presents; with
+// grants, *key is the key its grant names.
+func (h *Handler) accept(r *http.Request, presented string, key *apikey.Principal) func(token, owner string) error {
 	if h.grants == nil {
 		return volume.TokenIs(presented)
 	}
@@ -80,7 +81,8 @@ func (h *Handler) accept(r *http.Request, presented string) func(token, owner st
 		scope = apikey.VolumesRead
 	}
 	return func(token, owner string) error {
-		_, err := h.grants.Check(presented, owner, token, scope)
+		var err error
+		*key, err = h.grants.Check(presented, owner, token, scope)
 		return err
 	}
 }
@@ -150,17 +152,26 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, fn op) error {
 		return fail(http.StatusUnauthorized, "missing volume token: send \"Authorization: Bearer <token>\" with the token GET /volumes/{volumeID} returns")
 	}
 	id := r.PathValue("volumeID")
-	v, err := h.vols.Open(r.Context(), id, h.accept(r, token))
+	var key apikey.Principal
+	v, err := h.vols.Open(r.Context(), id, h.accept(r, token, &key))
 	var se *grant.ScopeError
+	var refused *httpError
 	switch {
 	case errors.As(err, &se):
-		return fail(http.StatusForbidden, "%s", se.Error())
+		refused = fail(http.StatusForbidden, "%s", se.Error())
 	case errors.Is(err, grant.ErrRevoked):
-		return fail(http.StatusUnauthorized, "%s", err.Error())
+		refused = fail(http.StatusUnauthorized, "%s", err.Error())
 	case errors.Is(err, volume.ErrToken), errors.Is(err, grant.ErrInvalid), errors.Is(err, grant.ErrForeign):
 		// Another team's volume answers as one that does not exist, and
 		// that as a wrong token: 404 is a missing path to the SDKs.
-		return fail(http.StatusForbidden, "this token does not open volume %q", id)
+		refused = fail(http.StatusForbidden, "this token does not open volume %q", id)
+	}
+	if refused != nil {
+		if h.grants != nil {
+			h.grants.Report(grant.Refusal{Key: key, Action: "volume content " + r.Method + " " + r.URL.Path,
+				TargetKind: "volume", TargetID: id, Status: refused.status, Reason: err})
+		}
+		return refused
 	}
 	if err != nil {
 		return &httpError{status: http.StatusInternalServerError, msg: "opening the volume failed", err: err}
