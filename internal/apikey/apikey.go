@@ -168,8 +168,11 @@ type Service struct {
 	byHash map[string]Principal
 	// byID is every key's hash by its ID, revoked ones too: grants name
 	// the key that obtained them by ID (Key).
-	byID  map[string]string
-	teams map[string]store.Team // by ID
+	byID map[string]string
+	// byTeam is the hashes of each team's live keys (TeamKeys: a signed
+	// URL is checked against each).
+	byTeam map[string]map[string]bool
+	teams  map[string]store.Team // by ID
 	// used is when each stored key was last seen, not yet written.
 	used map[string]time.Time
 	// revoked holds the revoked keys by hash: who they were, for the audit
@@ -196,7 +199,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, byID: map[string]string{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]Principal{}}
+	s := &Service{st: st, log: o.Logger, now: o.Now, byHash: map[string]Principal{}, byID: map[string]string{}, byTeam: map[string]map[string]bool{}, teams: map[string]store.Team{}, used: map[string]time.Time{}, revoked: map[string]Principal{}}
 	teams, err := st.Teams(ctx)
 	if err != nil {
 		return nil, err
@@ -220,7 +223,8 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			s.teams[team], names[name] = t, true
 		}
 		p := Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true}
-		s.byHash[hashKey(key)], s.byID[p.KeyID] = p, hashKey(key)
+		s.putLive(hashKey(key), p)
+		s.byID[p.KeyID] = hashKey(key)
 	}
 	keys, err := st.APIKeys(ctx)
 	if err != nil {
@@ -237,7 +241,7 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			s.log.Warn("api key with unreadable scopes left out", "key", k.ID, "err", err)
 			continue
 		}
-		s.byHash[k.Hash] = p
+		s.putLive(k.Hash, p)
 	}
 	return s, nil
 }
@@ -311,13 +315,34 @@ func (s *Service) Key(id string) (Principal, error) {
 func (s *Service) TeamKeys(team string) []Principal {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	var out []Principal
-	for _, p := range s.byHash {
-		if p.Team == team {
-			out = append(out, p)
-		}
+	out := make([]Principal, 0, len(s.byTeam[team]))
+	for h := range s.byTeam[team] {
+		out = append(out, s.byHash[h])
 	}
 	return out
+}
+
+// putLive makes a key live (or changes it); the caller holds s.mu.
+func (s *Service) putLive(hash string, p Principal) {
+	if old, ok := s.byHash[hash]; ok && old.Team != p.Team {
+		delete(s.byTeam[old.Team], hash)
+	}
+	s.byHash[hash] = p
+	if s.byTeam[p.Team] == nil {
+		s.byTeam[p.Team] = map[string]bool{}
+	}
+	s.byTeam[p.Team][hash] = true
+}
+
+// dropLive ends a live key; the caller holds s.mu.
+func (s *Service) dropLive(hash string) {
+	if p, ok := s.byHash[hash]; ok {
+		delete(s.byTeam[p.Team], hash)
+		if len(s.byTeam[p.Team]) == 0 {
+			delete(s.byTeam, p.Team)
+		}
+	}
+	delete(s.byHash, hash)
 }
 
 // FlushUsage writes when keys were last used; the server calls it every
@@ -441,7 +466,8 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Created, error) 
 	}
 	p, _ := principalOf(rec)
 	s.mu.Lock()
-	s.byHash[rec.Hash], s.byID[rec.ID] = p, rec.Hash
+	s.putLive(rec.Hash, p)
+	s.byID[rec.ID] = rec.Hash
 	s.mu.Unlock()
 	return Created{Record: rec, Key: key}, nil
 }
@@ -518,7 +544,10 @@ func (s *Service) Update(ctx context.Context, id, name string, scopes []Scope, b
 	}
 	p, _ := principalOf(k)
 	s.mu.Lock()
-	s.byHash[k.Hash] = p
+	// Only while live: a Revoke since the Get above must not be undone.
+	if _, live := s.byHash[k.Hash]; live {
+		s.putLive(k.Hash, p)
+	}
 	s.mu.Unlock()
 	return k, nil
 }
@@ -533,7 +562,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 	// whether or not the record is written yet.
 	s.mu.Lock()
 	p, live := s.byHash[k.Hash]
-	delete(s.byHash, k.Hash)
+	s.dropLive(k.Hash)
 	s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 	s.mu.Unlock()
 	if err := s.st.RevokeAPIKey(ctx, id, s.now()); err != nil {
@@ -542,7 +571,7 @@ func (s *Service) Revoke(ctx context.Context, id string) error {
 		}
 		if live { // not revoked after all: the record says so, and so does memory
 			s.mu.Lock()
-			s.byHash[k.Hash] = p
+			s.putLive(k.Hash, p)
 			delete(s.revoked, k.Hash)
 			s.mu.Unlock()
 		}

@@ -214,8 +214,17 @@ func TestKeyByID(t *testing.T) {
 	if n := len(s.TeamKeys(red.ID)); n != 2 {
 		t.Fatalf("red has %d live keys, want 2", n)
 	}
+	if _, err := s.Update(ctx, b.Record.ID, "b", []Scope{SandboxesRead}, &admin); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Key(b.Record.ID); err != nil || p.Has(SandboxesWrite) {
+		t.Fatalf("b after its scopes changed: %+v %v", p, err)
+	}
 	if err := s.Revoke(ctx, a.Record.ID); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, a.Record.ID, "a", nil, &admin); err == nil {
+		t.Fatal("a revoked key was updated")
 	}
 	for i, svc := range []*Service{s, func() *Service {
 		again, err := New(ctx, st, Options{Bootstrap: []string{boot}, TeamOf: teamOf})
@@ -227,7 +236,7 @@ func TestKeyByID(t *testing.T) {
 		if p, err := svc.Key(a.Record.ID); !errors.Is(err, ErrRevoked) || p.KeyName != "a" {
 			t.Fatalf("run %d: revoked a by ID: %+v %v", i, p, err)
 		}
-		if keys := svc.TeamKeys(red.ID); len(keys) != 1 || keys[0].KeyID != b.Record.ID {
+		if keys := svc.TeamKeys(red.ID); len(keys) != 1 || keys[0].KeyID != b.Record.ID || keys[0].Has(SandboxesWrite) {
 			t.Fatalf("run %d: red's live keys %+v, want b alone", i, keys)
 		}
 	}
