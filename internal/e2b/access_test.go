@@ -9,7 +9,7 @@ import (
 
 // newAccessHandler serves two API keys and, besides the fake's templates,
 // one private template of each key and one the other key made public.
-func newAccessHandler(t *testing.T) (*Handler, *fakeTemplates) {
+func newAccessHandler(t *testing.T) (*Handler, *fakeManager, *fakeTemplates) {
 	t.Helper()
 	tpls := newFakeTemplates()
 	tpls.ts = append(tpls.ts,
@@ -17,11 +17,11 @@ func newAccessHandler(t *testing.T) (*Handler, *fakeTemplates) {
 		TemplateInfo{ID: "theirs", Aliases: []string{"theirs"}, Owner: OwnerOf(otherKey), BuildID: "t", CreatedAt: tplEpoch, UpdatedAt: tplEpoch},
 		TemplateInfo{ID: "shared", Aliases: []string{"shared"}, Owner: OwnerOf(otherKey), Public: true, BuildID: "s", CreatedAt: tplEpoch, UpdatedAt: tplEpoch},
 	)
-	h, _ := newTestHandler(t, func(o *Options) {
+	h, m := newTestHandler(t, func(o *Options) {
 		o.Templates = tpls
 		o.Authenticate = func(k string) bool { return k == testKey || k == otherKey }
 	})
-	return h, tpls
+	return h, m, tpls
 }
 
 func listedIDs(t *testing.T, h http.Handler, key string) []string {
@@ -40,7 +40,7 @@ func listedIDs(t *testing.T, h http.Handler, key string) []string {
 // A key sees its own templates, public ones and the operator's; another
 // key's private template answers as if it did not exist, everywhere.
 func TestTemplateVisibility(t *testing.T) {
-	h, _ := newAccessHandler(t)
+	h, m, _ := newAccessHandler(t)
 	ids := listedIDs(t, h, testKey)
 	for _, want := range []string{"mine", "shared", baseID} {
 		if !slices.Contains(ids, want) {
@@ -74,6 +74,17 @@ func TestTemplateVisibility(t *testing.T) {
 	if rec.Code != http.StatusNotFound {
 		t.Errorf("create from another key's template: %d %s", rec.Code, rec.Body)
 	}
+	// The manager may still start the key's own snapshot of that name
+	// (snapshot names are per team), and nothing else.
+	if !m.lastCreate.SnapshotOnly {
+		t.Errorf("create from another key's template: the manager was not told to start a snapshot only")
+	}
+	for _, ref := range []string{"mine", "shared"} {
+		request(t, h, "POST", "/sandboxes", `{"templateID":"`+ref+`"}`)
+		if m.lastCreate.Template != ref || m.lastCreate.SnapshotOnly {
+			t.Errorf("create from %s: manager got %+v", ref, m.lastCreate)
+		}
+	}
 	for _, ref := range []string{"mine", "shared"} {
 		if rec := request(t, h, "GET", "/templates/aliases/"+ref, ""); rec.Code != http.StatusOK {
 			t.Errorf("alias %s: %d %s", ref, rec.Code, rec.Body)
@@ -84,7 +95,7 @@ func TestTemplateVisibility(t *testing.T) {
 // Only the owner changes a template: a public one of another key can be
 // used, not deleted or made private; the operator's cannot be changed.
 func TestTemplateOwnerOnlyChanges(t *testing.T) {
-	h, tpls := newAccessHandler(t)
+	h, _, tpls := newAccessHandler(t)
 	checkError(t, request(t, h, "DELETE", "/templates/shared", ""), http.StatusForbidden, `template "shared" belongs to another API key: template is protected`)
 	if rec := request(t, h, "PATCH", "/templates/shared", `{"public":false}`); rec.Code != http.StatusForbidden {
 		t.Errorf("PATCH another key's public template: %d %s", rec.Code, rec.Body)

@@ -150,7 +150,7 @@ func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sa
 		return sandbox.Info{}, err
 	}
 	tid, ok := f.templates[req.Template]
-	if !ok {
+	if !ok || req.SnapshotOnly { // the fake starts nothing from snapshots
 		return sandbox.Info{}, fmt.Errorf("template %q: %w", req.Template, sandbox.ErrTemplateNotFound)
 	}
 	info := f.newSandbox(tid, req.Timeout)
@@ -388,7 +388,7 @@ func (f *fakeManager) CreateSnapshot(_ context.Context, id string, req sandbox.S
 		// newest build.
 		snap.ID = req.Name + ":default"
 		snap.Names = []string{snap.ID}
-		f.snapshots = slices.DeleteFunc(f.snapshots, func(s sandbox.Snapshot) bool { return s.ID == snap.ID })
+		f.snapshots = slices.DeleteFunc(f.snapshots, func(s sandbox.Snapshot) bool { return s.Owner == snap.Owner && s.ID == snap.ID })
 	}
 	f.snapshots = append(f.snapshots, snap)
 	return snap, nil
@@ -425,7 +425,7 @@ func (f *fakeManager) ListSnapshots(_ context.Context, filter sandbox.SnapshotFi
 	return out, nil
 }
 
-func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName, _ string) error {
+func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName, owner string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -433,7 +433,7 @@ func (f *fakeManager) DeleteSnapshot(_ context.Context, idOrName, _ string) erro
 	if f.snapErr != nil {
 		return f.snapErr
 	}
-	i := slices.IndexFunc(f.snapshots, func(s sandbox.Snapshot) bool { return snapshotMatches(s, idOrName) })
+	i := slices.IndexFunc(f.snapshots, func(s sandbox.Snapshot) bool { return s.Owner == owner && snapshotMatches(s, idOrName) })
 	if i < 0 {
 		return fmt.Errorf("snapshot %q: %w", idOrName, sandbox.ErrNotFound)
 	}

@@ -124,16 +124,16 @@ func snapshotName(raw string) (string, error) {
 	return name, nil
 }
 
-// listSnapshots serves GET /snapshots: newest first, paged like GET
-// /v2/sandboxes (§2.5). Like sandboxes and templates, snapshots are shared
-// by every API key of the server, so Owner is not filtered on.
+// listSnapshots serves GET /snapshots: the team's own, newest first, paged
+// like GET /v2/sandboxes (§2.5). Names are per team, so the name filter
+// too finds the team's snapshot only.
 func (h *Handler) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	pq, err := parsePage(q, false, validSnapshotID)
 	if err != nil {
 		return err
 	}
-	var f sandbox.SnapshotFilter
+	f := sandbox.SnapshotFilter{Owner: ownerFrom(r.Context())}
 	if v := q.Get("sandboxID"); v != "" {
 		if !validSandboxID(v) {
 			return badRequest("Invalid sandboxID %q: must match ^[a-z0-9]+$", v)

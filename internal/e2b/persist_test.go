@@ -364,8 +364,8 @@ func TestSnapshotNameRuleIsTemplates(t *testing.T) {
 	}
 }
 
-// addSnapshots stores snapshots taken one second apart from fakeEpoch
-// (the first id oldest), or at the same instant when tie is set.
+// addSnapshots stores testKey's snapshots taken one second apart from
+// fakeEpoch (the first id oldest), or at the same instant when tie is set.
 func addSnapshots(m *fakeManager, tie bool, ids ...string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -374,7 +374,7 @@ func addSnapshots(m *fakeManager, tie bool, ids ...string) {
 		if tie {
 			at = fakeEpoch
 		}
-		m.snapshots = append(m.snapshots, sandbox.Snapshot{ID: id, SandboxID: "abc", CreatedAt: at})
+		m.snapshots = append(m.snapshots, sandbox.Snapshot{ID: id, SandboxID: "abc", Owner: OwnerOf(testKey), CreatedAt: at})
 	}
 }
 
@@ -412,14 +412,14 @@ func TestListSnapshots(t *testing.T) {
 	if got := listSnapshotIDs(t, request(t, h, "GET", "/snapshots", "")); !slices.Equal(got, []string{"new:default", "mid:default", "old:default"}) {
 		t.Errorf("list = %v, want newest first", got)
 	}
-	if want := (sandbox.SnapshotFilter{}); *m.lastSnapFilter != want {
-		t.Errorf("filter %+v, want none (snapshots are shared by every key)", *m.lastSnapFilter)
+	if want := (sandbox.SnapshotFilter{Owner: OwnerOf(testKey)}); *m.lastSnapFilter != want {
+		t.Errorf("filter %+v, want the key's team only", *m.lastSnapFilter)
 	}
 	rec := request(t, h, "GET", "/snapshots?sandboxID=abc&name=mid", "")
 	if got := listSnapshotIDs(t, rec); !slices.Equal(got, []string{"mid:default"}) {
 		t.Errorf("filtered list = %v", got)
 	}
-	if want := (sandbox.SnapshotFilter{SandboxID: "abc", Name: "mid"}); *m.lastSnapFilter != want {
+	if want := (sandbox.SnapshotFilter{SandboxID: "abc", Name: "mid", Owner: OwnerOf(testKey)}); *m.lastSnapFilter != want {
 		t.Errorf("filter %+v, want %+v", *m.lastSnapFilter, want)
 	}
 	if got := strings.TrimSpace(rec.Body.String()); got != `[{"snapshotID":"mid:default","names":["mid:default"]}]` {
@@ -431,6 +431,37 @@ func TestListSnapshots(t *testing.T) {
 
 	m.snapErr = errors.New("snapshot index unreadable")
 	checkError(t, request(t, h, "GET", "/snapshots", ""), 500, "list snapshots: snapshot index unreadable")
+}
+
+// Two teams may each have a snapshot of one name: each lists and deletes
+// its own only, and a key's name never reaches another team's snapshot.
+func TestSnapshotNamesPerTeam(t *testing.T) {
+	h, m := newTestHandler(t, twoKeys)
+	addSnapshots(m, false, "nightly:default")
+	m.snapshots[0].Names = []string{"nightly:default"}
+	theirs := m.snapshots[0]
+	theirs.Owner, theirs.SandboxID = OwnerOf(otherKey), "def"
+	m.snapshots = append(m.snapshots, theirs)
+
+	for _, key := range []string{testKey, otherKey} {
+		rec := request(t, h, "GET", "/snapshots?name=nightly", "", "X-API-KEY", key)
+		if got := listSnapshotIDs(t, rec); !slices.Equal(got, []string{"nightly:default"}) {
+			t.Errorf("list by name: %v, want the key's own one", got)
+		}
+		if m.lastSnapFilter.Owner != OwnerOf(key) {
+			t.Errorf("list filter %+v, want the owner of the key asking", *m.lastSnapFilter)
+		}
+	}
+	if rec := request(t, h, "DELETE", "/templates/nightly:default", "", "X-API-KEY", otherKey); rec.Code != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", rec.Code, rec.Body)
+	}
+	if len(m.snapshots) != 1 || m.snapshots[0].Owner != OwnerOf(testKey) {
+		t.Fatalf("after the other team's delete: %+v, want testKey's snapshot kept", m.snapshots)
+	}
+	checkError(t, request(t, h, "DELETE", "/templates/nightly:default", "", "X-API-KEY", otherKey), 404, `snapshot "nightly:default" not found`)
+	if got := listSnapshotIDs(t, request(t, h, "GET", "/snapshots", "", "X-API-KEY", otherKey)); len(got) != 0 {
+		t.Errorf("the other team lists %v, want none of testKey's", got)
+	}
 }
 
 func TestListSnapshotsErrors(t *testing.T) {
@@ -529,7 +560,7 @@ func TestDeleteSnapshotOrTemplate(t *testing.T) {
 
 	t.Run("snapshot by name shadows a template of that name", func(t *testing.T) {
 		h, m, tpls := newTemplateHandler(t)
-		m.snapshots = []sandbox.Snapshot{{ID: "my-app:default", Names: []string{"my-app:default"}, CreatedAt: fakeEpoch}}
+		m.snapshots = []sandbox.Snapshot{{ID: "my-app:default", Names: []string{"my-app:default"}, Owner: OwnerOf(testKey), CreatedAt: fakeEpoch}}
 		if rec := request(t, h, "DELETE", "/templates/my-app", ""); rec.Code != http.StatusNoContent {
 			t.Fatalf("delete: %d %s", rec.Code, rec.Body)
 		}

@@ -108,11 +108,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, v2 bool) error 
 	// breakdown reads it; browsers' devtools show it).
 	spans := &timing.Recorder{}
 	begin := time.Now()
-	// Another key's private template is not there for this key. (A miss
-	// here may still be a snapshot, which the manager resolves first.)
+	// Another key's private template is not there for this key, but the
+	// team's own snapshot of that name is (snapshot names are per team),
+	// which only the manager's lookup can tell without a race.
 	if h.opts.Templates != nil {
 		if a, err := h.opts.Templates.Access(r.Context(), body.TemplateID); err == nil && !a.visibleTo(req.Owner) {
-			return managerError(fmt.Errorf("create sandbox from %q: template %q: %w", body.TemplateID, body.TemplateID, sandbox.ErrTemplateNotFound), "", body.TemplateID)
+			req.SnapshotOnly = true
 		}
 	}
 	spans.Add("access", time.Since(begin))

@@ -56,6 +56,15 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]e2bwire
 	return out, err
 }
 
+// FindSnapshots lists the snapshots whose ID or name ref is, with or
+// without its tag (GET /snapshots?name=); the server answers with the
+// key's team's only, so names other teams also use find one at most.
+func (c *Client) FindSnapshots(ctx context.Context, ref string) ([]e2bwire.SnapshotInfo, error) {
+	var out []e2bwire.SnapshotInfo
+	_, err := c.do(ctx, http.MethodGet, "/snapshots?"+url.Values{"name": {ref}}.Encode(), nil, &out)
+	return out, err
+}
+
 // DeleteSnapshot deletes a snapshot by its ID or name (E2B deletes
 // snapshots through DELETE /templates/{id}).
 func (c *Client) DeleteSnapshot(ctx context.Context, ref string) error {

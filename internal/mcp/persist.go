@@ -3,7 +3,6 @@ package mcp
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -87,7 +86,7 @@ type resumeOut struct {
 
 type snapshotIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema:"id of a running sandbox"`
-	Name      string `json:"name,omitempty" jsonschema:"a name to find the snapshot by (and to start sandboxes from); a name already given to another snapshot moves to this one, and that older snapshot is deleted"`
+	Name      string `json:"name,omitempty" jsonschema:"a name to find the snapshot by (and to start sandboxes from); a name already given to another of your snapshots moves to this one, and that older snapshot is deleted"`
 }
 
 type snapshotOut struct {
@@ -387,24 +386,16 @@ func (h *HTTPBackend) ListSnapshots(ctx context.Context, sandboxID string) ([]Sn
 
 // DeleteSnapshot implements PersistBackend through DELETE /templates/{id},
 // where E2B deletes snapshots. That endpoint deletes templates too, so the
-// reference is first looked up among the snapshots: a tool named
-// delete_snapshot must never delete a template someone built.
+// reference is first looked up among the snapshots (the key's team's, which
+// the API's own lookup also keeps to): a tool named delete_snapshot must
+// never delete a template someone built.
 func (h *HTTPBackend) DeleteSnapshot(ctx context.Context, ref string) error {
-	ss, err := h.c.ListSnapshots(ctx, "")
+	ss, err := h.c.FindSnapshots(ctx, ref)
 	if err != nil {
 		return classify(err)
 	}
-	refs := []string{ref}
-	if !strings.Contains(ref, ":") {
-		// A name without a tag is the name's default tag, as the API reads it.
-		refs = append(refs, ref+":default")
+	if len(ss) == 0 {
+		return &kindError{kind: ErrNotFound, err: fmt.Errorf("no snapshot %q among yours (list_snapshots shows them; templates are not deleted here)", ref)}
 	}
-	for _, s := range ss {
-		for _, r := range refs {
-			if s.SnapshotID == r || slices.Contains(s.Names, r) {
-				return classify(h.c.DeleteSnapshot(ctx, ref))
-			}
-		}
-	}
-	return &kindError{kind: ErrNotFound, err: fmt.Errorf("no snapshot %q among yours (list_snapshots shows them; templates are not deleted here)", ref)}
+	return classify(h.c.DeleteSnapshot(ctx, ref))
 }

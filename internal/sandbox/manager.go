@@ -374,6 +374,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 	if info, ok, err := m.createFromSnapshot(ctx, req); ok {
 		return info, err
 	}
+	if req.SnapshotOnly {
+		return Info{}, fmt.Errorf("template %q: %w", req.Template, ErrTemplateNotFound)
+	}
 	stop := timing.Start(ctx, "resolve")
 	tpl, err := m.opts.Templates.Resolve(ctx, req.Template)
 	stop()

@@ -30,20 +30,14 @@ import (
 const snapshotTag = ":default"
 
 // CreateSnapshot saves the state of running sandbox id as a snapshot that
-// sandboxes can be created from; a name already used moves to the new one.
+// sandboxes can be created from; a name req.Owner already uses moves to the
+// new one. Names are per owner: another owner's snapshot of the same name
+// is neither replaced nor in the way.
 func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotRequest) (_ Snapshot, err error) {
 	defer m.observe(OpSnapshot, time.Now(), &err)
 	name := strings.TrimSuffix(req.Name, snapshotTag)
 	if strings.Contains(name, ":") {
 		return Snapshot{}, fmt.Errorf("%w: snapshot name %q: only the %q tag is supported", ErrInvalid, req.Name, snapshotTag)
-	}
-	if name != "" {
-		// Names are one namespace for every team: another team's name is
-		// refused before the capture (and again in the record's
-		// transaction, for a race), never replaced.
-		if r, err := m.opts.Store.GetSnapshot(ctx, name); err == nil && r.Name == name && r.Owner != req.Owner {
-			return Snapshot{}, fmt.Errorf("%w: the snapshot name %q is taken", ErrConflict, name)
-		}
 	}
 	raw := "snap" + newID()
 	dir := filepath.Join(m.snapshotsDir(), raw)
@@ -71,9 +65,6 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, req SnapshotReq
 		defer m.snapMu.Unlock()
 		replaced, err := m.commitSnapshot(context.WithoutCancel(ctx), e, rec,
 			lifecycle.EventData{SnapshotID: snapshotOf(rec).ID})
-		if errors.Is(err, store.ErrExists) {
-			return fmt.Errorf("%w: snapshot: %w", ErrConflict, err)
-		}
 		if err != nil {
 			return fmt.Errorf("snapshot: %w", err)
 		}
@@ -117,17 +108,20 @@ func (m *Manager) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsh
 	return out, nil
 }
 
-// findSnapshot looks a snapshot of owner's up by its ID or name ("" owner:
-// anyone's); another owner's is not found.
+// findSnapshot looks a snapshot of owner's up by its ID or name, among
+// owner's only: a name may be another owner's too, and an ID of another
+// owner's is not found, as one that never existed. Owner is exact: ""
+// finds the snapshots made without an owner (tests, bench), no one else's.
 func (m *Manager) findSnapshot(ctx context.Context, ref, owner string) (store.Snapshot, error) {
-	r, err := m.opts.Store.GetSnapshot(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && owner != "" && r.Owner != owner) {
+	r, err := m.opts.Store.GetSnapshot(ctx, owner, ref)
+	if errors.Is(err, store.ErrNotFound) {
 		return store.Snapshot{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, ref)
 	}
 	return r, err
 }
 
-// DeleteSnapshot removes owner's snapshot by ID or name ("" owner: anyone's).
+// DeleteSnapshot removes owner's snapshot by ID or name (findSnapshot's
+// lookup).
 func (m *Manager) DeleteSnapshot(ctx context.Context, ref, owner string) error {
 	m.snapMu.Lock()
 	defer m.snapMu.Unlock()

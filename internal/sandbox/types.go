@@ -118,8 +118,9 @@ type ForkResult struct {
 
 // SnapshotRequest is POST /sandboxes/{id}/snapshots's body.
 type SnapshotRequest struct {
-	// Name is optional; a snapshot of that name already there is replaced
-	// (E2B assigns the name to the newest build).
+	// Name is optional; Owner's snapshot of that name already there is
+	// replaced (E2B assigns the name to the newest build). Names are per
+	// owner.
 	Name string
 	// Owner is who asks.
 	Owner string
@@ -200,6 +201,11 @@ type CreateRequest struct {
 	// VolumeMounts are the Owner's volumes to mount, by Name (or ID), each
 	// at its Path.
 	VolumeMounts []VolumeMount
+	// SnapshotOnly is set when Template names a template Owner may not use
+	// (another team's private one): Owner's own snapshot of that name still
+	// starts, since snapshot names are per team; else the answer is
+	// ErrTemplateNotFound, as for a template that never existed.
+	SnapshotOnly bool
 }
 
 // ListFilter selects sandboxes for List. Zero values match everything.

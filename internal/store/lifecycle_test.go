@@ -345,7 +345,7 @@ func TestRecordWithRecordsIsOneTransaction(t *testing.T) {
 	if n := countEvents(); n != 3 {
 		t.Fatalf("%d events, want 3 (paused and two checkpointed)", n)
 	}
-	if _, err := db.GetSnapshot(ctx, "snapA"); err == nil {
+	if _, err := db.GetSnapshot(ctx, "alice", "snapA"); err == nil {
 		t.Fatal("the replaced snapshot's record is still there")
 	}
 }

@@ -162,28 +162,34 @@ func TestSnapshotRecords(t *testing.T) {
 	put(Snapshot{ID: "u", SandboxID: "sb2", Owner: "k2", CreatedAt: t0.Add(2 * time.Second)}) // a second unnamed one
 
 	for _, key := range []string{"a", "a:default"} {
-		got, err := s.GetSnapshot(ctx, key)
+		got, err := s.GetSnapshot(ctx, "k1", key)
 		if err != nil || got.ID != "a" || got.Name != "" || string(got.Spec) != string(spec) || !got.CreatedAt.Equal(t0) || got.TemplateID != "base" {
 			t.Fatalf("GetSnapshot(%s) = %+v, %v", key, got, err)
 		}
 	}
 	for _, key := range []string{"b", "b:default", "nightly", "nightly:default"} {
-		if got, err := s.GetSnapshot(ctx, key); err != nil || got.ID != "b" || got.Name != "nightly" || got.Spec != nil {
+		if got, err := s.GetSnapshot(ctx, "k1", key); err != nil || got.ID != "b" || got.Name != "nightly" || got.Spec != nil {
 			t.Fatalf("GetSnapshot(%s) = %+v, %v", key, got, err)
 		}
 	}
-	if _, err := s.GetSnapshot(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetSnapshot(ctx, "k1", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetSnapshot(nope): %v", err)
+	}
+	// Another owner's snapshot is not found, by ID or by name.
+	for _, key := range []string{"a", "b", "nightly"} {
+		if _, err := s.GetSnapshot(ctx, "k2", key); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("GetSnapshot(k2, %s) found k1's: %v", key, err)
+		}
 	}
 
 	// A new snapshot takes the name: the old one is gone in the same step.
 	if r := put(Snapshot{ID: "c", Name: "nightly", SandboxID: "sb1", Owner: "k1", CreatedAt: t0.Add(3 * time.Second)}); r != "b" {
 		t.Fatalf("replacing put reported %q, want b", r)
 	}
-	if _, err := s.GetSnapshot(ctx, "b"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetSnapshot(ctx, "k1", "b"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("replaced snapshot still there: %v", err)
 	}
-	if got, _ := s.GetSnapshot(ctx, "nightly:default"); got.ID != "c" {
+	if got, _ := s.GetSnapshot(ctx, "k1", "nightly:default"); got.ID != "c" {
 		t.Errorf("name resolves to %q", got.ID)
 	}
 	// Putting the holder again (an update) replaces nothing.
@@ -191,8 +197,8 @@ func TestSnapshotRecords(t *testing.T) {
 		t.Errorf("update of the name's holder replaced %q", r)
 	}
 	// An id wins over another snapshot's name equal to it.
-	put(Snapshot{ID: "d", Name: "a", SandboxID: "sb3", CreatedAt: t0.Add(4 * time.Second)})
-	if got, _ := s.GetSnapshot(ctx, "a"); got.ID != "a" {
+	put(Snapshot{ID: "d", Name: "a", SandboxID: "sb3", Owner: "k1", CreatedAt: t0.Add(4 * time.Second)})
+	if got, _ := s.GetSnapshot(ctx, "k1", "a"); got.ID != "a" {
 		t.Errorf("GetSnapshot(a) = %s, want the id match", got.ID)
 	}
 
@@ -211,7 +217,7 @@ func TestSnapshotRecords(t *testing.T) {
 	for f, want := range map[SnapshotFilter]string{
 		{}:                                  "dcua",
 		{SandboxID: "sb1"}:                  "ca",
-		{Owner: "k1"}:                       "ca",
+		{Owner: "k1"}:                       "dca",
 		{Owner: "k2"}:                       "u",
 		{Name: "nightly"}:                   "c",
 		{Name: "nightly:default"}:           "c",
@@ -295,6 +301,176 @@ func TestSnapshotNameRace(t *testing.T) {
 		if id != fmt.Sprintf("s%02d", i) {
 			t.Fatalf("replaced ids plus the survivor = %v, want each of s00..s%02d once", all, n-1)
 		}
+	}
+}
+
+// TestSnapshotNamesPerOwner: a name is unique per owner. Two owners' snapshots
+// of one name are both kept and each found by its owner; a second snapshot
+// of that name by the same owner replaces the first, and only its.
+func TestSnapshotNamesPerOwner(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	t0 := time.Unix(1700000000, 0)
+	for i, sn := range []Snapshot{
+		{ID: "a1", Name: "nightly", Owner: "teamA", CreatedAt: t0},
+		{ID: "b1", Name: "nightly", Owner: "teamB", CreatedAt: t0.Add(time.Second)},
+	} {
+		if r, err := s.PutSnapshot(ctx, sn); err != nil || r != "" {
+			t.Fatalf("put %d: replaced %q, %v; want both kept", i, r, err)
+		}
+	}
+	for owner, want := range map[string]string{"teamA": "a1", "teamB": "b1"} {
+		if got, err := s.GetSnapshot(ctx, owner, "nightly:default"); err != nil || got.ID != want {
+			t.Fatalf("GetSnapshot(%s, nightly) = %+v, %v; want %s", owner, got, err, want)
+		}
+	}
+	if _, err := s.GetSnapshot(ctx, "teamC", "nightly"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a third team found someone's nightly: %v", err)
+	}
+
+	if r, err := s.PutSnapshot(ctx, Snapshot{ID: "a2", Name: "nightly", Owner: "teamA", CreatedAt: t0.Add(2 * time.Second)}); err != nil || r != "a1" {
+		t.Fatalf("teamA's second nightly replaced %q, %v; want a1", r, err)
+	}
+	list, err := s.ListSnapshots(ctx, SnapshotFilter{Name: "nightly"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].ID != "a2" || list[1].ID != "b1" {
+		t.Fatalf("nightly snapshots = %+v, want a2 and b1", list)
+	}
+	if list, _ := s.ListSnapshots(ctx, SnapshotFilter{Name: "nightly", Owner: "teamB"}); len(list) != 1 || list[0].ID != "b1" {
+		t.Fatalf("teamB's nightly = %+v", list)
+	}
+	// Moving a snapshot to another owner (a put by ID) cannot leave that
+	// owner with two of one name.
+	if r, err := s.PutSnapshot(ctx, Snapshot{ID: "a2", Name: "nightly", Owner: "teamB", CreatedAt: t0.Add(2 * time.Second)}); err != nil || r != "b1" {
+		t.Fatalf("a2 put as teamB's replaced %q, %v; want b1", r, err)
+	}
+}
+
+// TestSQLiteMigratesGlobalSnapshotNames opens a database whose snapshots
+// table has the schema of before names were per owner (a UNIQUE name
+// column): the table is rebuilt, every row kept with its name, spec and
+// owner, and afterwards two owners may share a name.
+func TestSQLiteMigratesGlobalSnapshotNames(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE snapshots (
+	id          TEXT PRIMARY KEY,
+	name        TEXT UNIQUE,           -- NULL when unnamed
+	sandbox_id  TEXT NOT NULL,
+	template_id TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	spec        TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX snapshots_created ON snapshots (created_at);
+INSERT INTO snapshots VALUES ('snapa', 'nightly', 'sb1', 'base', 'teamA', 1, '{"memoryMB":512}');
+INSERT INTO snapshots VALUES ('snapb', 'weekly', 'sb2', 'python3', 'teamB', 2, '');
+INSERT INTO snapshots VALUES ('snapc', NULL, 'sb2', 'python3', 'teamB', 3, '');
+INSERT INTO snapshots VALUES ('snapd', NULL, 'sb3', 'base', 'teamA', 4, '');
+-- Fails the rebuild halfway (the table it reads is gone once dropped),
+-- as a crash would stop it: see below.
+CREATE VIEW blocker AS SELECT id FROM snapshots;`); err != nil {
+		t.Fatal(err)
+	}
+	oldSQL := func() string {
+		t.Helper()
+		var ddl string
+		if err := db.QueryRow(`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'snapshots'`).Scan(&ddl); err != nil {
+			t.Fatal(err)
+		}
+		return ddl
+	}
+	before := oldSQL()
+	db.Close()
+
+	// A rebuild that fails after its first steps leaves the old table as
+	// it was, rows and all, and nothing of the new one.
+	if s, err := OpenSQLite(path); err == nil {
+		s.Close()
+		t.Fatal("the rebuild went through despite the view on the old table")
+	}
+	if db, err = sql.Open("sqlite", "file:"+path); err != nil {
+		t.Fatal(err)
+	}
+	var rows, leftovers int
+	if err := db.QueryRow(`SELECT count(*) FROM snapshots`).Scan(&rows); err != nil || rows != 4 {
+		t.Fatalf("after the failed rebuild: %d rows, %v", rows, err)
+	}
+	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'snapshots_rebuild'`).Scan(&leftovers); err != nil || leftovers != 0 {
+		t.Fatalf("after the failed rebuild: %d half-made tables, %v", leftovers, err)
+	}
+	if got := oldSQL(); got != before {
+		t.Fatalf("after the failed rebuild the table is %s", got)
+	}
+	if _, err := db.Exec(`DROP VIEW blocker`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	for i := range 2 { // a second open finds nothing to migrate
+		s, err := OpenSQLite(path)
+		if err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		}
+		list, err := s.ListSnapshots(ctx, SnapshotFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]Snapshot{}
+		for _, sn := range list {
+			got[sn.ID] = sn
+		}
+		if a := got["snapa"]; a.Name != "nightly" || a.Owner != "teamA" || a.SandboxID != "sb1" || a.TemplateID != "base" ||
+			!a.CreatedAt.Equal(time.Unix(0, 1)) || string(a.Spec) != `{"memoryMB":512}` {
+			t.Fatalf("open %d: snapa = %+v", i, a)
+		}
+		if b := got["snapb"]; b.Name != "weekly" || b.Owner != "teamB" {
+			t.Fatalf("open %d: snapb = %+v", i, b)
+		}
+		if len(got) != 4 || got["snapc"].Name != "" || got["snapd"].Name != "" {
+			t.Fatalf("open %d: snapshots = %+v", i, list)
+		}
+		var unique int
+		if err := s.db.QueryRow(`SELECT count(*) FROM pragma_index_list('snapshots') WHERE origin = 'u'`).Scan(&unique); err != nil || unique != 0 {
+			t.Fatalf("open %d: %d indexes from a UNIQUE constraint left, %v", i, unique, err)
+		}
+		var idx []string
+		rows, err := s.db.Query(`SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'snapshots' AND sql IS NOT NULL ORDER BY name`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var n string
+			rows.Scan(&n)
+			idx = append(idx, n)
+		}
+		rows.Close()
+		if fmt.Sprint(idx) != "[snapshots_created snapshots_owner_name]" {
+			t.Fatalf("open %d: indexes %v", i, idx)
+		}
+		s.Close()
+	}
+
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if r, err := s.PutSnapshot(ctx, Snapshot{ID: "snape", Name: "nightly", Owner: "teamB", CreatedAt: time.Unix(0, 5)}); err != nil || r != "" {
+		t.Fatalf("teamB's nightly beside teamA's: replaced %q, %v", r, err)
+	}
+	if r, err := s.PutSnapshot(ctx, Snapshot{ID: "snapf", Name: "nightly", Owner: "teamA", CreatedAt: time.Unix(0, 6)}); err != nil || r != "snapa" {
+		t.Fatalf("teamA's new nightly replaced %q, %v; want snapa", r, err)
+	}
+	// The per-owner index holds even against a write that skips PutSnapshot's check.
+	if _, err := s.db.Exec(`INSERT INTO snapshots (id, name, sandbox_id, template_id, owner, created_at) VALUES ('snapg', 'nightly', 'x', 'base', 'teamA', 7)`); err == nil {
+		t.Fatal("a second nightly of teamA's was inserted")
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 type Snapshot struct {
 	// ID is the raw id (no ":default").
 	ID string
-	// Name is optional and unique among snapshots; bare, like ID.
+	// Name is optional and unique among its Owner's snapshots; bare, like
+	// ID.
 	Name       string
 	SandboxID  string
 	TemplateID string
@@ -29,7 +30,9 @@ type Snapshot struct {
 // SnapshotFilter selects snapshots; zero fields match all.
 type SnapshotFilter struct {
 	SandboxID string
-	// Name matches a snapshot's ID or name, bare or with ":default".
+	// Name matches a snapshot's ID or name, bare or with ":default"; names
+	// are unique per owner only, so without Owner it may match one snapshot
+	// of each.
 	Name  string
 	Owner string
 }
@@ -69,14 +72,11 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string,
 		name = sn.Name
 	}
 	if sn.Name != "" {
-		var owner string
-		err := tx.QueryRowContext(ctx, `SELECT id, owner FROM snapshots WHERE name = ? AND id != ?`, sn.Name, sn.ID).Scan(&replaced, &owner)
+		err := tx.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE owner = ? AND name = ? AND id != ?`, sn.Owner, sn.Name, sn.ID).Scan(&replaced)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
-		case owner != sn.Owner: // another team's name is taken, not replaced
-			return "", fmt.Errorf("%w: snapshot name %q", ErrExists, sn.Name)
 		default:
 			if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, replaced); err != nil {
 				return "", fmt.Errorf("store: put snapshot %s: replace %s: %w", sn.ID, replaced, err)
@@ -90,10 +90,10 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string,
 	return replaced, nil
 }
 
-func (s *SQLite) GetSnapshot(ctx context.Context, idOrName string) (Snapshot, error) {
+func (s *SQLite) GetSnapshot(ctx context.Context, owner, idOrName string) (Snapshot, error) {
 	key := strings.TrimSuffix(idOrName, defaultTag)
 	row := s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots
-		WHERE id = ?1 OR name = ?1 ORDER BY id = ?1 DESC LIMIT 1`, key)
+		WHERE owner = ?2 AND (id = ?1 OR name = ?1) ORDER BY id = ?1 DESC LIMIT 1`, key, owner)
 	sn, err := scanSnapshot(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot %s", ErrNotFound, idOrName)

@@ -113,13 +113,16 @@ type Store interface {
 	Events(ctx context.Context, sandboxID string) ([]Event, error)
 
 	// PutSnapshot inserts or replaces (by ID) a snapshot record. If its Name
-	// is held by another snapshot, that record is deleted in the same
-	// transaction and its ID returned, so the caller can delete its files:
-	// no moment has two snapshots with one name.
+	// is held by another snapshot of the same Owner, that record is deleted
+	// in the same transaction and its ID returned, so the caller can delete
+	// its files: no moment has two snapshots of one owner with one name.
+	// Another owner's snapshot of that name is left alone.
 	PutSnapshot(ctx context.Context, s Snapshot) (replaced string, err error)
-	// GetSnapshot finds a snapshot by its ID or name, either bare or with
-	// ":default"; an ID match wins over a name match. ErrNotFound if none.
-	GetSnapshot(ctx context.Context, idOrName string) (Snapshot, error)
+	// GetSnapshot finds owner's snapshot by its ID or name, either bare or
+	// with ":default"; an ID match wins over a name match. Owner is matched
+	// exactly ("" is the owner of snapshots made without one). ErrNotFound
+	// if none.
+	GetSnapshot(ctx context.Context, owner, idOrName string) (Snapshot, error)
 	// ListSnapshots returns the snapshots f selects, newest first.
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error)
 	// DeleteSnapshot removes a snapshot record by its ID and reports whether
@@ -186,16 +189,7 @@ CREATE TABLE IF NOT EXISTS events (
 	message    TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, at);
-CREATE TABLE IF NOT EXISTS snapshots (
-	id          TEXT PRIMARY KEY,
-	name        TEXT UNIQUE,           -- NULL when unnamed
-	sandbox_id  TEXT NOT NULL,
-	template_id TEXT NOT NULL,
-	owner       TEXT NOT NULL,
-	created_at  INTEGER NOT NULL,
-	spec        TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS snapshots_created ON snapshots (created_at);
+CREATE TABLE IF NOT EXISTS snapshots ` + snapshotsTable + `;` + snapshotIndexes + `
 CREATE TABLE IF NOT EXISTS ops (
 	id         TEXT PRIMARY KEY,
 	kind       TEXT NOT NULL,
@@ -220,6 +214,26 @@ var migrations = []struct{ column, ddl string }{
 	{"volume_mounts", `ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT NOT NULL DEFAULT '[]'`},
 	{"paused_disk_bytes", `ALTER TABLE sandboxes ADD COLUMN paused_disk_bytes INTEGER NOT NULL DEFAULT 0`},
 }
+
+// snapshotsTable is the snapshots table's body, shared by the schema and
+// the rebuild of an older table (migrateSnapshotNames).
+const snapshotsTable = `(
+	id          TEXT PRIMARY KEY,
+	name        TEXT,                  -- NULL when unnamed
+	sandbox_id  TEXT NOT NULL,
+	template_id TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	spec        TEXT NOT NULL DEFAULT ''
+)`
+
+// snapshotIndexes are the snapshots table's indexes. A name is unique per
+// owner, not across owners: one team's names neither block nor reveal
+// another's. NULLs are distinct in a UNIQUE index, so unnamed snapshots
+// never collide.
+const snapshotIndexes = `
+CREATE INDEX IF NOT EXISTS snapshots_created ON snapshots (created_at);
+CREATE UNIQUE INDEX IF NOT EXISTS snapshots_owner_name ON snapshots (owner, name);`
 
 // OpenSQLite opens (creating if needed) the database file at path.
 func OpenSQLite(path string) (*SQLite, error) {
@@ -284,7 +298,69 @@ func migrate(db *sql.DB) error {
 			return fmt.Errorf("store: add column %s: %w", m.column, err)
 		}
 	}
+	return migrateSnapshotNames(context.Background(), db)
+}
+
+// migrateSnapshotNames rebuilds a snapshots table made when a snapshot's
+// name was unique across all owners (a UNIQUE column, which SQLite cannot
+// drop in place) into the current one. The rebuild is one transaction, so a
+// crash leaves the old table or the new, never a mix; every row keeps its
+// name (unique across owners, so per owner too).
+func migrateSnapshotNames(ctx context.Context, db *sql.DB) error {
+	if old, err := globalSnapshotNames(ctx, db); err != nil || !old {
+		return err
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("store: migrate snapshot names: %w", err)
+	}
+	defer conn.Close()
+	// IMMEDIATE takes the write lock before the check below: a second
+	// process opening the same old file (a CLI beside the server) waits
+	// here and then finds the work done, where a deferred transaction
+	// could fail to upgrade its read lock.
+	if _, err := conn.ExecContext(ctx, `BEGIN IMMEDIATE`); err != nil {
+		return fmt.Errorf("store: migrate snapshot names: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+		}
+	}()
+	old, err := globalSnapshotNames(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if old {
+		// Dropping the old table drops its indexes; snapshotIndexes makes
+		// them again on the new one.
+		if _, err := conn.ExecContext(ctx, `CREATE TABLE snapshots_rebuild `+snapshotsTable+`;
+			INSERT INTO snapshots_rebuild (`+snapshotColumns+`) SELECT `+snapshotColumns+` FROM snapshots;
+			DROP TABLE snapshots;
+			ALTER TABLE snapshots_rebuild RENAME TO snapshots;`+snapshotIndexes); err != nil {
+			return fmt.Errorf("store: migrate snapshot names: rebuild: %w", err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		return fmt.Errorf("store: migrate snapshot names: commit: %w", err)
+	}
+	done = true
 	return nil
+}
+
+// globalSnapshotNames reports whether the snapshots table still has the
+// UNIQUE column constraint of the old schema: the current table has no
+// index made by a UNIQUE constraint (origin 'u'), only its primary key's
+// and snapshots_owner_name (origin 'c').
+func globalSnapshotNames(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}) (bool, error) {
+	var n int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM pragma_index_list('snapshots') WHERE origin = 'u'`).Scan(&n); err != nil {
+		return false, fmt.Errorf("store: read snapshots' indexes: %w", err)
+	}
+	return n > 0, nil
 }
 
 func (s *SQLite) Put(ctx context.Context, sb Sandbox) error { return putSandbox(ctx, s.db, sb) }
