@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -342,4 +343,38 @@ func doCall(t *testing.T, req *http.Request) (int, string) {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(bytes.TrimSpace(b))
+}
+
+// TestTeamVolumesQuota: a team's volumesMB quota bounds its volumes' total
+// size with 507, naming the limit and the use, and holds no other team back.
+func TestTeamVolumesQuota(t *testing.T) {
+	d := daemontest.Start(t, func(c *daemon.Config) {
+		c.DiskQuota, c.DiskImageMB = true, 512
+		c.Volumes = daemon.VolumeConfig{DefaultMB: 16, MaxMB: 32, PerKey: 8}
+	})
+	ctx := context.Background()
+	admin := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
+	name := "vols"
+	k, err := admin.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &name, Team: "small"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: k.Key})
+	if _, err := admin.UpdateTeam(ctx, "small", e2bwire.TeamQuotas{VolumesMB: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := small.CreateVolume(ctx, "first", 16); err != nil {
+		t.Fatal(err)
+	}
+	_, err = small.CreateVolume(ctx, "second", 16)
+	var e *e2bclient.Error
+	if !errors.As(err, &e) || e.Status != http.StatusInsufficientStorage || !strings.Contains(e.Message, "at most 20 MiB (16 MiB in use, 16 MiB asked)") {
+		t.Fatalf("past the team's volumes quota: %v", err)
+	}
+	if _, err := small.CreateVolume(ctx, "small-one", 4); err != nil {
+		t.Fatalf("within the quota: %v", err)
+	}
+	if _, err := admin.CreateVolume(ctx, "elsewhere", 32); err != nil {
+		t.Fatalf("another team held back by small's quota: %v", err)
+	}
 }
