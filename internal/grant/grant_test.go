@@ -6,37 +6,18 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/grant/granttest"
 )
 
-type keys map[string]apikey.Principal
-
-func (k keys) Key(id string) (apikey.Principal, error) {
-	if id == "revoked" {
-		return apikey.Principal{KeyID: id, KeyName: "old", Team: "t1"}, apikey.ErrRevoked
-	}
-	if p, ok := k[id]; ok {
-		return p, nil
-	}
-	return apikey.Principal{}, apikey.ErrNotFound
-}
-
-func (k keys) TeamKeys(team string) []apikey.Principal {
-	var out []apikey.Principal
-	for _, p := range k {
-		if p.Team == team {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-var live = keys{
+var live = granttest.Keys{Revoked: map[string]apikey.Principal{
+	"revoked": {KeyID: "revoked", KeyName: "old", Team: "t1"},
+}, Live: map[string]apikey.Principal{
 	"k1": {KeyID: "k1", KeyName: "writer", Team: "t1", Scopes: apikey.All},
 	"k2": {KeyID: "k2", KeyName: "reader", Team: "t1", Scopes: []apikey.Scope{apikey.SandboxesRead}},
 	"k3": {KeyID: "k3", KeyName: "other", Team: "t2", Scopes: apikey.All},
 	// a UUID-shaped ID, as apikey makes them
 	"0f8fad5b-d9cb-469f-a165-70867728950e": {KeyID: "0f8fad5b-d9cb-469f-a165-70867728950e", Team: "t1", Scopes: apikey.All},
-}
+}}
 
 func TestToken(t *testing.T) {
 	a, b := Token("s1", "k1"), Token("s1", "k2")

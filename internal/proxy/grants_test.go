@@ -14,6 +14,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/grant"
+	"github.com/airlock-sandbox/airlock/internal/grant/granttest"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 )
 
@@ -58,36 +59,13 @@ func (grantSandboxes) UserPortTarget(id string) (netip.Addr, string, string, err
 	return netip.Addr{}, "", "", nil
 }
 
-// grantKeys: team a has a full key and a read-only one, team b a full key;
+// testKeys: team a has a full key and a read-only one, team b a full key;
 // "gone" was team a's and is revoked.
-type grantKeys map[string]apikey.Principal
-
-func (k grantKeys) Key(id string) (apikey.Principal, error) {
-	if id == "gone" {
-		return apikey.Principal{KeyID: id, Team: "a"}, apikey.ErrRevoked
-	}
-	p, ok := k[id]
-	if !ok {
-		return apikey.Principal{}, apikey.ErrNotFound
-	}
-	return p, nil
-}
-
-func (k grantKeys) TeamKeys(team string) []apikey.Principal {
-	var out []apikey.Principal
-	for _, p := range k {
-		if p.Team == team {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-var testKeys = grantKeys{
+var testKeys = granttest.Keys{Live: map[string]apikey.Principal{
 	"ka": {KeyID: "ka", KeyName: "a-full", Team: "a", Scopes: apikey.All},
 	"kr": {KeyID: "kr", KeyName: "a-reader", Team: "a", Scopes: []apikey.Scope{apikey.SandboxesRead}},
 	"kb": {KeyID: "kb", KeyName: "b-full", Team: "b", Scopes: apikey.All},
-}
+}, Revoked: map[string]apikey.Principal{"gone": {KeyID: "gone", Team: "a"}}}
 
 // echoEnvd answers with what reached it.
 func echoEnvd(t *testing.T) http.RoundTripper {

@@ -19,6 +19,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/grant"
+	"github.com/airlock-sandbox/airlock/internal/grant/granttest"
 	"github.com/airlock-sandbox/airlock/internal/volume"
 )
 
@@ -291,22 +292,6 @@ func statUID(st os.FileInfo) int {
 	return -1
 }
 
-// grantKeys: team t1 owns v1 and has a writer, a reader and a revoked key;
-// team t2 has a writer.
-type grantKeys map[string]apikey.Principal
-
-func (k grantKeys) Key(id string) (apikey.Principal, error) {
-	if id == "revoked" {
-		return apikey.Principal{KeyID: id, Team: "t1"}, apikey.ErrRevoked
-	}
-	if p, ok := k[id]; ok {
-		return p, nil
-	}
-	return apikey.Principal{}, apikey.ErrNotFound
-}
-
-func (k grantKeys) TeamKeys(string) []apikey.Principal { return nil }
-
 func TestGrants(t *testing.T) {
 	base := t.TempDir()
 	v1 := volume.Volume{ID: "v1", Owner: "t1", Token: "tok1", Path: base, SizeBytes: 1 << 30}
@@ -314,11 +299,13 @@ func TestGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := New(fakeVolumes{"v1": v1}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	h.SetGrants(grant.Checker{Keys: grantKeys{
+	// Team t1 owns v1 and has a writer, a reader and a revoked key; team
+	// t2 has a writer.
+	h.SetGrants(grant.Checker{Keys: granttest.Keys{Live: map[string]apikey.Principal{
 		"w": {KeyID: "w", KeyName: "writer", Team: "t1", Scopes: apikey.All},
 		"r": {KeyID: "r", KeyName: "reader", Team: "t1", Scopes: []apikey.Scope{apikey.VolumesRead}},
 		"o": {KeyID: "o", KeyName: "other", Team: "t2", Scopes: apikey.All},
-	}})
+	}, Revoked: map[string]apikey.Principal{"revoked": {KeyID: "revoked", Team: "t1"}}}})
 	read := func(token string) *httptest.ResponseRecorder {
 		return do(t, h, "GET", "file", "v1", token, p("path", "f"), nil)
 	}
