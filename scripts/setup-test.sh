@@ -3,7 +3,8 @@
 # first): the host Python packages the code interpreter's backend tests use, Node.js
 # and npm for the SDK and MCP client suites, protoc for scripts/gen-proto.sh, and the
 # optional gVisor backend (runsc, built from the Go module proxy), which the runtime
-# conformance tests cover. `make run` does not run this: a server needs none of it.
+# conformance tests cover, and the single-node Kubernetes the Kubernetes backend is
+# tested against (scripts/kube-stack.sh build). `make run` does not run this: a server needs none of it.
 # Run as root; safe to re-run (it installs only what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -103,5 +104,8 @@ else
 	rm -rf "$tmpbin"
 	echo "installed $("$RUNSC" --version | head -n 1) in ${SECONDS}s"
 fi
+
+step "the single-node Kubernetes of the Kubernetes backend's tests (built once into /var/lib/airlock-kube)"
+scripts/kube-stack.sh build
 
 step "done"
