@@ -5,7 +5,8 @@
 //go:debug multipathtcp=0
 
 // Command envd is the in-sandbox agent. The host starts it as the sandbox's first
-// process and writes one JSON envdapi.Config object to its stdin. As pid 1 it
+// process and writes one JSON envdapi.Config object to its stdin (or, in a
+// Kubernetes Pod, names a file holding it: envd --config-file PATH). As pid 1 it
 // forks before Go starts (pid1.c): pid 1 stays a reaper written in C, and the
 // child is the Go server.
 //
@@ -86,10 +87,22 @@ func run() int {
 	}
 
 	// Decode exactly one JSON value rather than reading to EOF: startup then does
-	// not depend on when the host closes the pipe.
+	// not depend on when the host closes the pipe. A Pod has no host to write
+	// to its stdin: the Kubernetes backend mounts the config as a file and
+	// names it with --config-file.
 	var raw json.RawMessage
-	if err := json.NewDecoder(io.LimitReader(os.Stdin, 4<<20)).Decode(&raw); err != nil {
-		logger.Error("reading config from stdin", "err", err)
+	from, in := "stdin", io.Reader(os.Stdin)
+	if len(os.Args) == 3 && os.Args[1] == "--config-file" {
+		f, err := os.Open(os.Args[2])
+		if err != nil {
+			logger.Error("opening the config file", "err", err)
+			return 2
+		}
+		from, in = os.Args[2], f
+		defer f.Close()
+	}
+	if err := json.NewDecoder(io.LimitReader(in, 4<<20)).Decode(&raw); err != nil {
+		logger.Error("reading config from "+from, "err", err)
 		return 2
 	}
 	if err := redirectStdio(raw); err != nil {

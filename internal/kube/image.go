@@ -1,0 +1,89 @@
+package kube
+
+import (
+	"compress/gzip"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
+)
+
+// TemplateImage is the OCI image a template's sandboxes run from as Pods:
+// the template's root filesystem as one layer, envd at envdapi.BinaryPath
+// as a second, and envd reading its config from ConfigFile as the
+// entrypoint. The layers are tars written into work (which must outlive
+// the image's use: the image reads them from there).
+func TemplateImage(rootfs, envdPath, work string) (v1.Image, error) {
+	base := filepath.Join(work, "rootfs.tar")
+	// GNU tar keeps what a root filesystem holds (owners by number, hard
+	// links, devices, modes) exactly as the template built it.
+	if out, err := exec.Command("tar", "--numeric-owner", "-C", rootfs, "-cf", base, ".").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("tar of %s: %w: %s", rootfs, err, out)
+	}
+	agent := filepath.Join(work, "envd.tar")
+	if err := envdLayer(envdPath, agent); err != nil {
+		return nil, err
+	}
+	var layers []v1.Layer
+	for _, f := range []string{base, agent} {
+		l, err := tarball.LayerFromFile(f, tarball.WithCompressionLevel(gzip.BestSpeed))
+		if err != nil {
+			return nil, fmt.Errorf("layer %s: %w", f, err)
+		}
+		layers = append(layers, l)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layers...)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.Architecture, cfg.OS = "amd64", "linux"
+	cfg.Config.Entrypoint = []string{envdapi.BinaryPath, "--config-file", ConfigFile}
+	cfg.Config.Env = []string{"PATH=" + envdapi.DefaultPath}
+	return mutate.ConfigFile(img, cfg)
+}
+
+// envdLayer writes a tar holding envd at envdapi.BinaryPath.
+func envdLayer(envdPath, out string) error {
+	dir, err := os.MkdirTemp(filepath.Dir(out), "envd-layer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	dst := filepath.Join(dir, envdapi.BinaryPath)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	src, err := os.Open(envdPath)
+	if err != nil {
+		return fmt.Errorf("envd: %w", err)
+	}
+	defer src.Close()
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if b, err := exec.Command("tar", "--numeric-owner", "--owner=0", "--group=0", "-C", dir, "-cf", out, ".").CombinedOutput(); err != nil {
+		return fmt.Errorf("tar of envd: %w: %s", err, b)
+	}
+	return nil
+}

@@ -1,0 +1,275 @@
+// Package kube runs sandboxes as Kubernetes Pods (issue 24): one Pod per
+// sandbox, in one namespace, its isolation chosen by a RuntimeClass (gVisor
+// by default), envd as the Pod's first process, reached at the Pod's IP.
+//
+// The lifecycle of one sandbox Pod:
+//
+//	Create -> the Pod "airlock-<id>" is made (labels: sandbox, team,
+//	          template), then the Secret holding envd's config (its access
+//	          token among it), owned by the Pod so that the Pod's deletion
+//	          takes it too; Create returns once the Pod runs and envd answers
+//	          /health at the Pod's IP. A failure on the way deletes what was
+//	          made: no Pod, no Secret is left.
+//	Transport -> requests to envd (port 49983) or the interpreter (49999)
+//	          over the Pod network.
+//	Delete -> the Pod, at once (no grace period: a sandbox is killed, not
+//	          drained), and with it the Secret.
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/airlock-sandbox/airlock/internal/envdapi"
+)
+
+// ConfigFile is where envd finds its config in a sandbox Pod (a Secret
+// mounted read-only).
+const ConfigFile = "/run/airlock-config/config.json"
+
+// Labels of a sandbox Pod.
+const (
+	LabelSandbox  = "airlock.dev/sandbox"
+	LabelTeam     = "airlock.dev/team"
+	LabelTemplate = "airlock.dev/template"
+)
+
+// Pods makes and removes sandbox Pods in one namespace.
+type Pods struct {
+	Client    kubernetes.Interface
+	Namespace string
+	// RuntimeClass names the Pods' RuntimeClass ("" for the node's
+	// default runtime).
+	RuntimeClass string
+	// Ready bounds how long Create waits for the Pod to run and envd to
+	// answer (default 2 minutes).
+	Ready time.Duration
+}
+
+// Spec is one sandbox Pod.
+type Spec struct {
+	ID, Team, Template string
+	// Image is the template's image (TemplateImage), by a reference the
+	// node can resolve; PullNever makes the node use only what it holds.
+	Image     string
+	PullNever bool
+	CPUs      int
+	MemoryMB  int
+	// Envd is envd's config; its listeners are set here (TCP on the Pod's
+	// network).
+	Envd envdapi.Config
+}
+
+// Sandbox is a sandbox Pod that runs.
+type Sandbox struct {
+	ID, Pod string
+	IP      net.IP
+}
+
+func podName(id string) string { return "airlock-" + id }
+
+// Create makes the sandbox's Pod and its config Secret and waits until
+// envd answers; on failure it removes both.
+func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
+	name := podName(s.ID)
+	cfg := s.Envd
+	cfg.Listen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.Port)}
+	cfg.InterpListen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.InterpPort)}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	res := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewQuantity(int64(s.CPUs), resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(int64(s.MemoryMB)<<20, resource.BinarySI),
+	}
+	pull := corev1.PullIfNotPresent
+	if s.PullNever {
+		pull = corev1.PullNever
+	}
+	no := false
+	grace := int64(0)
+	mode := int32(0o400)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			LabelSandbox: s.ID, LabelTeam: s.Team, LabelTemplate: s.Template,
+		}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			TerminationGracePeriodSeconds: &grace,
+			DNSPolicy:                     corev1.DNSDefault,
+			Containers: []corev1.Container{{
+				Name: "sandbox", Image: s.Image, ImagePullPolicy: pull,
+				Resources:    corev1.ResourceRequirements{Requests: res, Limits: res},
+				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: "/run/airlock-config", ReadOnly: true}},
+			}},
+			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: name, DefaultMode: &mode},
+			}}},
+		},
+	}
+	if p.RuntimeClass != "" {
+		pod.Spec.RuntimeClassName = &p.RuntimeClass
+	}
+	made, err := p.Client.CoreV1().Pods(p.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: creating its Pod: %w", s.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = p.Delete(context.WithoutCancel(ctx), s.ID)
+		}
+	}()
+	// Owned by the Pod: deleting the Pod deletes the token with it.
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelSandbox: s.ID},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name, UID: made.UID}}},
+		Data: map[string][]byte{"config.json": raw},
+	}
+	if _, err := p.Client.CoreV1().Secrets(p.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: creating its config Secret: %w", s.ID, err)
+	}
+	limit := p.Ready
+	if limit == 0 {
+		limit = 2 * time.Minute
+	}
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	ip, err := p.waitRunning(wctx, name)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	if err := waitHealth(wctx, ip); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: envd at %s: %w", s.ID, ip, err)
+	}
+	return Sandbox{ID: s.ID, Pod: name, IP: ip}, nil
+}
+
+// waitRunning waits until the Pod runs with an IP, or fails with what
+// the Pod says is wrong (an image it cannot have, a container that ended).
+func (p *Pods) waitRunning(ctx context.Context, name string) (net.IP, error) {
+	for {
+		pod, err := p.Client.CoreV1().Pods(p.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("its Pod: %w", err)
+		}
+		switch pod.Status.Phase {
+		case corev1.PodRunning:
+			if ip := net.ParseIP(pod.Status.PodIP); ip != nil {
+				return ip, nil
+			}
+		case corev1.PodFailed, corev1.PodSucceeded:
+			return nil, fmt.Errorf("its Pod ended (%s): %s", pod.Status.Phase, podProblem(pod))
+		}
+		if why := podProblem(pod); why != "" && isFatalWait(pod) {
+			return nil, fmt.Errorf("its Pod cannot start: %s", why)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("its Pod did not run in time (phase %s; %s): %w", pod.Status.Phase, podProblem(pod), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// podProblem is what a Pod's container says keeps it from running.
+func podProblem(pod *corev1.Pod) string {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+			return w.Reason + ": " + w.Message
+		}
+		if t := cs.State.Terminated; t != nil {
+			return fmt.Sprintf("%s (exit %d): %s", t.Reason, t.ExitCode, t.Message)
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Status == corev1.ConditionFalse && c.Message != "" {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+// isFatalWait: the container waits for something that will not come by
+// itself.
+func isFatalWait(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil {
+			switch w.Reason {
+			case "ErrImageNeverPull", "InvalidImageName", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// waitHealth polls envd's /health at ip until it answers 2xx.
+func waitHealth(ctx context.Context, ip net.IP) error {
+	url := "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(envdapi.Port)) + "/health"
+	c := &http.Client{Timeout: 2 * time.Second}
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		res, err := c.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode/100 == 2 {
+				return nil
+			}
+			err = fmt.Errorf("status %d", res.StatusCode)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no answer in time (last: %v): %w", last, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Transport reaches a sandbox Pod's envd (or, for port, another port of it)
+// over the Pod network: requests' URLs name any host; it dials ip:port.
+func Transport(ip net.IP, port int) http.RoundTripper {
+	addr := net.JoinHostPort(ip.String(), strconv.Itoa(port))
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	return &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+}
+
+// Delete removes a sandbox's Pod (and so its Secret) at once; a Pod that
+// is gone already is no error.
+func (p *Pods) Delete(ctx context.Context, id string) error {
+	zero := int64(0)
+	bg := metav1.DeletePropagationBackground
+	err := p.Client.CoreV1().Pods(p.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: deleting its Pod: %w", id, err)
+	}
+	// The Secret goes with its owner; deleted here too, so that nothing
+	// waits on the garbage collector.
+	err = p.Client.CoreV1().Secrets(p.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("sandbox %s: deleting its config Secret: %w", id, err)
+	}
+	return nil
+}
