@@ -23,6 +23,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,6 +56,11 @@ type Pods struct {
 	// Ready bounds how long Create waits for the Pod to run and envd to
 	// answer (default 2 minutes).
 	Ready time.Duration
+
+	mu sync.Mutex
+	// deleted holds the sandboxes Delete was asked for, until Watch sees
+	// their Pods go: their end is Airlock's, not news.
+	deleted map[string]bool
 }
 
 // Spec is one sandbox Pod.
@@ -259,6 +265,12 @@ func Transport(ip net.IP, port int) http.RoundTripper {
 // Delete removes a sandbox's Pod (and so its Secret) at once; a Pod that
 // is gone already is no error.
 func (p *Pods) Delete(ctx context.Context, id string) error {
+	p.mu.Lock()
+	if p.deleted == nil {
+		p.deleted = map[string]bool{}
+	}
+	p.deleted[id] = true
+	p.mu.Unlock()
 	zero := int64(0)
 	bg := metav1.DeletePropagationBackground
 	err := p.Client.CoreV1().Pods(p.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg})

@@ -42,13 +42,20 @@ func baseImage(t *testing.T, c *kubetest.Cluster) string {
 // TestSandboxPod: a sandbox as a Pod under gVisor runs commands through
 // envd at the Pod's IP with its access token, and a delete leaves neither
 // its Pod nor its Secret; a Pod that cannot start fails Create with the
-// reason and leaves nothing either.
+// reason and leaves nothing either; a Pod deleted behind Airlock's back is
+// reported by Watch, Airlock's own deletes are not.
 func TestSandboxPod(t *testing.T) {
 	c := kubetest.Start(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	ref := baseImage(t, c)
 	pods := &kube.Pods{Client: c.Client, Namespace: ns, RuntimeClass: "gvisor", Ready: time.Minute}
+	goneCh := make(chan kube.Gone, 10)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err := pods.Watch(wctx, func(g kube.Gone) { goneCh <- g }); err != nil {
+		t.Fatal(err)
+	}
 	spec := kube.Spec{ID: "sbkube1", Team: "blue", Template: "base", Image: ref, PullNever: true, CPUs: 1, MemoryMB: 512,
 		Envd: envdapi.Config{SandboxID: "sbkube1", TemplateID: "base", AccessToken: "the-token", DefaultUser: "user"}}
 	start := time.Now()
@@ -81,6 +88,31 @@ func TestSandboxPod(t *testing.T) {
 		t.Fatalf("a Pod of an image the node lacks: %v", err)
 	}
 	gone(t, c, ns, "airlock-sbkube2")
+
+	// A Pod deleted behind Airlock's back is reported, with the reason;
+	// Airlock's own deletes above were not.
+	third := spec
+	third.ID = "sbkube3"
+	if _, err := pods.Create(ctx, third); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "airlock-sbkube3", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-goneCh:
+		if g.ID != "sbkube3" || !strings.Contains(g.Reason, "deleted (not by Airlock)") {
+			t.Fatalf("reported %+v, want sbkube3's Pod deleted", g)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a Pod deleted behind Airlock's back was not reported")
+	}
+	gone(t, c, ns, "airlock-sbkube3")
+	select {
+	case g := <-goneCh:
+		t.Fatalf("reported more: %+v", g)
+	case <-time.After(500 * time.Millisecond):
+	}
 }
 
 // gone waits until a sandbox's Pod and Secret are both deleted.
