@@ -2,44 +2,41 @@ package kube_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/kube"
 	"github.com/airlock-sandbox/airlock/internal/kube/kubetest"
+	"github.com/airlock-sandbox/airlock/internal/registry"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
-// baseImage builds the base template's image (TemplateImage) and loads it
-// into the node.
-func baseImage(t *testing.T, c *kubetest.Cluster) string {
+// baseImage serves the base template's image (TemplateImage) from a
+// registry.Store on loopback, as Airlock serves templates to nodes, and
+// returns its reference: the node pulls it from there.
+func baseImage(t *testing.T) string {
 	t.Helper()
 	work := t.TempDir()
-	img, err := kube.TemplateImage(testenv.BaseRootfs(t), testenv.EnvdBinary(t), work)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ref = "localhost/airlock/template-base:test"
-	tag, err := name.NewTag(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := work + "/image.tar"
-	if err := tarball.WriteToFile(archive, tag, img); err != nil {
-		t.Fatal(err)
-	}
-	c.ImportImage(t, archive)
-	return ref
+	store := &registry.Store{Dir: work + "/oci", Build: func(_ context.Context, name, tag string) (v1.Image, error) {
+		if name != "airlock/base" || tag != "test" {
+			return nil, registry.ErrNotFound
+		}
+		return kube.TemplateImage(testenv.BaseRootfs(t), testenv.EnvdBinary(t), work)
+	}}
+	srv := httptest.NewServer(store)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://") + "/airlock/base:test"
 }
 
-// TestSandboxPod: a sandbox as a Pod under gVisor runs commands through
+// TestSandboxPod: a sandbox as a Pod under gVisor, its image pulled by the
+// node from Airlock's registry, runs commands through
 // envd at the Pod's IP with its access token, and a delete leaves neither
 // its Pod nor its Secret; a Pod that cannot start fails Create with the
 // reason and leaves nothing either; a Pod deleted behind Airlock's back is
@@ -48,7 +45,7 @@ func TestSandboxPod(t *testing.T) {
 	c := kubetest.Start(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
-	ref := baseImage(t, c)
+	ref := baseImage(t)
 	pods := &kube.Pods{Client: c.Client, Namespace: ns, RuntimeClass: "gvisor", Ready: time.Minute}
 	goneCh := make(chan kube.Gone, 10)
 	wctx, stop := context.WithCancel(ctx)
@@ -56,7 +53,7 @@ func TestSandboxPod(t *testing.T) {
 	if err := pods.Watch(wctx, func(g kube.Gone) { goneCh <- g }); err != nil {
 		t.Fatal(err)
 	}
-	spec := kube.Spec{ID: "sbkube1", Team: "blue", Template: "base", Image: ref, PullNever: true, CPUs: 1, MemoryMB: 512,
+	spec := kube.Spec{ID: "sbkube1", Team: "blue", Template: "base", Image: ref, CPUs: 1, MemoryMB: 512,
 		Envd: envdapi.Config{SandboxID: "sbkube1", TemplateID: "base", AccessToken: "the-token", DefaultUser: "user"}}
 	start := time.Now()
 	sb, err := pods.Create(ctx, spec)
@@ -79,10 +76,10 @@ func TestSandboxPod(t *testing.T) {
 	}
 	gone(t, c, ns, "airlock-sbkube1")
 
-	// An image the node does not hold (and may not pull): a clear error
+	// An image the node does not hold and may not pull: a clear error
 	// naming why, within the wait, and nothing left.
 	bad := spec
-	bad.ID, bad.Image = "sbkube2", "localhost/airlock/no-such-image:1"
+	bad.ID, bad.Image, bad.PullNever = "sbkube2", "localhost/airlock/no-such-image:1", true
 	_, err = pods.Create(ctx, bad)
 	if err == nil || !strings.Contains(err.Error(), "ErrImageNeverPull") {
 		t.Fatalf("a Pod of an image the node lacks: %v", err)

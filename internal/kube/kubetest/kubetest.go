@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -121,16 +120,4 @@ func (c *Cluster) WaitPod(t testing.TB, ns, name string, limit time.Duration, ph
 	}
 	t.Fatalf("pod %s/%s not found in %s", ns, name, limit)
 	return nil
-}
-
-// ImportImage loads an image archive (docker save or OCI layout tar) into
-// the node's containerd, where the kubelet finds it: the stack reaches no
-// registry.
-func (c *Cluster) ImportImage(t testing.TB, archive string) {
-	t.Helper()
-	out, err := exec.Command(c.Dir+"/bin/ctr", "--address", c.Dir+"/run/containerd/containerd.sock", "-n", "k8s.io",
-		"images", "import", "--local", archive).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ctr images import %s: %v\n%s", archive, err, out)
-	}
 }
