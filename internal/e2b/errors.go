@@ -93,6 +93,8 @@ func managerError(err error, sandboxID, template string) *apiError {
 		return &apiError{status: http.StatusNotFound, message: fmt.Sprintf("sandbox %q not found", sandboxID), err: err}
 	case errors.Is(err, sandbox.ErrInvalid):
 		return &apiError{status: http.StatusBadRequest, message: err.Error(), err: err}
+	case errors.Is(err, sandbox.ErrNotSupported):
+		return &apiError{status: http.StatusNotImplemented, message: err.Error(), err: err}
 	case errors.Is(err, sandbox.ErrStorageLimit):
 		// A quota on disk: 507, as a volume's size is answered.
 		return &apiError{status: http.StatusInsufficientStorage, message: err.Error(), err: err}

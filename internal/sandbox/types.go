@@ -236,6 +236,9 @@ var (
 	ErrTemplateNotFound = errors.New("template not found")
 	ErrInvalid          = errors.New("invalid request")
 	ErrConflict         = errors.New("conflict")
+	// ErrNotSupported is an operation the backend serving the sandboxes
+	// cannot do (the kubernetes backend's pause); the message names it.
+	ErrNotSupported = errors.New("not supported")
 	// ErrLimit means a per-owner quota (concurrent sandboxes) is used up.
 	ErrLimit = errors.New("limit reached")
 	// ErrStorageLimit is the ErrLimit of a quota on disk (the paused
