@@ -5,8 +5,9 @@
 //
 // An image is made the first time it is asked for (Store.Build, from the
 // template: kube.TemplateImage) and written once into an OCI image layout
-// on disk — manifest, config and compressed layers as blobs by digest — so
-// a pull is a file read, however many nodes pull it and however often.
+// on disk — manifest, config and compressed layers as blobs by digest, and
+// an index entry naming its name:tag, which a restarted server reads back —
+// so a pull is a file read, however many nodes pull it and however often.
 //
 // Routes (names may hold slashes, as "airlock/base"):
 //
@@ -51,6 +52,9 @@ type Store struct {
 	tags map[string]v1.Hash
 	// building serialises the first build of each name:tag.
 	building map[string]*sync.Mutex
+	// indexMu serialises writes of the layout's index.json, which each
+	// image's entry rewrites whole.
+	indexMu sync.Mutex
 }
 
 var (
@@ -64,6 +68,9 @@ var (
 func (s *Store) Tag(ctx context.Context, name, tag string) (v1.Hash, error) {
 	key := name + ":" + tag
 	s.mu.Lock()
+	if s.tags == nil {
+		s.tags = s.load()
+	}
 	if h, ok := s.tags[key]; ok {
 		s.mu.Unlock()
 		return h, nil
@@ -93,7 +100,12 @@ func (s *Store) Tag(ctx context.Context, name, tag string) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	if err := p.WriteImage(img); err != nil {
+	// The blobs first, then the index entry naming them: a crash between
+	// the two leaves blobs no tag names, never a tag without its blobs.
+	s.indexMu.Lock()
+	err = p.AppendImage(img, layout.WithAnnotations(map[string]string{refAnnotation: key}))
+	s.indexMu.Unlock()
+	if err != nil {
 		return v1.Hash{}, fmt.Errorf("writing image %s: %w", key, err)
 	}
 	h, err = img.Digest()
@@ -108,6 +120,32 @@ func (s *Store) Tag(ctx context.Context, name, tag string) (v1.Hash, error) {
 	s.mu.Unlock()
 	s.logger().Info("template image ready", "image", key, "digest", h.String())
 	return h, nil
+}
+
+// refAnnotation names, in the layout's index, the name:tag an image was
+// made for.
+const refAnnotation = "org.opencontainers.image.ref.name"
+
+// load reads the tags an earlier run wrote into the layout's index, so a
+// restarted server serves the images it made rather than making them
+// again. A tag names one build of a template: it is made once and kept.
+func (s *Store) load() map[string]v1.Hash {
+	tags := map[string]v1.Hash{}
+	idx, err := layout.ImageIndexFromPath(s.Dir)
+	if err != nil {
+		return tags // no layout yet
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		s.logger().Warn("registry: unreadable index; images will be made again", "dir", s.Dir, "err", err)
+		return tags
+	}
+	for _, d := range m.Manifests {
+		if key := d.Annotations[refAnnotation]; key != "" && s.blob(d.Digest.String()) != "" {
+			tags[key] = d.Digest
+		}
+	}
+	return tags
 }
 
 func (s *Store) layout() (layout.Path, error) {

@@ -101,3 +101,53 @@ func TestPull(t *testing.T) {
 		}
 	}
 }
+
+// TestRestart: a store over the same directory serves the images an
+// earlier one made, without making them again; two tags made at once are
+// both kept.
+func TestRestart(t *testing.T) {
+	dir := t.TempDir()
+	imgs := map[string]v1.Image{}
+	for _, tag := range []string{"a", "b"} {
+		img, err := random.Image(1024, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs[tag] = img
+	}
+	first := &Store{Dir: dir, Build: func(_ context.Context, _, tag string) (v1.Image, error) {
+		if img, ok := imgs[tag]; ok {
+			return img, nil
+		}
+		return nil, ErrNotFound
+	}}
+	var wg sync.WaitGroup
+	for tag := range imgs {
+		wg.Go(func() {
+			if _, err := first.Tag(context.Background(), "airlock/base", tag); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	second := &Store{Dir: dir, Build: func(context.Context, string, string) (v1.Image, error) {
+		t.Error("the restarted store made an image again")
+		return nil, ErrNotFound
+	}}
+	srv := httptest.NewServer(second)
+	defer srv.Close()
+	for tag, img := range imgs {
+		ref, err := name.ParseReference(strings.TrimPrefix(srv.URL, "http://")+"/airlock/base:"+tag, name.Insecure)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := remote.Image(ref)
+		if err != nil {
+			t.Fatalf("%s after a restart: %v", tag, err)
+		}
+		want, _ := img.Digest()
+		if d, _ := got.Digest(); d != want {
+			t.Errorf("%s: digest %s, want %s", tag, d, want)
+		}
+	}
+}
