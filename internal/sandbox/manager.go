@@ -1188,10 +1188,7 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	}
 	e.mu.Lock()
 	if paused {
-		e.info.State = StateRunning
-		e.info.PausedWithMemory = false
-		e.info.PausedAt = time.Time{}
-		e.info.PausedDiskBytes = 0
+		e.info.unpause()
 	}
 	if end := time.Now().Add(timeout); end.After(e.info.EndAt) || paused {
 		e.info.EndAt = end
@@ -1671,8 +1668,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 		} else {
 			changed = changed || e.info.State != StateRunning
-			e.info.State = StateRunning
-			e.info.PausedWithMemory, e.info.PausedAt, e.info.PausedDiskBytes = false, time.Time{}, 0
+			e.info.unpause()
 			// A checkpoint image beside a running sandbox is stale (a
 			// resume that booted from it, or a pause whose checkpoint
 			// never completed): it is never restored again.

@@ -398,10 +398,7 @@ func (m *Manager) pausedDiskBytes(e *entry) int64 {
 // not go on: it is running, and its timer runs again.
 func (m *Manager) unmarkPaused(e *entry) {
 	e.mu.Lock()
-	e.info.State = StateRunning
-	e.info.PausedWithMemory = false
-	e.info.PausedAt = time.Time{}
-	e.info.PausedDiskBytes = 0
+	e.info.unpause()
 	m.armTimerLocked(e)
 	e.mu.Unlock()
 }

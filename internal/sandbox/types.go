@@ -68,6 +68,13 @@ type Info struct {
 	VolumeMounts []VolumeMount
 }
 
+// unpause makes a paused sandbox's info a running one's: every field a
+// pause set is cleared.
+func (i *Info) unpause() {
+	i.State = StateRunning
+	i.PausedWithMemory, i.PausedAt, i.PausedDiskBytes = false, time.Time{}, 0
+}
+
 // Lifecycle is E2B's sandbox lifecycle: on the wire autoPause,
 // autoPauseMemory and autoResume.enabled at create, and lifecycle
 // {onTimeout, autoResume} in the sandbox's detail.
