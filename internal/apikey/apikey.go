@@ -222,17 +222,15 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			}
 			s.teams[team], names[name] = t, true
 		}
-		p := Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true}
-		s.putLive(hashKey(key), p)
-		s.byID[p.KeyID] = hashKey(key)
+		s.putLive(hashKey(key), Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true})
 	}
 	keys, err := st.APIKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, k := range keys {
-		s.byID[k.ID] = k.Hash
 		if !k.RevokedAt.IsZero() {
+			s.byID[k.ID] = k.Hash // Key tells a revoked key's grants why
 			s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 			continue
 		}
@@ -322,12 +320,14 @@ func (s *Service) TeamKeys(team string) []Principal {
 	return out
 }
 
-// putLive makes a key live (or changes it); the caller holds s.mu.
+// putLive makes a key live (or changes it), in every index of live keys;
+// the caller holds s.mu.
 func (s *Service) putLive(hash string, p Principal) {
 	if old, ok := s.byHash[hash]; ok && old.Team != p.Team {
 		delete(s.byTeam[old.Team], hash)
 	}
 	s.byHash[hash] = p
+	s.byID[p.KeyID] = hash
 	if s.byTeam[p.Team] == nil {
 		s.byTeam[p.Team] = map[string]bool{}
 	}
@@ -467,7 +467,6 @@ func (s *Service) Create(ctx context.Context, r CreateRequest) (Created, error) 
 	p, _ := principalOf(rec)
 	s.mu.Lock()
 	s.putLive(rec.Hash, p)
-	s.byID[rec.ID] = rec.Hash
 	s.mu.Unlock()
 	return Created{Record: rec, Key: key}, nil
 }
