@@ -6,9 +6,9 @@ import (
 	"strconv"
 )
 
-// FileSignature is the signature a signed /files URL carries: the
-// SDKs compute it client-side from the sandbox's access token, and the host uses it
-// to route header-less signed requests to the one sandbox whose token matches.
+// FileSignature is the signature a signed /files URL carries, as the SDKs
+// compute it client-side from the sandbox's access token. Checks work on the
+// query's own bytes (QuerySignature).
 // op is "read" (GET) or "write" (POST); username is "" when the URL names no user;
 // expiration is unix seconds, 0 meaning the signature never expires.
 func FileSignature(path, op, username, token string, expiration int64) string {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
@@ -129,25 +128,4 @@ func envdError(w http.ResponseWriter, r *http.Request, status int, code, msg str
 	default:
 		writeJSON(w, status, map[string]any{"code": status, "message": msg})
 	}
-}
-
-// bySignatureGrant finds the one running sandbox one of whose team's keys'
-// grants made a header-less signed URL's signature.
-func (p *Proxy) bySignatureGrant(r *http.Request) (string, int, error) {
-	s, _ := signatureOf(r)
-	if s.exp != "" {
-		if _, err := strconv.ParseInt(s.exp, 10, 64); err != nil {
-			return "", 0, errors.New("invalid signature_expiration")
-		}
-	}
-	signers := p.grants.Signers()
-	ids := p.sandboxes.MatchToken(func(secret, owner string) bool {
-		_, err := signers.Signed(owner, secret, apikey.SandboxesWrite, s.madeWith)
-		var se *grant.ScopeError
-		return err == nil || errors.As(err, &se) // admit answers the scope
-	})
-	if len(ids) != 1 {
-		return "", 0, errBadSignature
-	}
-	return ids[0], envdapi.Port, nil
 }

@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/grant"
@@ -518,29 +519,27 @@ func parseTarget(id, portStr string) (string, int, error) {
 }
 
 // bySignature finds the one sandbox whose access token produced the URL's
-// signature. Signed URLs carry no sandbox id; a signature is a keyed hash, so
-// at most one live token matches.
+// signature (with SetGrants: one of whose team's keys' grants did).
+// Signed URLs carry no sandbox id; a signature is a keyed hash, so at most
+// one live token matches. The signature is checked over the query's own
+// bytes (signatureOf), as envd checks it.
 func (p *Proxy) bySignature(r *http.Request) (string, int, error) {
-	if p.grants != nil {
-		return p.bySignatureGrant(r)
-	}
-	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost || r.Method == http.MethodPut {
-		op = "write"
-	}
-	var exp int64
-	if s := q.Get("signature_expiration"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
+	s, _ := signatureOf(r)
+	if s.exp != "" {
+		if _, err := strconv.ParseInt(s.exp, 10, 64); err != nil {
 			return "", 0, errors.New("invalid signature_expiration")
 		}
-		exp = v
 	}
-	sig, path, user := q.Get("signature"), q.Get("path"), q.Get("username")
-	ids := p.sandboxes.MatchToken(func(token, _ string) bool {
-		return envdapi.FileSignature(path, op, user, token, exp) == sig
-	})
+	match := func(token, _ string) bool { return s.madeWith(token) }
+	if p.grants != nil {
+		signers := p.grants.Signers()
+		match = func(secret, owner string) bool {
+			_, err := signers.Signed(owner, secret, apikey.SandboxesWrite, s.madeWith)
+			var se *grant.ScopeError
+			return err == nil || errors.As(err, &se) // admit answers the scope
+		}
+	}
+	ids := p.sandboxes.MatchToken(match)
 	if len(ids) != 1 {
 		return "", 0, errBadSignature
 	}
