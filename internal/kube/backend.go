@@ -200,9 +200,14 @@ func (b *Backend) armLocked(s *podSandbox) {
 
 func (b *Backend) notFound(id string) error {
 	b.mu.Lock()
-	why := b.ended[id]
-	b.mu.Unlock()
-	if why != "" {
+	defer b.mu.Unlock()
+	return b.notFoundLocked(id)
+}
+
+// notFoundLocked is ErrNotFound for id, saying why it ended when that is
+// known; b.mu is held.
+func (b *Backend) notFoundLocked(id string) error {
+	if why := b.ended[id]; why != "" {
 		return fmt.Errorf("%w: %q (%s)", sandbox.ErrNotFound, id, why)
 	}
 	return fmt.Errorf("%w: %q", sandbox.ErrNotFound, id)
@@ -220,12 +225,12 @@ func (b *Backend) get(id string) (*podSandbox, error) {
 
 // Get returns a sandbox's info.
 func (b *Backend) Get(_ context.Context, id string) (sandbox.Info, error) {
-	s, err := b.get(id)
-	if err != nil {
-		return sandbox.Info{}, err
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	s, ok := b.live[id]
+	if !ok {
+		return sandbox.Info{}, b.notFoundLocked(id)
+	}
 	return s.info, nil
 }
 
@@ -302,7 +307,7 @@ func (b *Backend) SetTimeout(_ context.Context, id string, d time.Duration) erro
 	defer b.mu.Unlock()
 	s, ok := b.live[id]
 	if !ok {
-		return fmt.Errorf("%w: %q", sandbox.ErrNotFound, id)
+		return b.notFoundLocked(id)
 	}
 	s.info.EndAt = b.now().Add(d)
 	b.armLocked(s)
@@ -316,7 +321,7 @@ func (b *Backend) Connect(_ context.Context, id string, timeout time.Duration) (
 	defer b.mu.Unlock()
 	s, ok := b.live[id]
 	if !ok {
-		return sandbox.Info{}, false, fmt.Errorf("%w: %q", sandbox.ErrNotFound, id)
+		return sandbox.Info{}, false, b.notFoundLocked(id)
 	}
 	if end := b.now().Add(timeout); end.After(s.info.EndAt) {
 		s.info.EndAt = end
