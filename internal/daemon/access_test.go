@@ -35,14 +35,10 @@ func TestAccessMatrix(t *testing.T) {
 		c.Volumes = daemon.VolumeConfig{DefaultMB: 16, MaxMB: 32, PerKey: 4}
 	})
 	ctx := context.Background()
-	admin := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
+	admin := daemontest.Client(d, daemontest.Key)
 	newKey := func(team, name string, scopes ...string) (e2bwire.TeamAPIKey, *e2bclient.Client) {
 		t.Helper()
-		k, err := admin.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &name, Team: team, Scopes: scopes})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k, e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: k.Key})
+		return daemontest.TeamKey(t, d, team, name, scopes...)
 	}
 	all := []string{"sandboxes:read", "sandboxes:write", "volumes:read", "volumes:write"}
 	fullKey, full := newKey("blue", "full", all...)
@@ -353,20 +349,15 @@ func TestTeamVolumesQuota(t *testing.T) {
 		c.Volumes = daemon.VolumeConfig{DefaultMB: 16, MaxMB: 32, PerKey: 8}
 	})
 	ctx := context.Background()
-	admin := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
-	name := "vols"
-	k, err := admin.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &name, Team: "small"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	small := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: k.Key})
+	admin := daemontest.Client(d, daemontest.Key)
+	_, small := daemontest.TeamKey(t, d, "small", "vols")
 	if _, err := admin.UpdateTeam(ctx, "small", e2bwire.TeamQuotas{VolumesMB: 20}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := small.CreateVolume(ctx, "first", 16); err != nil {
 		t.Fatal(err)
 	}
-	_, err = small.CreateVolume(ctx, "second", 16)
+	_, err := small.CreateVolume(ctx, "second", 16)
 	var e *e2bclient.Error
 	if !errors.As(err, &e) || e.Status != http.StatusInsufficientStorage || !strings.Contains(e.Message, "at most 20 MiB (16 MiB in use, 16 MiB asked)") {
 		t.Fatalf("past the team's volumes quota: %v", err)

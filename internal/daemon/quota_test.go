@@ -26,13 +26,8 @@ import (
 func TestTeamQuotas(t *testing.T) {
 	d := daemontest.Start(t, nil)
 	ctx := context.Background()
-	admin := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key})
-	name := "quota-test"
-	made, err := admin.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &name, Team: "tight"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tight := e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: made.Key})
+	admin := daemontest.Client(d, daemontest.Key)
+	made, tight := daemontest.TeamKey(t, d, "tight", "quota-test")
 	setQuotas := func(q e2bwire.TeamQuotas) {
 		t.Helper()
 		if _, err := admin.UpdateTeam(ctx, "tight", q); err != nil {

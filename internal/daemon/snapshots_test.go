@@ -23,14 +23,7 @@ func TestSnapshotNamesPerTeam(t *testing.T) {
 	ctx := context.Background()
 	cfg := e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: daemontest.Key}
 	teamA := e2bclient.New(cfg)
-	keyName := "snapnames-test"
-	made, err := teamA.CreateKey(ctx, e2bwire.NewTeamAPIKey{Name: &keyName, Team: "snapnames-b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgB := cfg
-	cfgB.APIKey = made.Key
-	teamB := e2bclient.New(cfgB)
+	_, teamB := daemontest.TeamKey(t, d, "snapnames-b", "snapnames-test")
 
 	const name, file = "nightly", "/home/user/team.txt"
 	teams := []struct {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/daemon"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -70,4 +72,21 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.key)
 	return b.next.RoundTrip(r)
+}
+
+// Client is an E2B client of d's API and proxy acting as key.
+func Client(d *daemon.Daemon, key string) *e2bclient.Client {
+	return e2bclient.New(e2bclient.Config{APIURL: d.APIURL, SandboxURL: d.SandboxURL, APIKey: key})
+}
+
+// TeamKey makes a key named name in team (made when missing) with scopes
+// (none given: the default), through d's API with the bootstrap Key, and
+// returns it with a client acting as it.
+func TeamKey(t testing.TB, d *daemon.Daemon, team, name string, scopes ...string) (e2bwire.TeamAPIKey, *e2bclient.Client) {
+	t.Helper()
+	k, err := Client(d, Key).CreateKey(context.Background(), e2bwire.NewTeamAPIKey{Name: &name, Team: team, Scopes: scopes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, Client(d, k.Key)
 }
