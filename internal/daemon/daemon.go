@@ -691,8 +691,8 @@ func (d *Daemon) auditRefusal(r grant.Refusal) {
 	defer cancel()
 	detail := r.Reason.Error()
 	if errors.Is(r.Reason, grant.ErrForeign) {
-		// The entry is the key's team's to read: it must not learn more
-		// than its answer told, that there is no such resource for it.
+		// The answer said no such resource; the entry says no more than
+		// that, as for an ID that never existed.
 		detail = "not found"
 	}
 	e := store.AuditEntry{At: time.Now(), KeyID: r.Key.KeyID, KeyName: r.Key.KeyName, TeamID: r.Key.Team,
