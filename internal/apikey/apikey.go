@@ -178,6 +178,8 @@ type Service struct {
 	// revoked holds the revoked keys by hash: who they were, for the audit
 	// log of a request that still uses one.
 	revoked map[string]Principal
+	// bootstrap are the bootstrap keys (Options.Bootstrap).
+	bootstrap []bootstrapKey
 }
 
 // Options configures New.
@@ -206,12 +208,15 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 	}
 	names := map[string]bool{}
 	for _, t := range teams {
-		s.teams[t.ID] = t
 		names[t.Name] = true
+	}
+	have := map[string]bool{}
+	for _, t := range teams {
+		have[t.ID] = true
 	}
 	for i, key := range o.Bootstrap {
 		team := o.TeamOf(key)
-		if _, ok := s.teams[team]; !ok {
+		if !have[team] {
 			name := "default"
 			if i > 0 || names[name] {
 				name = "team-" + team[:min(8, len(team))]
@@ -220,18 +225,49 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			if err := st.PutTeam(ctx, t); err != nil {
 				return nil, fmt.Errorf("bootstrap key %d's team: %w", i+1, err)
 			}
-			s.teams[team], names[name] = t, true
+			have[team], names[name] = true, true
 		}
-		s.putLive(hashKey(key), Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true})
+		s.bootstrap = append(s.bootstrap, bootstrapKey{hashKey(key),
+			Principal{KeyID: fmt.Sprintf("bootstrap-%d", i+1), KeyName: "bootstrap", Team: team, Scopes: All, Bootstrap: true}})
 	}
-	keys, err := st.APIKeys(ctx)
-	if err != nil {
+	if err := s.Reload(ctx); err != nil {
 		return nil, err
+	}
+	return s, nil
+}
+
+// bootstrapKey is a bootstrap key: live whatever the store holds.
+type bootstrapKey struct {
+	hash string
+	p    Principal
+}
+
+// Reload reads the teams and keys from the store again, in place of what
+// the service held: the keys and teams another process made, changed or
+// revoked since are taken up. Replicas sharing one store call it every
+// few seconds; one server alone needs it only at New, since every change
+// goes through it.
+func (s *Service) Reload(ctx context.Context) error {
+	teams, err := s.st.Teams(ctx)
+	if err != nil {
+		return err
+	}
+	keys, err := s.st.APIKeys(ctx)
+	if err != nil {
+		return err
+	}
+	fresh := &Service{byHash: map[string]Principal{}, byID: map[string]string{}, byTeam: map[string]map[string]bool{},
+		teams: map[string]store.Team{}, revoked: map[string]Principal{}}
+	for _, t := range teams {
+		fresh.teams[t.ID] = t
+	}
+	for _, b := range s.bootstrap {
+		fresh.putLive(b.hash, b.p)
 	}
 	for _, k := range keys {
 		if !k.RevokedAt.IsZero() {
-			s.byID[k.ID] = k.Hash // Key tells a revoked key's grants why
-			s.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
+			fresh.byID[k.ID] = k.Hash // Key tells a revoked key's grants why
+			fresh.revoked[k.Hash] = Principal{KeyID: k.ID, KeyName: k.Name, Team: k.TeamID}
 			continue
 		}
 		p, err := principalOf(k)
@@ -239,9 +275,12 @@ func New(ctx context.Context, st Store, o Options) (*Service, error) {
 			s.log.Warn("api key with unreadable scopes left out", "key", k.ID, "err", err)
 			continue
 		}
-		s.putLive(k.Hash, p)
+		fresh.putLive(k.Hash, p)
 	}
-	return s, nil
+	s.mu.Lock()
+	s.byHash, s.byID, s.byTeam, s.teams, s.revoked = fresh.byHash, fresh.byID, fresh.byTeam, fresh.teams, fresh.revoked
+	s.mu.Unlock()
+	return nil
 }
 
 func principalOf(k store.APIKey) (Principal, error) {

@@ -277,3 +277,65 @@ func TestSetQuotas(t *testing.T) {
 		t.Errorf("Quotas after a restart = %+v, want %+v", got, want)
 	}
 }
+
+// TestReload: two services over one store, as two replicas over one
+// database: a team and key made by one, then the key narrowed and revoked
+// by it, reach the other at its next Reload, and not before; the
+// bootstrap key stays live throughout.
+func TestReload(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, err := New(ctx, openStore(t, dir), Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(ctx, openStore(t, dir), Options{Bootstrap: []string{boot}, TeamOf: teamOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blue, err := a.EnsureTeam(ctx, "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	made, err := a.Create(ctx, CreateRequest{TeamID: blue.ID, Name: "runner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Authenticate(made.Key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("before a reload, the other service knows the key: %v", err)
+	}
+	if err := b.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.Authenticate(made.Key)
+	if err != nil || p.Team != blue.ID || !p.Has(SandboxesWrite) {
+		t.Fatalf("after a reload: %+v %v", p, err)
+	}
+	if tm, ok := b.Team(blue.ID); !ok || tm.Name != "blue" {
+		t.Fatalf("the team after a reload: %+v", tm)
+	}
+	if _, err := a.Update(ctx, made.Record.ID, "runner", []Scope{SandboxesRead}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := b.Authenticate(made.Key); p.Has(SandboxesWrite) || !p.Has(SandboxesRead) {
+		t.Fatalf("narrowed key after a reload: %+v", p)
+	}
+	if err := a.Revoke(ctx, made.Record.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Authenticate(made.Key); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("revoked key after a reload: %v", err)
+	}
+	if _, err := b.Key(made.Record.ID); !errors.Is(err, ErrRevoked) {
+		t.Fatalf("revoked key by ID after a reload: %v", err)
+	}
+	if p, err := b.Authenticate(boot); err != nil || !p.Bootstrap {
+		t.Fatalf("bootstrap after reloads: %+v %v", p, err)
+	}
+}

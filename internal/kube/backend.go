@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,14 +16,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 // Template is what the backend needs of a template: the image its Pods
 // run (by a reference the nodes can pull) and its defaults.
 type Template struct {
 	ID, Alias      string
+	BuildID        string
 	Image          string
 	CPUs, MemoryMB int
 	DiskSizeMB     int
@@ -31,36 +37,69 @@ type Template struct {
 	EnvVars        map[string]string
 }
 
+// EventLog is where the backend records lifecycle events: the store's
+// LifecycleEvents over the same database as Records.
+type EventLog interface {
+	lifecycle.Recorder
+	RecordWithSandbox(ctx context.Context, e lifecycle.Event, rec store.Sandbox) (lifecycle.Event, error)
+}
+
 // Backend is the E2B API's sandbox manager when sandboxes are Pods: it
 // implements the E2B handler's Manager and the proxy's Sandboxes. Create,
 // get, list, timeouts, kill and connect work as on one box; pause, fork,
 // snapshots, network updates, metrics and logs answer
 // sandbox.ErrNotSupported naming the backend.
 //
-// It keeps the sandboxes it made in memory: one replica, and a restart
-// forgets them (their Pods are left to a later adoption). A Pod that ends
-// behind its back (Watch) is forgotten too, with its reason logged and
-// kept for Get's answer.
+// Every replica of the control plane runs a Backend over the same Records
+// (PostgreSQL for more than one) and the same namespace, and each serves
+// every sandbox:
+//
+//	Create   the record first (state "creating": counted by quotas, shown
+//	         by nothing), then the Pod; once envd answers, the record is
+//	         "running" with its created event. A failure deletes both.
+//	Get/List read the records: what another replica made or changed is
+//	         seen at once.
+//	proxy    reaches the Pod's IP, from this replica's Pod informer (or the
+//	         API server, before the informer has the Pod); the access token
+//	         and owner come from the record and are cached, since neither
+//	         changes in a sandbox's life.
+//	Kill     the killed event and the record's deletion, then the Pod's.
+//	reconcile one replica at a time (a Lease, Reconciler): timeouts, Pods
+//	         that ended behind Airlock's back (killed events with the
+//	         reason), records whose create a crash cut short, and Pods no
+//	         record names.
 type Backend struct {
 	Pods      *Pods
 	Templates func(ctx context.Context, name string) (Template, error)
-	Log       *slog.Logger
+	// Records are the sandboxes' records, shared by the replicas.
+	Records store.Store
+	// Events, when set, gets the sandboxes' lifecycle events.
+	Events EventLog
+	// Quota, when set, is each team's quota (Sandboxes, VCPUs, MemoryMB
+	// are enforced, over every replica's records).
+	Quota func(owner string) sandbox.Quota
+	Log   *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 
-	mu   sync.Mutex
-	live map[string]*podSandbox
-	// ended holds why sandboxes that ended other than by Kill did, for
-	// Get's message, a while.
+	mu sync.Mutex
+	// routes caches what the proxy needs of each sandbox this replica
+	// served; a sandbox that ends is dropped (Watch, Kill, reconcile).
+	routes map[string]*route
+	// ended holds why sandboxes ended, for the message of a not-found, a
+	// while.
 	ended map[string]string
+	// creating counts this replica's creates in flight per owner, for
+	// quotas until their records are written.
+	creating map[string]int
 }
 
-type podSandbox struct {
-	info   sandbox.Info
-	ip     net.IP
-	envd   http.RoundTripper
-	interp http.RoundTripper
-	timer  *time.Timer
+// route is how the proxy reaches one sandbox.
+type route struct {
+	ip           net.IP
+	token, owner string
+	traffic      string
+	envd, interp http.RoundTripper
 }
 
 // errNotSupported names what this backend does not do (yet).
@@ -83,22 +122,20 @@ func (b *Backend) log() *slog.Logger {
 }
 
 // Start watches the namespace's sandbox Pods, so that one ending behind
-// the backend's back is no longer served as running.
+// the backend's back is no longer served, and says why when asked.
 func (b *Backend) Start(ctx context.Context) error {
 	return b.Pods.Watch(ctx, func(g Gone) {
-		b.mu.Lock()
-		s, ok := b.live[g.ID]
-		if ok {
-			delete(b.live, g.ID)
-			if s.timer != nil {
-				s.timer.Stop()
-			}
-			b.rememberEnd(g.ID, g.Reason)
+		// Another replica's kill deletes the record before the Pod: a
+		// Pod gone with its record is Airlock's doing, not news.
+		_, err := b.Records.Get(ctx, g.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			b.mu.Lock()
+			delete(b.routes, g.ID)
+			b.mu.Unlock()
+			return
 		}
-		b.mu.Unlock()
-		if ok {
-			b.log().Warn("sandbox ended outside Airlock", "sandbox", g.ID, "reason", g.Reason)
-		}
+		b.forget(g.ID, g.Reason)
+		b.log().Warn("sandbox Pod ended outside Airlock", "sandbox", g.ID, "reason", g.Reason)
 	})
 }
 
@@ -107,10 +144,18 @@ func (b *Backend) rememberEnd(id, reason string) {
 	if b.ended == nil {
 		b.ended = map[string]string{}
 	}
-	if len(b.ended) > 10000 { // a bound, not a history: Get's message only
+	if len(b.ended) > 10000 { // a bound, not a history: messages only
 		clear(b.ended)
 	}
 	b.ended[id] = reason
+}
+
+// forget drops a sandbox that ended from this replica's caches.
+func (b *Backend) forget(id, why string) {
+	b.mu.Lock()
+	delete(b.routes, id)
+	b.rememberEnd(id, why)
+	b.mu.Unlock()
 }
 
 func newID() string {
@@ -130,7 +175,7 @@ func newToken() string {
 }
 
 // Create starts a sandbox Pod of the request's template.
-func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Info, error) {
+func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sandbox.Info, err error) {
 	switch {
 	case len(req.VolumeMounts) > 0:
 		return sandbox.Info{}, errNotSupported("mounting volumes")
@@ -145,22 +190,41 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (sandbo
 	if err != nil {
 		return sandbox.Info{}, err
 	}
+	release, err := b.reserve(ctx, req.Owner, t.CPUs, t.MemoryMB)
+	if err != nil {
+		return sandbox.Info{}, err
+	}
+	defer release()
 	id := newID()
 	env := maps.Clone(t.EnvVars)
 	if env == nil {
 		env = map[string]string{}
 	}
 	maps.Copy(env, req.EnvVars)
+	now := b.now()
 	info := sandbox.Info{
 		ID: id, TemplateID: t.ID, Alias: t.Alias, Owner: req.Owner,
 		Metadata: maps.Clone(req.Metadata), EnvVars: maps.Clone(req.EnvVars),
 		CPUCount: t.CPUs, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		EnvdVersion: envdapi.Version, AllowInternetAccess: req.AllowInternetAccess,
-		Lifecycle: req.Lifecycle,
+		Lifecycle: req.Lifecycle, State: sandbox.StateCreating,
+		StartedAt: now, EndAt: now.Add(req.Timeout),
 	}
 	if req.Secure {
 		info.AccessToken = newToken()
 	}
+	// The record first: a replica that dies now leaves a record the
+	// reconciler finds, never a Pod no record names for long.
+	if err := b.Records.Put(ctx, sandbox.ToRecord(info)); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := b.Records.Delete(context.WithoutCancel(ctx), id); derr != nil {
+				b.log().Error("deleting the record of a create that failed", "sandbox", id, "err", derr)
+			}
+		}
+	}()
 	sb, err := b.Pods.Create(ctx, Spec{
 		ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB,
 		Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, AccessToken: info.AccessToken, EnvVars: env,
@@ -169,73 +233,173 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (sandbo
 	if err != nil {
 		return sandbox.Info{}, err
 	}
-	now := b.now()
+	defer func() {
+		if err != nil {
+			_ = b.Pods.Delete(context.WithoutCancel(ctx), id)
+		}
+	}()
+	// The timeout counts from when the sandbox is usable, as on one box.
+	now = b.now()
 	info.StartedAt, info.EndAt, info.State = now, now.Add(req.Timeout), sandbox.StateRunning
+	if err := b.commit(ctx, info, lifecycle.Created, lifecycle.EventData{}, t.BuildID); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
+	}
 	if a, ok := netip.AddrFromSlice(sb.IP.To4()); ok {
 		info.Addr = a
 	}
-	s := &podSandbox{info: info, ip: sb.IP, envd: Transport(sb.IP, envdapi.Port), interp: Transport(sb.IP, envdapi.InterpPort)}
 	b.mu.Lock()
-	if b.live == nil {
-		b.live = map[string]*podSandbox{}
+	if b.routes == nil {
+		b.routes = map[string]*route{}
 	}
-	b.live[id] = s
-	b.armLocked(s)
+	b.routes[id] = newRoute(sb.IP, info)
 	b.mu.Unlock()
 	return info, nil
 }
 
-// armLocked (re)schedules the kill at the sandbox's EndAt; b.mu is held.
-func (b *Backend) armLocked(s *podSandbox) {
-	if s.timer != nil {
-		s.timer.Stop()
-	}
-	id := s.info.ID
-	s.timer = time.AfterFunc(s.info.EndAt.Sub(b.now()), func() {
-		if err := b.kill(context.Background(), id, "its timeout was reached"); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
-			b.log().Error("killing a sandbox at its timeout", "sandbox", id, "err", err)
-		}
-	})
+func newRoute(ip net.IP, info sandbox.Info) *route {
+	return &route{ip: ip, token: info.AccessToken, owner: info.Owner, traffic: info.TrafficAccessToken,
+		envd: Transport(ip, envdapi.Port), interp: Transport(ip, envdapi.InterpPort)}
 }
 
+// reserve counts a create in flight against owner's quota, over the
+// records of every replica, or fails with sandbox.ErrLimit naming it.
+// Creates in flight on other replicas count once their records exist
+// (the record is the first thing a create writes).
+func (b *Backend) reserve(ctx context.Context, owner string, cpu, mem int) (release func(), err error) {
+	if b.Quota == nil {
+		return func() {}, nil
+	}
+	q := b.Quota(owner)
+	if q.Sandboxes <= 0 && q.VCPUs <= 0 && q.MemoryMB <= 0 {
+		return func() {}, nil
+	}
+	recs, err := b.Records.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("counting the team's sandboxes: %w", err)
+	}
+	var alive, cpus, mems int
+	for _, r := range recs {
+		if r.Owner == owner {
+			alive, cpus, mems = alive+1, cpus+r.CPUCount, mems+r.MemoryMB
+		}
+	}
+	team := "this team"
+	if q.Team != "" {
+		team = "team " + q.Team
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// This replica's creates whose records are not written yet: none, as
+	// the record comes first; counted anyway for the moment between the
+	// list above and the Put.
+	alive += b.creating[owner]
+	switch {
+	case q.Sandboxes > 0 && alive+1 > q.Sandboxes:
+		return nil, fmt.Errorf("%w: quota of concurrent sandboxes reached: %s has %d running or starting, its limit is %d; kill one first",
+			sandbox.ErrLimit, team, alive, q.Sandboxes)
+	case q.VCPUs > 0 && cpus+cpu > q.VCPUs:
+		return nil, fmt.Errorf("%w: quota of vCPUs reached: %s's sandboxes use %d of its %d vCPUs, and this one needs %d",
+			sandbox.ErrLimit, team, cpus, q.VCPUs, cpu)
+	case q.MemoryMB > 0 && mems+mem > q.MemoryMB:
+		return nil, fmt.Errorf("%w: quota of memory reached: %s's sandboxes use %d of its %d MiB, and this one needs %d MiB",
+			sandbox.ErrLimit, team, mems, q.MemoryMB, mem)
+	}
+	if b.creating == nil {
+		b.creating = map[string]int{}
+	}
+	b.creating[owner]++
+	return func() {
+		b.mu.Lock()
+		if b.creating[owner]--; b.creating[owner] <= 0 {
+			delete(b.creating, owner)
+		}
+		b.mu.Unlock()
+	}, nil
+}
+
+// executionID names a sandbox's one execution (a Pod is never resumed):
+// derived from its record, so that every replica names it alike.
+func executionID(info sandbox.Info) string {
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte(info.ID+"/"+info.StartedAt.UTC().Format(time.RFC3339Nano))).String()
+}
+
+// event is info's lifecycle event of type typ.
+func (b *Backend) event(info sandbox.Info, typ string, data lifecycle.EventData, buildID string) (lifecycle.Event, error) {
+	data.SandboxMetadata = info.Metadata
+	if data.SandboxMetadata == nil {
+		data.SandboxMetadata = map[string]string{}
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return lifecycle.Event{}, err
+	}
+	return lifecycle.Event{
+		Type: typ, EventData: raw, SandboxBuildID: buildID, SandboxExecutionID: executionID(info),
+		SandboxID: info.ID, SandboxTeamID: info.Owner, SandboxTemplateID: info.TemplateID, Timestamp: b.now(),
+	}, nil
+}
+
+// commit writes info's record with its event of type typ, in one
+// transaction when there is an event log.
+func (b *Backend) commit(ctx context.Context, info sandbox.Info, typ string, data lifecycle.EventData, buildID string) error {
+	rec := sandbox.ToRecord(info)
+	if b.Events == nil {
+		return b.Records.Put(ctx, rec)
+	}
+	ev, err := b.event(info, typ, data, buildID)
+	if err != nil {
+		return err
+	}
+	_, err = b.Events.RecordWithSandbox(ctx, ev, rec)
+	return err
+}
+
+// notFound is ErrNotFound for id, saying why it ended when this replica
+// knows.
 func (b *Backend) notFound(id string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.notFoundLocked(id)
-}
-
-// notFoundLocked is ErrNotFound for id, saying why it ended when that is
-// known; b.mu is held.
-func (b *Backend) notFoundLocked(id string) error {
 	if why := b.ended[id]; why != "" {
 		return fmt.Errorf("%w: %q (%s)", sandbox.ErrNotFound, id, why)
 	}
 	return fmt.Errorf("%w: %q", sandbox.ErrNotFound, id)
 }
 
-func (b *Backend) get(id string) (*podSandbox, error) {
-	b.mu.Lock()
-	s, ok := b.live[id]
-	b.mu.Unlock()
-	if !ok {
-		return nil, b.notFound(id)
+// record reads a live sandbox's record; one still being created is not
+// found.
+func (b *Backend) record(ctx context.Context, id string) (sandbox.Info, error) {
+	r, err := b.Records.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return sandbox.Info{}, b.notFound(id)
 	}
-	return s, nil
+	if err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
+	}
+	info := sandbox.FromRecord(r)
+	if info.State != sandbox.StateRunning {
+		return sandbox.Info{}, b.notFound(id)
+	}
+	return info, nil
 }
 
 // Get returns a sandbox's info.
-func (b *Backend) Get(_ context.Context, id string) (sandbox.Info, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s, ok := b.live[id]
-	if !ok {
-		return sandbox.Info{}, b.notFoundLocked(id)
+func (b *Backend) Get(ctx context.Context, id string) (sandbox.Info, error) {
+	info, err := b.record(ctx, id)
+	if err != nil {
+		return sandbox.Info{}, err
 	}
-	return s.info, nil
+	if rt, err := b.route(id); err == nil {
+		if a, ok := netip.AddrFromSlice(rt.ip.To4()); ok {
+			info.Addr = a
+		}
+	}
+	return info, nil
 }
 
 func matches(in sandbox.Info, f sandbox.ListFilter) bool {
 	switch {
+	case in.State != sandbox.StateRunning:
+		return false
 	case f.Owner != "" && in.Owner != f.Owner:
 		return false
 	case len(f.States) > 0 && !slices.Contains(f.States, in.State):
@@ -254,13 +418,15 @@ func matches(in sandbox.Info, f sandbox.ListFilter) bool {
 }
 
 // List returns the sandboxes f selects, in no order.
-func (b *Backend) List(_ context.Context, f sandbox.ListFilter) ([]sandbox.Info, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func (b *Backend) List(ctx context.Context, f sandbox.ListFilter) ([]sandbox.Info, error) {
+	recs, err := b.Records.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
 	var out []sandbox.Info
-	for _, s := range b.live {
-		if matches(s.info, f) {
-			out = append(out, s.info)
+	for _, r := range recs {
+		if in := sandbox.FromRecord(r); matches(in, f) {
+			out = append(out, in)
 		}
 	}
 	return out, nil
@@ -281,53 +447,61 @@ func (b *Backend) ListKeys(ctx context.Context, f sandbox.ListFilter) ([]sandbox
 
 // Kill deletes a sandbox's Pod.
 func (b *Backend) Kill(ctx context.Context, id string) error {
-	return b.kill(ctx, id, "it was killed")
+	info, err := b.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	return b.end(ctx, info, lifecycle.KillRequest, "", "it was killed")
 }
 
-func (b *Backend) kill(ctx context.Context, id, why string) error {
-	b.mu.Lock()
-	s, ok := b.live[id]
-	if ok {
-		delete(b.live, id)
-		if s.timer != nil {
-			s.timer.Stop()
+// end ends a sandbox: its killed event (reason, detail), its record, then
+// its Pod. The record goes first, so that the Pod's deletion is Airlock's
+// to every replica's reconciler (a Pod gone whose record is gone too).
+func (b *Backend) end(ctx context.Context, info sandbox.Info, reason, detail, why string) error {
+	b.forget(info.ID, why)
+	if b.Events != nil {
+		ex := &lifecycle.Execution{
+			StartedAt: info.StartedAt.UTC().Format(time.RFC3339), VCPUCount: info.CPUCount, MemoryMB: info.MemoryMB,
+			ExecutionTime: max(b.now().Sub(info.StartedAt).Milliseconds(), 0),
 		}
-		b.rememberEnd(id, why)
+		ev, err := b.event(info, lifecycle.Killed, lifecycle.EventData{Execution: ex, KillReason: reason, KillDetail: detail}, "")
+		if err == nil {
+			_, err = b.Events.Record(ctx, ev)
+		}
+		if err != nil {
+			b.log().Error("recording a killed event", "sandbox", info.ID, "err", err)
+		}
 	}
-	b.mu.Unlock()
-	if !ok {
-		return b.notFound(id)
+	if err := b.Records.Delete(ctx, info.ID); err != nil {
+		return fmt.Errorf("sandbox %s: deleting its record: %w", info.ID, err)
 	}
-	return b.Pods.Delete(ctx, id)
+	return b.Pods.Delete(ctx, info.ID)
 }
 
 // SetTimeout makes the sandbox end d from now.
-func (b *Backend) SetTimeout(_ context.Context, id string, d time.Duration) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s, ok := b.live[id]
-	if !ok {
-		return b.notFoundLocked(id)
+func (b *Backend) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	info, err := b.record(ctx, id)
+	if err != nil {
+		return err
 	}
-	s.info.EndAt = b.now().Add(d)
-	b.armLocked(s)
-	return nil
+	info.EndAt = b.now().Add(d)
+	return b.commit(ctx, info, lifecycle.Updated, lifecycle.EventData{SetTimeout: info.EndAt.UTC().Format(time.RFC3339)}, "")
 }
 
 // Connect returns a running sandbox and makes it end no sooner than
 // timeout from now (nothing here is ever paused).
-func (b *Backend) Connect(_ context.Context, id string, timeout time.Duration) (sandbox.Info, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s, ok := b.live[id]
-	if !ok {
-		return sandbox.Info{}, false, b.notFoundLocked(id)
+func (b *Backend) Connect(ctx context.Context, id string, timeout time.Duration) (sandbox.Info, bool, error) {
+	info, err := b.record(ctx, id)
+	if err != nil {
+		return sandbox.Info{}, false, err
 	}
-	if end := b.now().Add(timeout); end.After(s.info.EndAt) {
-		s.info.EndAt = end
-		b.armLocked(s)
+	if end := b.now().Add(timeout); end.After(info.EndAt) {
+		info.EndAt = end
+		if err := b.commit(ctx, info, lifecycle.Updated, lifecycle.EventData{SetTimeout: end.UTC().Format(time.RFC3339)}, ""); err != nil {
+			return sandbox.Info{}, false, err
+		}
 	}
-	return s.info, false, nil
+	return info, false, nil
 }
 
 // The operations a Pod cannot do here yet.
@@ -359,58 +533,90 @@ func (b *Backend) Logs(context.Context, string, sandbox.LogQuery) ([]sandbox.Log
 
 // What the proxy asks (proxy.Sandboxes).
 
-// EnvdTransport reaches a sandbox's envd.
-func (b *Backend) EnvdTransport(id string) (http.RoundTripper, error) {
-	s, err := b.get(id)
+// route is how to reach a sandbox: this replica's cache, else its record
+// and its Pod's IP.
+func (b *Backend) route(id string) (*route, error) {
+	b.mu.Lock()
+	rt, ok := b.routes[id]
+	b.mu.Unlock()
+	if ok {
+		return rt, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := b.record(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return s.envd, nil
+	ip, err := b.Pods.IP(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", sandbox.ErrNotFound, id, err)
+	}
+	rt = newRoute(ip, info)
+	b.mu.Lock()
+	if b.routes == nil {
+		b.routes = map[string]*route{}
+	}
+	if cur, ok := b.routes[id]; ok {
+		rt = cur
+	} else {
+		b.routes[id] = rt
+	}
+	b.mu.Unlock()
+	return rt, nil
+}
+
+// EnvdTransport reaches a sandbox's envd.
+func (b *Backend) EnvdTransport(id string) (http.RoundTripper, error) {
+	rt, err := b.route(id)
+	if err != nil {
+		return nil, err
+	}
+	return rt.envd, nil
 }
 
 // InterpTransport reaches a sandbox's code interpreter.
 func (b *Backend) InterpTransport(id string) (http.RoundTripper, error) {
-	s, err := b.get(id)
+	rt, err := b.route(id)
 	if err != nil {
 		return nil, err
 	}
-	return s.interp, nil
+	return rt.interp, nil
 }
 
 // UserPortTarget is the Pod's IP: the proxy dials its user ports there.
 func (b *Backend) UserPortTarget(id string) (netip.Addr, string, string, error) {
-	s, err := b.get(id)
+	rt, err := b.route(id)
 	if err != nil {
 		return netip.Addr{}, "", "", err
 	}
-	return s.info.Addr, s.info.TrafficAccessToken, "", nil
+	a, _ := netip.AddrFromSlice(rt.ip.To4())
+	return a, rt.traffic, "", nil
 }
 
 // Access returns a sandbox's access token and owner.
 func (b *Backend) Access(id string) (string, string, error) {
-	s, err := b.get(id)
+	rt, err := b.route(id)
 	if err != nil {
 		return "", "", err
 	}
-	return s.info.AccessToken, s.info.Owner, nil
+	return rt.token, rt.owner, nil
 }
 
 // MatchToken returns the sandboxes whose token (with their owner) accept
-// takes.
+// takes, among every replica's.
 func (b *Backend) MatchToken(accept func(token, owner string) bool) []string {
-	b.mu.Lock()
-	type cand struct{ id, token, owner string }
-	var cands []cand
-	for id, s := range b.live {
-		if s.info.AccessToken != "" {
-			cands = append(cands, cand{id, s.info.AccessToken, s.info.Owner})
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs, err := b.Records.List(ctx)
+	if err != nil {
+		b.log().Error("listing sandboxes for a signed URL", "err", err)
+		return nil
 	}
-	b.mu.Unlock()
 	var ids []string
-	for _, c := range cands {
-		if accept(c.token, c.owner) {
-			ids = append(ids, c.id)
+	for _, r := range recs {
+		if r.State == string(sandbox.StateRunning) && r.AccessToken != "" && accept(r.AccessToken, r.Owner) {
+			ids = append(ids, r.ID)
 		}
 	}
 	return ids

@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 )
@@ -61,6 +62,8 @@ type Pods struct {
 	// deleted holds the sandboxes Delete was asked for, until Watch sees
 	// their Pods go: their end is Airlock's, not news.
 	deleted map[string]bool
+	// lister reads Watch's informer (nil before Watch).
+	lister corelisters.PodNamespaceLister
 }
 
 // Spec is one sandbox Pod.
@@ -84,6 +87,13 @@ type Sandbox struct {
 }
 
 func podName(id string) string { return "airlock-" + id }
+
+func (p *Pods) readyTimeout() time.Duration {
+	if p.Ready == 0 {
+		return 2 * time.Minute
+	}
+	return p.Ready
+}
 
 // Create makes the sandbox's Pod and its config Secret and waits until
 // envd answers; on failure it removes both.
@@ -148,11 +158,7 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 	if _, err := p.Client.CoreV1().Secrets(p.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: creating its config Secret: %w", s.ID, err)
 	}
-	limit := p.Ready
-	if limit == 0 {
-		limit = 2 * time.Minute
-	}
-	wctx, cancel := context.WithTimeout(ctx, limit)
+	wctx, cancel := context.WithTimeout(ctx, p.readyTimeout())
 	defer cancel()
 	ip, err := p.waitRunning(wctx, name)
 	if err != nil {

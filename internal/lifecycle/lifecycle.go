@@ -80,6 +80,10 @@ type EventData struct {
 	Execution *Execution `json:"execution,omitempty"`
 	// KillReason says why a sandbox was killed (the KillReason* values).
 	KillReason string `json:"kill_reason,omitempty"`
+	// KillDetail says in words what ended a sandbox that was not killed
+	// by a request or its timeout, when more is known than the reason
+	// (Airlock's): for a sandbox Pod, what Kubernetes said.
+	KillDetail string `json:"kill_detail,omitempty"`
 	// SnapshotID names the snapshot a checkpoint made (Airlock's; absent
 	// for a fork's checkpoint).
 	SnapshotID string `json:"snapshot_id,omitempty"`
@@ -128,6 +132,9 @@ const (
 	// KillPausedRetention: the sandbox stayed paused past the retention
 	// period (serve --paused-retention).
 	KillPausedRetention = "paused_retention_expired"
+	// KillPodLost: a sandbox Pod ended other than by Airlock (deleted
+	// behind its back, evicted, its node lost); KillDetail says how.
+	KillPodLost = "pod_lost"
 	// KillShutdown: the server stopped with --kill-on-exit.
 	KillShutdown = "shutdown"
 )

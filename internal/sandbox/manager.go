@@ -475,7 +475,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		stop = timing.Start(ctx, "commit")
 		m.beginExecution(e, tpl.BuildID)
 		e.info.State = StateRunning
-		err = m.commit(context.WithoutCancel(ctx), e, toRecord(e.info), lifecycle.Created, lifecycle.EventData{})
+		err = m.commit(context.WithoutCancel(ctx), e, ToRecord(e.info), lifecycle.Created, lifecycle.EventData{})
 		stop()
 	}
 	if err != nil {
@@ -512,7 +512,7 @@ func (m *Manager) createCold(ctx context.Context, e *entry, tpl Template) error 
 	// The record exists before the runtime sandbox does, so a crash between
 	// the two leaves something Recover can find and clean.
 	stop := timing.Start(ctx, "record")
-	err := m.opts.Store.Put(ctx, toRecord(e.info))
+	err := m.opts.Store.Put(ctx, ToRecord(e.info))
 	stop()
 	if err != nil {
 		return err
@@ -870,7 +870,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.info.AllowInternetAccess = info.AllowInternetAccess
 		info = e.info
 		e.mu.Unlock()
-		return m.commit(ctx, e, toRecord(info), lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
+		return m.commit(ctx, e, ToRecord(info), lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
 	})
 }
 
@@ -1143,7 +1143,7 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 		e.mu.Lock()
 		e.info.EndAt = time.Now().Add(d)
 		m.armTimerLocked(e)
-		rec := toRecord(e.info)
+		rec := ToRecord(e.info)
 		e.mu.Unlock()
 		return m.commit(ctx, e, rec, lifecycle.Updated, lifecycle.EventData{SetTimeout: rec.EndAt.UTC().Format(time.RFC3339)})
 	})
@@ -1205,9 +1205,9 @@ func (m *Manager) connect(ctx context.Context, e *entry, timeout time.Duration) 
 	}
 	var err error
 	if paused {
-		err = m.commit(ctx, e, toRecord(info), lifecycle.Resumed, lifecycle.EventData{})
+		err = m.commit(ctx, e, ToRecord(info), lifecycle.Resumed, lifecycle.EventData{})
 	} else {
-		err = m.opts.Store.Put(ctx, toRecord(info))
+		err = m.opts.Store.Put(ctx, ToRecord(info))
 	}
 	if err != nil {
 		return Info{}, false, err
@@ -1262,7 +1262,7 @@ func (m *Manager) markPaused(ctx context.Context, e *entry, withMemory bool) err
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	rec := toRecord(e.info)
+	rec := ToRecord(e.info)
 	e.mu.Unlock()
 	return m.commit(ctx, e, rec, lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
 }
@@ -1535,7 +1535,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
-		e := m.newEntry(fromRecord(rec))
+		e := m.newEntry(FromRecord(rec))
 		// A sandbox whose killed event is recorded was being killed when
 		// the server stopped: its teardown is finished, not undone. One
 		// that never got to running had no created event, so has no
@@ -1683,9 +1683,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 		var werr error
 		if resumed {
-			werr = m.commit(ctx, e, toRecord(e.info), lifecycle.Resumed, lifecycle.EventData{})
+			werr = m.commit(ctx, e, ToRecord(e.info), lifecycle.Resumed, lifecycle.EventData{})
 		} else if changed {
-			werr = m.opts.Store.Put(ctx, toRecord(e.info))
+			werr = m.opts.Store.Put(ctx, ToRecord(e.info))
 		}
 		if err := werr; err != nil {
 			m.log.Warn("sandbox re-adopted: record", "id", rec.ID, "err", err)
@@ -1856,7 +1856,9 @@ func copyMap(in map[string]string) map[string]string {
 	return out
 }
 
-func toRecord(i Info) store.Sandbox {
+// ToRecord is the persisted record of a sandbox's info (FromRecord's
+// inverse): the manager's, and any backend keeping sandboxes in a store.
+func ToRecord(i Info) store.Sandbox {
 	return store.Sandbox{
 		ID: i.ID, TemplateID: i.TemplateID, Alias: i.Alias, ClientID: i.ClientID,
 		Metadata: i.Metadata, EnvVars: i.EnvVars, AccessToken: i.AccessToken,
@@ -1899,7 +1901,9 @@ func copyRules(r map[string][]netpolicy.Rule) map[string][]netpolicy.Rule {
 	return out
 }
 
-func fromRecord(r store.Sandbox) Info {
+// FromRecord is the info a persisted record holds; Addr is not kept (the
+// backend knows where its sandboxes are).
+func FromRecord(r store.Sandbox) Info {
 	return Info{
 		ID: r.ID, TemplateID: r.TemplateID, Alias: r.Alias, ClientID: r.ClientID,
 		Metadata: r.Metadata, EnvVars: r.EnvVars, AccessToken: r.AccessToken,

@@ -622,9 +622,9 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 	}
 	var werr error
 	if unrecorded {
-		werr = m.commit(ctx, e, toRecord(e.info), lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
+		werr = m.commit(ctx, e, ToRecord(e.info), lifecycle.Paused, lifecycle.EventData{Execution: executionData(e)})
 	} else if paused {
-		werr = m.opts.Store.Put(ctx, toRecord(e.info))
+		werr = m.opts.Store.Put(ctx, ToRecord(e.info))
 	}
 	if err := werr; err != nil {
 		m.log.Warn("paused sandbox: record", "id", e.id, "err", err)
@@ -809,7 +809,7 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 	}
 	e := m.newEntry(info)
 	boot := func() error {
-		if err := m.opts.Store.Put(ctx, toRecord(e.info)); err != nil {
+		if err := m.opts.Store.Put(ctx, ToRecord(e.info)); err != nil {
 			return err
 		}
 		m.pushRecord(e)
@@ -844,7 +844,7 @@ func (m *Manager) startFrom(ctx context.Context, dir string, info Info, timeout 
 		crashpoint.Hit(crashpoint.StartedFromCapture)
 		m.beginExecution(e, rec.Template.BuildID)
 		e.info.State = StateRunning
-		return m.commit(context.WithoutCancel(ctx), e, toRecord(e.info), lifecycle.Created, lifecycle.EventData{})
+		return m.commit(context.WithoutCancel(ctx), e, ToRecord(e.info), lifecycle.Created, lifecycle.EventData{})
 	}
 	if err := boot(); err != nil {
 		_ = m.destroy(context.WithoutCancel(ctx), e)
