@@ -33,6 +33,7 @@ func serveCmd() *cobra.Command {
 	var logLevel, logFormat string
 	var mirrors []string
 	var nb neighbourFlags
+	var kc kubeFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the E2B-compatible API and the sandbox-traffic proxy",
@@ -49,6 +50,16 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			switch kc.backend {
+			case "kubernetes":
+				return runKube(ctx, cmd, c, kc, logLevel, logFormat)
+			case "local":
+			default:
+				return fmt.Errorf("--backend %q: want local or kubernetes", kc.backend)
+			}
+			if err := kc.refuseWithLocal(cmd); err != nil {
+				return err
+			}
 			var err error
 			if c.RegistryMirrors, err = registryMirrors(mirrors); err != nil {
 				return err
@@ -122,6 +133,7 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 	f.Int64Var(&c.Volumes.SizePerKeyMB, "volume-size-per-key", volume.DefaultMaxBytes>>20, "total quota in MiB of one API key's volumes (0: no limit)")
 	f.IntVar(&c.Secrets.PerKey, "secrets-per-key", secret.DefaultMaxCount, "secrets one API key may have (POST /secrets past it answers 429; 0: no limit)")
 	nb.add(f)
+	kc.add(f)
 	addRegistryMirrorFlag(cmd, &mirrors)
 	return cmd
 }

@@ -35,6 +35,8 @@ type Template struct {
 	DefaultUser    string
 	DefaultWorkdir string
 	EnvVars        map[string]string
+	// Kernels are the code-interpreter languages envd starts at boot.
+	Kernels []string
 }
 
 // EventLog is where the backend records lifecycle events: the store's
@@ -228,7 +230,7 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	sb, err := b.Pods.Create(ctx, Spec{
 		ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB,
 		Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, AccessToken: info.AccessToken, EnvVars: env,
-			DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir},
+			DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels},
 	})
 	if err != nil {
 		return sandbox.Info{}, err

@@ -55,7 +55,9 @@ func TemplateImage(rootfs, envdPath, work string) (v1.Image, error) {
 	return mutate.ConfigFile(img, cfg)
 }
 
-// envdLayer writes a tar holding envd at envdapi.BinaryPath.
+// envdLayer writes a tar holding envd at envdapi.BinaryPath, hard-linked
+// as /usr/bin/sudo (envd as sudo is the no-setuid sudo shim) and as
+// envdapi.MCPGatewayPath (the MCP gateway): what one box binds in.
 func envdLayer(envdPath, out string) error {
 	dir, err := os.MkdirTemp(filepath.Dir(out), "envd-layer-")
 	if err != nil {
@@ -81,6 +83,15 @@ func envdLayer(envdPath, out string) error {
 	}
 	if err := f.Close(); err != nil {
 		return err
+	}
+	for _, link := range []string{"/usr/bin/sudo", envdapi.MCPGatewayPath} {
+		l := filepath.Join(dir, link)
+		if err := os.MkdirAll(filepath.Dir(l), 0o755); err != nil {
+			return err
+		}
+		if err := os.Link(dst, l); err != nil {
+			return err
+		}
 	}
 	if b, err := exec.Command("tar", "--numeric-owner", "--owner=0", "--group=0", "-C", dir, "-cf", out, ".").CombinedOutput(); err != nil {
 		return fmt.Errorf("tar of envd: %w: %s", err, b)

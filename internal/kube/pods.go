@@ -17,12 +17,14 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +36,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
 )
 
 // ConfigFile is where envd finds its config in a sandbox Pod (a Secret
@@ -57,6 +60,15 @@ type Pods struct {
 	// Ready bounds how long Create waits for the Pod to run and envd to
 	// answer (default 2 minutes).
 	Ready time.Duration
+	// Unschedulable is how long Create lets the scheduler find no node
+	// before it fails with the scheduler's words (default 10 s): a Pod
+	// waits for a node to free up that long, not for the whole Ready.
+	Unschedulable time.Duration
+	// CPURequest and MemoryRequest are the fractions of a sandbox's vCPUs
+	// and memory its Pod requests (0: DefaultCPURequest,
+	// DefaultMemoryRequest); the limits are the whole. Sandboxes idle most
+	// of their lives, as on one box, where nothing is reserved.
+	CPURequest, MemoryRequest float64
 
 	mu sync.Mutex
 	// deleted holds the sandboxes Delete was asked for, until Watch sees
@@ -65,6 +77,12 @@ type Pods struct {
 	// lister reads Watch's informer (nil before Watch).
 	lister corelisters.PodNamespaceLister
 }
+
+// The default fractions of a sandbox's vCPUs and memory its Pod requests.
+const (
+	DefaultCPURequest    = 0.05
+	DefaultMemoryRequest = 0.25
+)
 
 // Spec is one sandbox Pod.
 type Spec struct {
@@ -106,9 +124,14 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 	if err != nil {
 		return Sandbox{}, err
 	}
-	res := corev1.ResourceList{
+	limits := corev1.ResourceList{
 		corev1.ResourceCPU:    *resource.NewQuantity(int64(s.CPUs), resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(int64(s.MemoryMB)<<20, resource.BinarySI),
+	}
+	cpuReq, memReq := cmp.Or(p.CPURequest, DefaultCPURequest), cmp.Or(p.MemoryRequest, DefaultMemoryRequest)
+	requests := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(max(int64(float64(s.CPUs)*1000*cpuReq), 1), resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(max(int64(float64(int64(s.MemoryMB)<<20)*memReq), 1<<20), resource.BinarySI),
 	}
 	pull := corev1.PullIfNotPresent
 	if s.PullNever {
@@ -129,7 +152,7 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 			DNSPolicy:                     corev1.DNSDefault,
 			Containers: []corev1.Container{{
 				Name: "sandbox", Image: s.Image, ImagePullPolicy: pull,
-				Resources:    corev1.ResourceRequirements{Requests: res, Limits: res},
+				Resources:    corev1.ResourceRequirements{Requests: requests, Limits: limits},
 				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: "/run/airlock-config", ReadOnly: true}},
 			}},
 			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
@@ -141,6 +164,11 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 		pod.Spec.RuntimeClassName = &p.RuntimeClass
 	}
 	made, err := p.Client.CoreV1().Pods(p.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota") {
+		// The namespace's ResourceQuota: the cluster's operator's limit,
+		// answered as a used-up quota is.
+		return Sandbox{}, fmt.Errorf("%w: sandbox %s: the namespace's quota refuses its Pod: %w", sandbox.ErrLimit, s.ID, err)
+	}
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: creating its Pod: %w", s.ID, err)
 	}
@@ -171,8 +199,10 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 }
 
 // waitRunning waits until the Pod runs with an IP, or fails with what
-// the Pod says is wrong (an image it cannot have, a container that ended).
+// the Pod says is wrong (an image it cannot have, a container that ended,
+// no node for it for Unschedulable).
 func (p *Pods) waitRunning(ctx context.Context, name string) (net.IP, error) {
+	var unschedulableSince time.Time
 	for {
 		pod, err := p.Client.CoreV1().Pods(p.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -188,6 +218,13 @@ func (p *Pods) waitRunning(ctx context.Context, name string) (net.IP, error) {
 		}
 		if why := podProblem(pod); why != "" && isFatalWait(pod) {
 			return nil, fmt.Errorf("its Pod cannot start: %s", why)
+		}
+		if why := unschedulable(pod); why == "" {
+			unschedulableSince = time.Time{}
+		} else if unschedulableSince.IsZero() {
+			unschedulableSince = time.Now()
+		} else if time.Since(unschedulableSince) >= cmp.Or(p.Unschedulable, 10*time.Second) {
+			return nil, &NoCapacityError{Reason: why}
 		}
 		select {
 		case <-ctx.Done():
@@ -210,6 +247,29 @@ func podProblem(pod *corev1.Pod) string {
 	for _, c := range pod.Status.Conditions {
 		if c.Status == corev1.ConditionFalse && c.Message != "" {
 			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+// NoCapacityError is a sandbox Pod no node could take: the API answers 503
+// with Retry-After, since capacity comes back as sandboxes end (or nodes
+// are added).
+type NoCapacityError struct{ Reason string }
+
+func (e *NoCapacityError) Error() string {
+	return "no node can run the sandbox's Pod now: " + e.Reason
+}
+
+// RetryAfter is when trying again makes sense.
+func (e *NoCapacityError) RetryAfter() time.Duration { return 5 * time.Second }
+
+// unschedulable is the scheduler's words when it found no node for the
+// Pod ("" otherwise).
+func unschedulable(pod *corev1.Pod) string {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return c.Message
 		}
 	}
 	return ""

@@ -45,7 +45,11 @@ type Store struct {
 	Dir string
 	// Build makes the image of name:tag, or returns ErrNotFound.
 	Build func(ctx context.Context, name, tag string) (v1.Image, error)
-	Log   *slog.Logger
+	// Made, when set, is told once Build's image of name:tag has been
+	// written into the layout, or failed to be: what Build left for it
+	// (its layers' files) can go.
+	Made func(name, tag string)
+	Log  *slog.Logger
 
 	mu sync.Mutex
 	// tags maps name:tag to the manifest digest of its image, once written.
@@ -93,6 +97,9 @@ func (s *Store) Tag(ctx context.Context, name, tag string) (v1.Hash, error) {
 		return h, nil
 	}
 	img, err := s.Build(ctx, name, tag)
+	if s.Made != nil {
+		defer s.Made(name, tag)
+	}
 	if err != nil {
 		return v1.Hash{}, err
 	}

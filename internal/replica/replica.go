@@ -1,0 +1,536 @@
+// Package replica assembles one replica of Airlock's control plane whose
+// sandboxes are Kubernetes Pods (serve --backend kubernetes): the E2B API,
+// the sandbox proxy and /mcp over a kube.Backend, the registry the nodes
+// pull template images from, and the state every replica shares (the
+// store: PostgreSQL for several replicas, SQLite for one).
+//
+// Lifecycle:
+//
+//	r := replica.New(cfg)  // nothing runs yet
+//	err := r.Start(ctx)    // each step in order; each pushes a named closer
+//	...                    // r.APIURL, r.SandboxURL, r.RegistryURL are live
+//	err = r.Close()        // the closers in reverse, on a failed Start too
+//
+// Start's order, and why:
+//
+//  1. store         the records every replica reads and writes
+//  2. API keys      from the store, reloaded every few seconds: a key
+//     made or revoked through another replica reaches this one
+//  3. templates     the template store of --template-data-dir, read only:
+//     templates are built on a box (airlock template build) and served
+//     to the cluster as images
+//  4. registry      the images of the served templates, made once each and
+//     kept on disk, on a listener the nodes reach
+//  5. cluster       the Kubernetes client, the Pod informer (Watch), and
+//     this replica's part in the reconciler's election
+//  6. API, proxy, MCP on their listeners
+//
+// Sandboxes outlive a replica: Close stops serving and leaves the Pods and
+// records to the other replicas, or to the next start.
+package replica
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/e2bwire"
+	"github.com/airlock-sandbox/airlock/internal/grant"
+	"github.com/airlock-sandbox/airlock/internal/kube"
+	"github.com/airlock-sandbox/airlock/internal/mcp"
+	"github.com/airlock-sandbox/airlock/internal/proxy"
+	"github.com/airlock-sandbox/airlock/internal/registry"
+	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/template"
+)
+
+// Config is what a replica is started with (serve's flags).
+type Config struct {
+	// APIAddr, SandboxAddr and RegistryAddr are the listen addresses of
+	// the E2B API (with /mcp), the sandbox proxy and the template image
+	// registry.
+	APIAddr, SandboxAddr, RegistryAddr string
+	// RegistryHost is how the nodes name the registry in image references
+	// (host:port); empty: RegistryAddr's, with an unspecified host made
+	// 127.0.0.1 (a node on this machine).
+	RegistryHost string
+	// Kubeconfig is the kubeconfig file; empty: the in-cluster config.
+	Kubeconfig string
+	// Namespace holds the sandbox Pods; RuntimeClass is theirs.
+	Namespace    string
+	RuntimeClass string
+	// Store is the shared state: a postgres:// URL, or a SQLite file.
+	Store string
+	// DataDir holds the registry's images (and the SQLite file by default);
+	// TemplateDataDir the built templates (default DataDir).
+	DataDir, TemplateDataDir string
+	// Templates are the templates served, each by name.
+	Templates []string
+	// EnvdPath is the envd binary put into every image.
+	EnvdPath string
+	// APIKeys are the bootstrap keys; every replica must have the same.
+	APIKeys []string
+	// MaxTimeout is the longest sandbox timeout a client may ask for;
+	// Limits the per-key request and create rates (of this replica).
+	MaxTimeout time.Duration
+	Limits     e2b.Limits
+	// MaxPerKey caps each team's sandboxes where its quota sets none.
+	MaxPerKey int
+	// Ready bounds a sandbox Pod's start; CPURequest and MemoryRequest are
+	// the fractions of its limits a Pod requests (kube.Pods).
+	Ready                     time.Duration
+	CPURequest, MemoryRequest float64
+	// Identity names this replica in the reconciler's election (default:
+	// host name and a random suffix).
+	Identity string
+	Logger   *slog.Logger
+}
+
+// Replica is one replica: every subsystem, named, valid from Start to
+// Close.
+type Replica struct {
+	cfg Config
+	log *slog.Logger
+
+	Store     *store.SQLite
+	Events    *store.LifecycleEvents
+	Keys      *apikey.Service
+	Templates *template.Store
+	Registry  *registry.Store
+	Client    kubernetes.Interface
+	Backend   *kube.Backend
+	Proxy     *proxy.Proxy
+
+	// APIURL, SandboxURL and RegistryURL are where the listeners are.
+	APIURL, SandboxURL, RegistryURL string
+
+	envdDigest string // names envd in image tags
+	errc       chan error
+	closers    []closer
+	closed     sync.Once
+	closeErr   error
+}
+
+type closer struct {
+	name  string
+	close func() error
+}
+
+// New returns a replica that Start will start.
+func New(cfg Config) *Replica {
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.Default()
+	}
+	if cfg.TemplateDataDir == "" {
+		cfg.TemplateDataDir = cfg.DataDir
+	}
+	return &Replica{cfg: cfg, log: lg, errc: make(chan error, 3)}
+}
+
+func (r *Replica) push(name string, fn func() error) { r.closers = append(r.closers, closer{name, fn}) }
+
+// Errors reports a listener that stopped serving.
+func (r *Replica) Errors() <-chan error { return r.errc }
+
+// Close runs the teardown, last started first.
+func (r *Replica) Close() error {
+	r.closed.Do(func() {
+		var errs []error
+		for i := len(r.closers) - 1; i >= 0; i-- {
+			c := r.closers[i]
+			if err := c.close(); err != nil {
+				r.log.Warn("close "+c.name, "err", err)
+				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+			}
+		}
+		r.closers = nil
+		r.closeErr = errors.Join(errs...)
+	})
+	return r.closeErr
+}
+
+// Start starts the replica; on an error it closes what it started.
+func (r *Replica) Start(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			_ = r.Close()
+		}
+	}()
+	c := r.cfg
+	switch {
+	case c.DataDir == "" || c.EnvdPath == "":
+		return errors.New("replica: DataDir and EnvdPath are required")
+	case len(c.APIKeys) == 0:
+		return errors.New("replica: the bootstrap API keys are required (AIRLOCK_API_KEY, the same on every replica)")
+	case len(c.Templates) == 0:
+		return errors.New("replica: no template to serve")
+	case c.Namespace == "":
+		return errors.New("replica: the namespace of the sandbox Pods is required")
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := r.openStore(); err != nil {
+		return err
+	}
+	if err := r.startKeys(ctx); err != nil {
+		return err
+	}
+	if err := r.openTemplates(); err != nil {
+		return err
+	}
+	if err := r.startRegistry(); err != nil {
+		return err
+	}
+	if err := r.startCluster(ctx); err != nil {
+		return err
+	}
+	return r.startListeners()
+}
+
+func (r *Replica) openStore() error {
+	path := r.cfg.Store
+	if path == "" {
+		path = filepath.Join(r.cfg.DataDir, "airlock.db")
+	}
+	if strings.HasPrefix(path, "postgres://") || strings.HasPrefix(path, "postgresql://") {
+		return errors.New("--store postgres://: not in this build yet")
+	}
+	st, err := store.OpenSQLite(path)
+	if err != nil {
+		return err
+	}
+	r.Store = st
+	r.push("store", st.Close)
+	r.Events = store.NewLifecycleEvents(st)
+	return nil
+}
+
+// keysReload is how often a replica reads the keys again: the longest a
+// key made, changed or revoked through another replica takes to reach it.
+const keysReload = 2 * time.Second
+
+func (r *Replica) startKeys(ctx context.Context) error {
+	keys, err := apikey.New(ctx, r.Store, apikey.Options{Bootstrap: r.cfg.APIKeys, TeamOf: e2b.OwnerOf, Logger: r.log})
+	if err != nil {
+		return fmt.Errorf("api keys: %w", err)
+	}
+	r.Keys = keys
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(keysReload)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(context.Background(), keysReload)
+				if err := keys.FlushUsage(ctx); err != nil {
+					r.log.Warn("api keys: last use not written", "err", err)
+				}
+				if err := keys.Reload(ctx); err != nil {
+					r.log.Warn("api keys: not reloaded", "err", err)
+				}
+				cancel()
+			}
+		}
+	}()
+	r.push("api keys", func() error {
+		close(stop)
+		<-done
+		return keys.FlushUsage(context.Background())
+	})
+	return nil
+}
+
+func (r *Replica) openTemplates() error {
+	ts, err := template.Open(template.Options{DataDir: r.cfg.TemplateDataDir, EnvdPath: r.cfg.EnvdPath, Logger: r.log})
+	if err != nil {
+		return err
+	}
+	r.Templates = ts
+	for _, name := range r.cfg.Templates {
+		if _, err := ts.Get(name); err != nil {
+			return fmt.Errorf("--templates %s: %w (templates are built on a box: airlock template build %s --data-dir %s)", name, err, name, r.cfg.TemplateDataDir)
+		}
+	}
+	return nil
+}
+
+// imageName is a template's image name in the registry.
+func imageName(templateID string) string { return "airlock/" + templateID }
+
+// imageTag names an image by what makes it: the template's build and the
+// envd put in it (and the image's layout, imageFormat). Nodes keep images
+// by tag, so a new envd must make a new tag.
+func (r *Replica) imageTag(t template.Template) string {
+	return t.BuildID + "-" + r.envdDigest
+}
+
+// imageFormat changes when TemplateImage lays images out differently.
+const imageFormat = "2"
+
+// digestEnvd names the envd binary (with imageFormat) in image tags.
+func digestEnvd(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	h.Write([]byte(imageFormat))
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
+}
+
+// served returns a served template by name, alias or ID.
+func (r *Replica) served(name string) (template.Template, error) {
+	t, err := r.Templates.Get(name)
+	if errors.Is(err, template.ErrNotFound) || (err == nil && !slices.Contains(r.cfg.Templates, t.ID) && !slices.Contains(r.cfg.Templates, t.Name)) {
+		return template.Template{}, fmt.Errorf("%w: %q (this server serves %s)", sandbox.ErrTemplateNotFound, name, strings.Join(r.cfg.Templates, ", "))
+	}
+	if err != nil {
+		return template.Template{}, fmt.Errorf("%w: %w", sandbox.ErrInvalid, err)
+	}
+	return t, nil
+}
+
+func (r *Replica) startRegistry() (err error) {
+	if r.envdDigest, err = digestEnvd(r.cfg.EnvdPath); err != nil {
+		return err
+	}
+	dir := filepath.Join(r.cfg.DataDir, "registry")
+	r.Registry = &registry.Store{Dir: filepath.Join(dir, "oci"), Log: r.log, Build: func(_ context.Context, name, tag string) (v1.Image, error) {
+		id, ok := strings.CutPrefix(name, "airlock/")
+		if !ok {
+			return nil, registry.ErrNotFound
+		}
+		t, err := r.served(id)
+		if err != nil || r.imageTag(t) != tag {
+			return nil, registry.ErrNotFound
+		}
+		work := filepath.Join(dir, "work", id+"-"+tag)
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			return nil, err
+		}
+		return kube.TemplateImage(t.RootFS, r.cfg.EnvdPath, work)
+	}, Made: func(name, tag string) {
+		if id, ok := strings.CutPrefix(name, "airlock/"); ok {
+			_ = os.RemoveAll(filepath.Join(dir, "work", id+"-"+tag))
+		}
+	}}
+	ln, err := net.Listen("tcp", r.cfg.RegistryAddr)
+	if err != nil {
+		return fmt.Errorf("registry: listen on %s: %w", r.cfg.RegistryAddr, err)
+	}
+	r.RegistryURL = "http://" + ln.Addr().String()
+	if r.cfg.RegistryHost == "" {
+		r.cfg.RegistryHost = loopbackHost(ln.Addr())
+	}
+	r.serve("registry", ln, r.Registry)
+	// Each served template's image is made now, in the background, so that
+	// the first sandbox of each waits only for the node's pull.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, name := range r.cfg.Templates {
+			t, err := r.served(name)
+			if err != nil {
+				continue
+			}
+			if _, err := r.Registry.Tag(ctx, imageName(t.ID), r.imageTag(t)); err != nil && ctx.Err() == nil {
+				r.log.Error("making a template's image", "template", t.ID, "err", err)
+			}
+		}
+	}()
+	r.push("template images", func() error { cancel(); <-done; return nil })
+	return nil
+}
+
+// kubeTemplate is what the backend needs of a served template.
+func (r *Replica) kubeTemplate(_ context.Context, name string) (kube.Template, error) {
+	t, err := r.served(name)
+	if err != nil {
+		return kube.Template{}, err
+	}
+	st := t.Settings
+	env := map[string]string{}
+	for _, kv := range t.Config.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	return kube.Template{
+		ID: t.ID, Alias: t.Alias, BuildID: t.BuildID,
+		Image: r.cfg.RegistryHost + "/" + imageName(t.ID) + ":" + r.imageTag(t),
+		CPUs:  st.CPUCount, MemoryMB: st.MemoryMB, DiskSizeMB: st.DiskSizeMB,
+		DefaultUser: st.DefaultUser, DefaultWorkdir: st.DefaultWorkdir, EnvVars: env, Kernels: st.Kernels,
+	}, nil
+}
+
+func (r *Replica) startCluster(ctx context.Context) error {
+	var rc *rest.Config
+	var err error
+	if r.cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", r.cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes: %w (pass --kubeconfig outside a cluster)", err)
+	}
+	rc.QPS, rc.Burst = 100, 200
+	if r.Client, err = kubernetes.NewForConfig(rc); err != nil {
+		return fmt.Errorf("kubernetes: %w", err)
+	}
+	r.Backend = &kube.Backend{
+		Pods: &kube.Pods{Client: r.Client, Namespace: r.cfg.Namespace, RuntimeClass: r.cfg.RuntimeClass, Ready: r.cfg.Ready,
+			CPURequest: r.cfg.CPURequest, MemoryRequest: r.cfg.MemoryRequest},
+		Templates: r.kubeTemplate,
+		Records:   r.Store,
+		Events:    r.Events,
+		Quota:     r.quota,
+		Log:       r.log,
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	sctx, scancel := context.WithTimeout(ctx, time.Minute)
+	defer scancel()
+	if err := r.Backend.Start(wctx); err != nil {
+		cancel()
+		if sctx.Err() != nil || ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("kubernetes: watching the sandbox Pods of %s: %w", r.cfg.Namespace, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Backend.RunReconciler(wctx, r.cfg.Identity)
+	}()
+	r.push("cluster", func() error { cancel(); <-done; return nil })
+	return nil
+}
+
+// quota is a team's quota, with --max-sandboxes-per-key where it sets
+// none.
+func (r *Replica) quota(owner string) sandbox.Quota {
+	q := r.Keys.Quotas(owner)
+	t, _ := r.Keys.Team(owner)
+	out := sandbox.Quota{Team: t.Name, Sandboxes: q.Sandboxes, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB}
+	if out.Sandboxes <= 0 {
+		out.Sandboxes = r.cfg.MaxPerKey
+	}
+	return out
+}
+
+func (r *Replica) startListeners() error {
+	var lns []net.Listener
+	for _, addr := range []string{r.cfg.APIAddr, r.cfg.SandboxAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		lns = append(lns, ln)
+	}
+	api := e2b.NewHandler(r.Backend, e2b.Options{
+		Identify:   r.Keys.Authenticate,
+		MaxTimeout: r.cfg.MaxTimeout,
+		Limits:     r.cfg.Limits,
+		Events:     r.Events,
+		Keys:       r.Keys,
+		Audit:      r.Store,
+		TeamRate:   func(team string) float64 { return r.Keys.Quotas(team).RequestsPerSecond },
+		Grants:     true,
+		Logger:     r.log,
+	})
+	grants := grant.Checker{Keys: r.Keys, Refused: r.auditRefusal}
+	r.Proxy = proxy.New(r.Backend, r.log)
+	r.Proxy.SetGrants(grants)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcp.NewStreamableHandler("http://"+loopbackHost(lns[0].Addr()), "http://"+loopbackHost(lns[1].Addr()), r.Keys.Authenticate))
+	mux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
+	mux.Handle("/", api)
+	r.APIURL = "http://" + lns[0].Addr().String()
+	r.SandboxURL = "http://" + lns[1].Addr().String()
+	r.serve("API", lns[0], mux)
+	r.serve("sandbox proxy", lns[1], r.Proxy)
+	return nil
+}
+
+// serve serves h on ln (HTTP/1.1 and h2c) until Close.
+func (r *Replica) serve(name string, ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h2c.NewHandler(h, &http2.Server{}), ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			r.errc <- fmt.Errorf("%s: %w", name, err)
+		}
+	}()
+	r.push(name+" listener", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			return srv.Close()
+		}
+		return nil
+	})
+}
+
+// auditRefusal writes a refused grant to the audit log (as one box does).
+func (r *Replica) auditRefusal(ref grant.Refusal) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	detail := ref.Reason.Error()
+	if errors.Is(ref.Reason, grant.ErrForeign) {
+		detail = "not found"
+	}
+	e := store.AuditEntry{At: time.Now(), KeyID: ref.Key.KeyID, KeyName: ref.Key.KeyName, TeamID: ref.Key.Team,
+		Action: ref.Action, TargetKind: ref.TargetKind, TargetID: ref.TargetID, Status: ref.Status, Detail: detail}
+	if err := r.Store.AppendAudit(ctx, []store.AuditEntry{e}); err != nil {
+		r.log.Error("audit log: entry not written", "action", ref.Action, "err", err)
+	}
+}
+
+// loopbackHost is host:port of a listener's address, with an unspecified
+// host made 127.0.0.1.
+func loopbackHost(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	ip := tcp.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return net.JoinHostPort(ip.String(), fmt.Sprint(tcp.Port))
+}

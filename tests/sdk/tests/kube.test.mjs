@@ -1,0 +1,123 @@
+// The Kubernetes backend as clients see it (tests/sdk/run-kube.sh runs it;
+// it needs AIRLOCK_KUBE_NAMESPACE and KUBECTL): each sandbox is a Pod with
+// the gVisor RuntimeClass, its limits and labels; a Pod deleted behind
+// Airlock's back is a killed sandbox with an event saying so, never one
+// that silently stops answering; a timeout ends sandbox and Pod; what the
+// backend cannot do answers 501 naming it; two replicas serve one
+// sandbox alike.
+
+import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
+import { describe, test } from 'node:test'
+import { Sandbox } from 'e2b'
+import { API_KEY, api, createSandbox, meta, track, trackCleanup, waitFor } from './helpers.mjs'
+
+const NS = process.env.AIRLOCK_KUBE_NAMESPACE
+const KUBECTL = process.env.KUBECTL || 'kubectl'
+const REPLICAS = JSON.parse(process.env.AIRLOCK_KUBE_REPLICAS || '[]')
+const skip = !NS && 'not against the kubernetes backend (tests/sdk/run-kube.sh)'
+
+trackCleanup()
+
+function kubectl(...args) {
+  return execFileSync(KUBECTL, ['-n', NS, ...args], { encoding: 'utf8' })
+}
+
+function podOf(id) {
+  const out = kubectl('get', 'pods', '-l', `airlock.dev/sandbox=${id}`, '-o', 'json')
+  return JSON.parse(out).items[0]
+}
+
+async function eventsOf(id) {
+  const res = await api('GET', `/events/sandboxes/${id}?orderAsc=true&limit=100`)
+  assert.equal(res.status, 200, res.text)
+  return res.json
+}
+
+describe('kubernetes backend', { skip }, () => {
+  test('a sandbox is a Pod: gVisor, its limits, labels; commands run in it', async () => {
+    const sbx = await createSandbox({ metadata: { role: 'pod' } })
+    const pod = podOf(sbx.sandboxId)
+    assert.ok(pod, 'no Pod labelled with the sandbox')
+    assert.equal(pod.spec.runtimeClassName, 'gvisor')
+    assert.equal(pod.metadata.labels['airlock.dev/template'], 'base')
+    const c = pod.spec.containers[0]
+    const info = await sbx.getInfo()
+    assert.equal(c.resources.limits.cpu, String(info.cpuCount))
+    assert.equal(c.resources.limits.memory, `${info.memoryMB}Mi`)
+    const r = await sbx.commands.run('dmesg 2>/dev/null | head -1; hostname')
+    assert.match(r.stdout, /gVisor|Starting/i, 'the kernel is gVisor\'s')
+    assert.equal(pod.spec.automountServiceAccountToken, false)
+  })
+
+  test('a Pod deleted behind Airlock\'s back: a killed sandbox, with the reason in its event', async () => {
+    const sbx = await createSandbox()
+    const id = sbx.sandboxId
+    kubectl('delete', 'pod', `airlock-${id}`, '--wait=false')
+    await waitFor(async () => !(await Sandbox.list({ query: { metadata: meta() } }).nextItems()).some((s) => s.sandboxId === id),
+      { timeoutMs: 30_000, what: 'the sandbox gone from the list' })
+    const res = await api('GET', `/sandboxes/${id}`)
+    assert.equal(res.status, 404, res.text)
+    const evs = await waitFor(async () => {
+      const e = await eventsOf(id)
+      return e.some((x) => x.type === 'sandbox.lifecycle.killed') && e
+    }, { timeoutMs: 30_000, what: 'a killed event' })
+    assert.deepEqual(evs.map((e) => e.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.killed'])
+    const killed = evs[1]
+    assert.equal(killed.eventData.kill_reason, 'pod_lost')
+    assert.match(killed.eventData.kill_detail, /deleted \(not by Airlock\)/)
+    assert.equal(killed.sandboxExecutionId, evs[0].sandboxExecutionId)
+  })
+
+  test('a timeout ends the sandbox and its Pod, with a killed event (timeout)', async () => {
+    const sbx = await Sandbox.create('base', { timeoutMs: 3_000, metadata: meta() })
+    const id = track(sbx.sandboxId)
+    await waitFor(async () => (await api('GET', `/sandboxes/${id}`)).status === 404, { timeoutMs: 30_000, what: 'the sandbox ended' })
+    await waitFor(() => {
+      const out = kubectl('get', 'pods', '-l', `airlock.dev/sandbox=${id}`, '-o', 'name')
+      return out.trim() === ''
+    }, { timeoutMs: 60_000, what: 'its Pod gone' })
+    const evs = await eventsOf(id)
+    assert.equal(evs.at(-1).type, 'sandbox.lifecycle.killed')
+    assert.equal(evs.at(-1).eventData.kill_reason, 'timeout')
+  })
+
+  test('kill: killed event (request), no Pod left', async () => {
+    const sbx = await createSandbox()
+    const id = sbx.sandboxId
+    await sbx.kill()
+    const evs = await eventsOf(id)
+    assert.equal(evs.at(-1).eventData.kill_reason, 'request')
+    await waitFor(() => kubectl('get', 'pods', '-l', `airlock.dev/sandbox=${id}`, '-o', 'name').trim() === '',
+      { timeoutMs: 60_000, what: 'its Pod gone' })
+  })
+
+  test('what the backend cannot do answers 501 naming it', async () => {
+    const sbx = await createSandbox()
+    const res = await api('POST', `/sandboxes/${sbx.sandboxId}/pause`)
+    assert.equal(res.status, 501, res.text)
+    assert.match(res.json.message, /kubernetes backend/)
+    const snap = await api('POST', `/sandboxes/${sbx.sandboxId}/snapshots`, { body: {} })
+    assert.equal(snap.status, 501, snap.text)
+    const auto = await api('POST', '/sandboxes', { body: { templateID: 'base', autoPause: true, metadata: meta() } })
+    assert.equal(auto.status, 501, auto.text)
+    assert.match(auto.json.message, /autoPause/)
+  })
+
+  test('two replicas serve one sandbox alike: made by one, changed and read through the other', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
+    const [a, b] = REPLICAS
+    const sbx = await Sandbox.create('base', { apiUrl: a.api, sandboxUrl: a.sandbox, metadata: meta({ role: 'replicas' }) })
+    track(sbx.sandboxId)
+    await sbx.files.write('/home/user/by-a.txt', 'written through replica a')
+    const viaB = await Sandbox.connect(sbx.sandboxId, { apiUrl: b.api, sandboxUrl: b.sandbox })
+    assert.equal(await viaB.files.read('/home/user/by-a.txt'), 'written through replica a')
+    await Sandbox.setTimeout(sbx.sandboxId, 600_000, { apiUrl: b.api })
+    const infoA = await Sandbox.getInfo(sbx.sandboxId, { apiUrl: a.api })
+    assert.ok(infoA.endAt.getTime() > Date.now() + 500_000, `replica a sees replica b's timeout: ${infoA.endAt}`)
+    const listedB = await Sandbox.list({ apiUrl: b.api, query: { metadata: meta({ role: 'replicas' }) } }).nextItems()
+    assert.deepEqual(listedB.map((s) => s.sandboxId), [sbx.sandboxId])
+    await Sandbox.kill(sbx.sandboxId, { apiUrl: b.api })
+    const res = await fetch(`${a.api}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': API_KEY } })
+    assert.equal(res.status, 404)
+  })
+})
