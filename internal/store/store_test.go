@@ -9,13 +9,11 @@ import (
 	"time"
 )
 
-func TestSQLiteRoundTripAndReopen(t *testing.T) {
+func TestRoundTripAndReopen(t *testing.T) { forEachDB(t, testRoundTripAndReopen) }
+
+func testRoundTripAndReopen(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open()
 	yes := true
 	in := Sandbox{
 		ID: "abc123", TemplateID: "base", Alias: "base", ClientID: "local",
@@ -33,11 +31,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 	}
 	s.Close()
 
-	s, err = OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = open()
 	got, err := s.Get(ctx, "abc123")
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +54,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 
 // TestSQLiteMigratesOldSchema opens a database made before the owner column
 // existed: its records must stay readable and new ones must keep their owner.
+// SQLite only: PostgreSQL stores began with the owner column.
 func TestSQLiteMigratesOldSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "airlock.db")
@@ -95,12 +90,10 @@ func TestSQLiteMigratesOldSchema(t *testing.T) {
 	}
 }
 
-func TestEventsFollowTheirSandbox(t *testing.T) {
-	s, err := OpenSQLite(filepath.Join(t.TempDir(), "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+func TestEventsFollowTheirSandbox(t *testing.T) { forEachDB(t, testEventsFollowTheirSandbox) }
+
+func testEventsFollowTheirSandbox(t *testing.T, open func() *DB) {
+	s := open()
 	ctx := context.Background()
 	t0 := time.Unix(1700000000, 0)
 	for i, id := range []string{"a", "b", "a"} {

@@ -3,24 +3,16 @@ package store
 import (
 	"context"
 	"errors"
-	"path/filepath"
+	"fmt"
 	"testing"
 	"time"
 )
 
-func openTestStore(t *testing.T) *SQLite {
-	t.Helper()
-	s, err := OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
+func TestWebhooksScopedToOwner(t *testing.T) { forEachDB(t, testWebhooksScopedToOwner) }
 
-func TestWebhooksScopedToOwner(t *testing.T) {
+func testWebhooksScopedToOwner(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s := openTestStore(t)
+	s := open()
 	now := time.Now()
 	w := Webhook{ID: "w1", Owner: "a", Name: "n", URL: "http://x", Enabled: true, Events: []string{"t1"}, Secret: "s", CreatedAt: now, UpdatedAt: now}
 	if err := s.PutWebhook(ctx, w); err != nil {
@@ -47,9 +39,14 @@ func TestWebhooksScopedToOwner(t *testing.T) {
 	}
 }
 
-func TestDispatchEvents(t *testing.T) {
+func TestDispatchEvents(t *testing.T) { forEachDB(t, testDispatchEvents) }
+
+func testDispatchEvents(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s := openTestStore(t)
+	s := open()
+	// No claims: DueDeliveries is asked again below without attempts
+	// recorded in between (TestDeliveryLease is about claims).
+	s.SetDeliveryLease(0)
 	t0 := time.Now()
 	for _, w := range []Webhook{
 		{ID: "all", Owner: "a", Enabled: true, Events: []string{"c", "k"}, CreatedAt: t0},
@@ -142,5 +139,65 @@ func TestDispatchEvents(t *testing.T) {
 	}
 	if due, _ := s.DueDeliveries(ctx, retry, 10, nil); len(due) != 1 || due[0].WebhookID != "k-only" {
 		t.Errorf("after deleting 'all', due = %+v", due)
+	}
+}
+
+// TestDeliveryLease: a delivery DueDeliveries hands out is claimed, for this
+// store and any other on the same database (another process), until its
+// attempt is recorded or the lease runs out (its process died), after which
+// it is handed out again.
+func TestDeliveryLease(t *testing.T) { forEachDB(t, testDeliveryLease) }
+
+func testDeliveryLease(t *testing.T, open func() *DB) {
+	ctx := context.Background()
+	s1, s2 := open(), open()
+	const lease = time.Minute
+	s1.SetDeliveryLease(lease)
+	s2.SetDeliveryLease(lease)
+	t0 := time.Unix(1700000000, 0)
+	if err := s1.PutWebhook(ctx, Webhook{ID: "w", Owner: "a", Enabled: true, Events: []string{"c"}, CreatedAt: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s1.DispatchEvents(ctx, []DispatchEvent{
+		{ID: "e1", Seq: 1, Type: "c", Owner: "a", SandboxID: "s1", Time: t0, Payload: []byte(`{}`)},
+		{ID: "e2", Seq: 2, Type: "c", Owner: "a", SandboxID: "s2", Time: t0, Payload: []byte(`{}`)},
+	}, 2, t0); err != nil || n != 2 {
+		t.Fatalf("DispatchEvents = %d, %v", n, err)
+	}
+	events := func(s *DB, now time.Time) (out []string) {
+		t.Helper()
+		due, err := s.DueDeliveries(ctx, now, 10, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range due {
+			out = append(out, d.EventID)
+		}
+		return out
+	}
+	first, err := s1.DueDeliveries(ctx, t0, 1, nil)
+	if err != nil || len(first) != 1 || first[0].EventID != "e1" {
+		t.Fatalf("first claim = %+v, %v", first, err)
+	}
+	if got := events(s2, t0); fmt.Sprint(got) != "[e2]" {
+		t.Fatalf("the other store got %v, want only e2 (e1 is claimed)", got)
+	}
+	if got := events(s1, t0.Add(lease/2)); len(got) != 0 {
+		t.Fatalf("claimed deliveries handed out again: %v", got)
+	}
+	if next, ok, err := s2.NextAttemptAfter(ctx, t0); err != nil || !ok || !next.Equal(t0.Add(lease)) {
+		t.Fatalf("NextAttemptAfter = %v, %v, %v; want the leases' end", next, ok, err)
+	}
+	// Recorded: the claim ends with it, and the delivery waits for its retry.
+	retry := t0.Add(lease / 2)
+	if err := s1.RecordAttempt(ctx, first[0].ID, Attempt{At: t0, HTTP: 500}, DeliveryPending, retry); err != nil {
+		t.Fatal(err)
+	}
+	if got := events(s2, retry); fmt.Sprint(got) != "[e1]" {
+		t.Fatalf("after its attempt was recorded, due = %v, want e1 at its retry", got)
+	}
+	// e2's claimant died: once its lease is over, e2 is handed out again.
+	if got := events(s2, t0.Add(lease)); fmt.Sprint(got) != "[e2]" {
+		t.Fatalf("after e2's lease, due = %v, want e2", got)
 	}
 }
