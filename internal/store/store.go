@@ -251,7 +251,7 @@ var schemas = []struct{ name, ddl string }{
 // reads as a sandbox that was never paused, killed at its timeout. Their
 // DDL is valid on both databases (a PostgreSQL store began after all but
 // the newest of them, so it finds their columns there already).
-var migrations = []struct{ table, column, ddl string }{
+var migrations = []migration{
 	{"sandboxes", "owner", `ALTER TABLE sandboxes ADD COLUMN owner TEXT NOT NULL DEFAULT ''`},
 	{"sandboxes", "network", `ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'`},
 	{"sandboxes", "on_timeout", `ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'kill'`},
@@ -264,6 +264,9 @@ var migrations = []struct{ table, column, ddl string }{
 	{"sandboxes", "paused_disk_bytes", `ALTER TABLE sandboxes ADD COLUMN paused_disk_bytes BIGINT NOT NULL DEFAULT 0`},
 	{"webhook_deliveries", "lease_until", `ALTER TABLE webhook_deliveries ADD COLUMN lease_until BIGINT NOT NULL DEFAULT 0`},
 }
+
+// migration adds column to table, with ddl, where it is missing.
+type migration struct{ table, column, ddl string }
 
 // snapshotsTable is the snapshots table's body, shared by the schema and
 // the rebuild of an older table (migrateSnapshotNames).
@@ -355,9 +358,9 @@ func setUpPostgres(ctx context.Context, db *handle) error {
 	return err
 }
 
-// schemaDB is what making and migrating the schema needs of a database (a
-// handle, or one connection of it). The queries run there take no
-// placeholders but '$1' spelled per dialect in columnsOf.
+// schemaDB is what making and migrating the schema needs of a database: a
+// handle, or one *sql.Conn of it, which does not rebind (so columnsOf spells
+// its placeholder per dialect).
 type schemaDB interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -371,15 +374,18 @@ func setUp(ctx context.Context, db schemaDB, d *dialect) error {
 			return fmt.Errorf("store: %s schema: %w", s.name, err)
 		}
 	}
+	adds := migrations
 	if d.postgres {
 		for _, t := range rowidTables {
-			if _, err := db.ExecContext(ctx, `ALTER TABLE `+t+` ADD COLUMN IF NOT EXISTS rowid BIGINT GENERATED ALWAYS AS IDENTITY`); err != nil {
-				return fmt.Errorf("store: %s schema: rowid: %w", t, err)
-			}
+			adds = append(adds, migration{t, "rowid", `ALTER TABLE ` + t + ` ADD COLUMN rowid BIGINT GENERATED ALWAYS AS IDENTITY`})
 		}
 	}
+	// Each column is looked for before it is added: on PostgreSQL even an
+	// ALTER TABLE that finds its column there (IF NOT EXISTS) would take the
+	// table's exclusive lock, and stall the other replicas' queries, at
+	// every open.
 	have := map[string]map[string]bool{}
-	for _, m := range migrations {
+	for _, m := range adds {
 		if have[m.table] == nil {
 			cols, err := columnsOf(ctx, db, d, m.table)
 			if err != nil {

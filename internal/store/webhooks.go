@@ -366,7 +366,7 @@ const DefaultDeliveryLease = time.Minute
 // default is DefaultDeliveryLease on PostgreSQL, and 0 on SQLite: one server
 // process uses a SQLite file, and its dispatcher knows its own attempts in
 // flight (DueDeliveries' skip), so that a delivery cut short by a restart is
-// made again at once.
+// made again at once. Set it before the store is in use.
 func (s *DB) SetDeliveryLease(d time.Duration) { s.lease = max(d, 0) }
 
 // DueDeliveries returns up to limit deliveries first in line whose next

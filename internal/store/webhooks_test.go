@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -199,5 +201,46 @@ func testDeliveryLease(t *testing.T, open func() *DB) {
 	// e2's claimant died: once its lease is over, e2 is handed out again.
 	if got := events(s2, t0.Add(lease)); fmt.Sprint(got) != "[e2]" {
 		t.Fatalf("after e2's lease, due = %v, want e2", got)
+	}
+}
+
+// TestSQLiteMigratesDeliveryLease opens a database whose delivery outbox
+// predates claims (no lease_until column): its pending deliveries stay due,
+// and are claimed as new ones are. SQLite only: PostgreSQL stores began with
+// the column.
+func TestSQLiteMigratesDeliveryLease(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE webhooks (
+	id TEXT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, url TEXT NOT NULL, enabled INTEGER NOT NULL,
+	events TEXT NOT NULL, secret TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+CREATE TABLE webhook_deliveries (
+	id TEXT PRIMARY KEY, webhook_id TEXT NOT NULL, owner TEXT NOT NULL, event_id TEXT NOT NULL, event_seq INTEGER NOT NULL,
+	event_type TEXT NOT NULL, sandbox_id TEXT NOT NULL, payload BLOB NOT NULL, status TEXT NOT NULL,
+	attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL, last_error TEXT NOT NULL DEFAULT '',
+	last_http INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+	UNIQUE (webhook_id, event_id));
+INSERT INTO webhooks VALUES ('w', 'o', 'n', 'http://x', 1, '["c"]', 's', 1, 1);
+INSERT INTO webhook_deliveries (id, webhook_id, owner, event_id, event_seq, event_type, sandbox_id, payload, status, next_attempt_at, created_at, updated_at)
+	VALUES ('d1', 'w', 'o', 'e1', 1, 'c', 'sb', x'7b7d', 'pending', 5, 1, 1);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.SetDeliveryLease(time.Minute)
+	now := time.Unix(0, 10)
+	if due, err := s.DueDeliveries(ctx, now, 10, nil); err != nil || len(due) != 1 || due[0].ID != "d1" || string(due[0].Payload) != "{}" {
+		t.Fatalf("the old pending delivery: %+v, %v", due, err)
+	}
+	if due, err := s.DueDeliveries(ctx, now, 10, nil); err != nil || len(due) != 0 {
+		t.Fatalf("claimed, and handed out again: %+v, %v", due, err)
 	}
 }

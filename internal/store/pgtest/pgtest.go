@@ -15,6 +15,10 @@
 // Without PostgreSQL installed both skip the test, or fail it when
 // AIRLOCK_TEST_REQUIRE=1 (as scripts/test.sh sets), naming the Debian package
 // to install.
+//
+// Written here because the Go libraries that start PostgreSQL for tests
+// either download its binaries (which this machine kind cannot) or run it in
+// a container; this runs the machine's own, which Debian's package installs.
 package pgtest
 
 import (
