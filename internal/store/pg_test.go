@@ -416,9 +416,9 @@ func TestPostgresFeedAcrossReplicas(t *testing.T) {
 	}
 }
 
-// TestPostgresQuotasAcrossReplicas: inserts of one owner's volumes and
-// secrets from two replicas at once stay within the owner's limits, and a
-// name is taken once.
+// TestPostgresQuotasAcrossReplicas: inserts of one owner's sandbox records,
+// volumes and secrets from two replicas at once stay within the owner's
+// limits, and a name is taken once.
 func TestPostgresQuotasAcrossReplicas(t *testing.T) {
 	ctx := context.Background()
 	dbs := replicas(t, 2)
@@ -438,6 +438,13 @@ func TestPostgresQuotasAcrossReplicas(t *testing.T) {
 	}
 
 	errs := make([]error, n)
+	together(n, func(i int) {
+		errs[i] = dbs[i%2].InsertSandbox(ctx, Sandbox{ID: fmt.Sprintf("sb%02d", i), Owner: "o", State: "creating", CPUCount: 1},
+			SandboxLimits{MaxCount: limit})
+	})
+	if ok, refused := count(errs, ErrSandboxLimit); ok != limit || refused != n-limit {
+		t.Errorf("sandboxes: %d inserted and %d refused, want %d and %d", ok, refused, limit, n-limit)
+	}
 	together(n, func(i int) {
 		errs[i] = dbs[i%2].InsertVolume(ctx, Volume{ID: fmt.Sprintf("v%02d", i), Owner: "o", Name: fmt.Sprintf("vol%02d", i),
 			SizeBytes: 1, CreatedAt: time.Now(), State: VolumeCreating}, VolumeLimits{MaxCount: limit})

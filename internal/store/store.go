@@ -489,6 +489,70 @@ func globalSnapshotNames(ctx context.Context, q interface {
 
 func (s *DB) Put(ctx context.Context, sb Sandbox) error { return putSandbox(ctx, s.db, sb) }
 
+// SandboxLimits bound one owner's sandbox records (every replica's, on a
+// shared database); zero fields limit nothing.
+type SandboxLimits struct {
+	MaxCount    int
+	MaxCPUs     int
+	MaxMemoryMB int
+}
+
+// ErrSandboxLimit is what a *SandboxLimitError is.
+var ErrSandboxLimit = errors.New("store: sandbox limit reached")
+
+// SandboxLimitError tells which of an owner's SandboxLimits an insert would
+// pass: Limit is "sandboxes", "vcpus" or "memory", Used what the owner's
+// records hold of it, Max the limit and Asked what the new record needs.
+type SandboxLimitError struct {
+	Limit            string
+	Used, Max, Asked int
+}
+
+func (e *SandboxLimitError) Error() string {
+	return fmt.Sprintf("store: %s limit reached: %d used of %d, %d asked", e.Limit, e.Used, e.Max, e.Asked)
+}
+
+func (e *SandboxLimitError) Is(target error) bool { return target == ErrSandboxLimit }
+
+// InsertSandbox writes a new record after checking, in the same transaction
+// and under the owner's lock, that the owner's records with it stay within
+// lim (a *SandboxLimitError if not): two creates at once, by two replicas
+// sharing PostgreSQL, cannot both pass where one fits. ErrExists when a
+// record has its ID.
+func (s *DB) InsertSandbox(ctx context.Context, sb Sandbox, lim SandboxLimits) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: insert %s: %w", sb.ID, err)
+	}
+	defer tx.Rollback()
+	if err := tx.lock(ctx, "sandboxes", sb.Owner); err != nil {
+		return fmt.Errorf("store: insert %s: %w", sb.ID, err)
+	}
+	var taken, count, cpus, mem int
+	if err := tx.QueryRowContext(ctx, `SELECT coalesce(sum(CASE WHEN id = ? THEN 1 ELSE 0 END), 0), count(*),
+		CAST(coalesce(sum(cpu_count), 0) AS BIGINT), CAST(coalesce(sum(memory_mb), 0) AS BIGINT) FROM sandboxes WHERE owner = ? OR id = ?`,
+		sb.ID, sb.Owner, sb.ID).Scan(&taken, &count, &cpus, &mem); err != nil {
+		return fmt.Errorf("store: insert %s: %w", sb.ID, err)
+	}
+	switch {
+	case taken > 0:
+		return fmt.Errorf("%w: sandbox %s", ErrExists, sb.ID)
+	case lim.MaxCount > 0 && count+1 > lim.MaxCount:
+		return &SandboxLimitError{Limit: "sandboxes", Used: count, Max: lim.MaxCount, Asked: 1}
+	case lim.MaxCPUs > 0 && cpus+sb.CPUCount > lim.MaxCPUs:
+		return &SandboxLimitError{Limit: "vcpus", Used: cpus, Max: lim.MaxCPUs, Asked: sb.CPUCount}
+	case lim.MaxMemoryMB > 0 && mem+sb.MemoryMB > lim.MaxMemoryMB:
+		return &SandboxLimitError{Limit: "memory", Used: mem, Max: lim.MaxMemoryMB, Asked: sb.MemoryMB}
+	}
+	if err := putSandbox(ctx, tx, sb); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: insert %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
 // execer is what a write needs of handle and txn alike, so that one write
 // can run alone or inside a caller's transaction.
 type execer interface {
