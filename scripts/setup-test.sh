@@ -21,6 +21,8 @@ RUNSC=/usr/local/bin/runsc
 # openssl: the SDK suite's egress tests make a CA and a server certificate with it.
 # chromium: the domain tests open a sandbox's page in headless Chromium (npm
 # playwright-core drives Debian's build; no browser download).
+# postgresql: the store's tests run every test on PostgreSQL too, on a
+# throwaway server they start from its binaries (internal/store/pgtest).
 PACKAGES=(
 	python3-ipykernel python3-matplotlib python3-pandas python3-numpy
 	r-base-core r-cran-irkernel
@@ -29,6 +31,7 @@ PACKAGES=(
 	openssl
 	chromium
 	systemd
+	postgresql
 )
 
 SETUP_NAME=setup-test

@@ -5,7 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -58,7 +59,7 @@ const keySchema = `
 CREATE TABLE IF NOT EXISTS teams (
 	id         TEXT PRIMARY KEY,
 	name       TEXT NOT NULL UNIQUE,
-	created_at INTEGER NOT NULL,
+	created_at BIGINT NOT NULL,
 	quotas     TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -69,33 +70,33 @@ CREATE TABLE IF NOT EXISTS api_keys (
 	prefix      TEXT NOT NULL,
 	mask_prefix TEXT NOT NULL,
 	mask_suffix TEXT NOT NULL,
-	length      INTEGER NOT NULL,
+	length      BIGINT NOT NULL,
 	scopes      TEXT NOT NULL,
-	created_at  INTEGER NOT NULL,
+	created_at  BIGINT NOT NULL,
 	created_by  TEXT NOT NULL,
-	revoked_at  INTEGER NOT NULL DEFAULT 0,
-	last_used   INTEGER NOT NULL DEFAULT 0
+	revoked_at  BIGINT NOT NULL DEFAULT 0,
+	last_used   BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS audit_log (
 	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
-	at          INTEGER NOT NULL,
+	at          BIGINT NOT NULL,
 	key_id      TEXT NOT NULL,
 	key_name    TEXT NOT NULL,
 	team_id     TEXT NOT NULL,
 	action      TEXT NOT NULL,
 	target_kind TEXT NOT NULL,
 	target_id   TEXT NOT NULL,
-	status      INTEGER NOT NULL,
+	status      BIGINT NOT NULL,
 	detail      TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_log_team ON audit_log (team_id, seq);`
 
 // PutTeam adds a team; ErrExists when its ID or name is taken.
-func (s *SQLite) PutTeam(ctx context.Context, t Team) error {
+func (s *DB) PutTeam(ctx context.Context, t Team) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (id, name, created_at, quotas) VALUES (?, ?, ?, ?)`,
 		t.ID, t.Name, t.CreatedAt.UnixNano(), t.Quotas)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
+		if isUnique(err) {
 			return fmt.Errorf("%w: team %q", ErrExists, t.Name)
 		}
 		return fmt.Errorf("store: put team %s: %w", t.Name, err)
@@ -104,13 +105,13 @@ func (s *SQLite) PutTeam(ctx context.Context, t Team) error {
 }
 
 // SetTeamQuotas replaces a team's quotas; ErrNotFound when there is none.
-func (s *SQLite) SetTeamQuotas(ctx context.Context, id, quotas string) error {
+func (s *DB) SetTeamQuotas(ctx context.Context, id, quotas string) error {
 	return s.updateOne(ctx, "team "+id, `UPDATE teams SET quotas = ? WHERE id = ?`, quotas, id)
 }
 
 // updateOne runs an UPDATE of one row; ErrNotFound (naming what) when it
 // changed none.
-func (s *SQLite) updateOne(ctx context.Context, what, query string, args ...any) error {
+func (s *DB) updateOne(ctx context.Context, what, query string, args ...any) error {
 	res, err := s.db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: update %s: %w", what, err)
@@ -122,7 +123,7 @@ func (s *SQLite) updateOne(ctx context.Context, what, query string, args ...any)
 }
 
 // Teams returns every team, oldest first.
-func (s *SQLite) Teams(ctx context.Context) ([]Team, error) {
+func (s *DB) Teams(ctx context.Context) ([]Team, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at, quotas FROM teams ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list teams: %w", err)
@@ -145,7 +146,7 @@ const keyColumns = `id, team_id, name, hash, prefix, mask_prefix, mask_suffix, l
 
 // PutAPIKey adds a key record; ErrExists when its ID or hash is taken,
 // ErrNotFound when its team does not exist.
-func (s *SQLite) PutAPIKey(ctx context.Context, k APIKey) error {
+func (s *DB) PutAPIKey(ctx context.Context, k APIKey) error {
 	var team int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM teams WHERE id = ?`, k.TeamID).Scan(&team); err != nil {
 		return fmt.Errorf("store: put api key: %w", err)
@@ -157,7 +158,7 @@ func (s *SQLite) PutAPIKey(ctx context.Context, k APIKey) error {
 		k.ID, k.TeamID, k.Name, k.Hash, k.Prefix, k.MaskPrefix, k.MaskSuffix, k.Length, k.Scopes,
 		k.CreatedAt.UnixNano(), k.CreatedBy, unixNanoOrZero(k.RevokedAt), unixNanoOrZero(k.LastUsed))
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
+		if isUnique(err) {
 			return fmt.Errorf("%w: api key %s", ErrExists, k.ID)
 		}
 		return fmt.Errorf("store: put api key %s: %w", k.ID, err)
@@ -191,7 +192,7 @@ func scanAPIKey(sc interface{ Scan(...any) error }) (APIKey, error) {
 }
 
 // APIKeys returns every key record (revoked ones too), oldest first.
-func (s *SQLite) APIKeys(ctx context.Context) ([]APIKey, error) {
+func (s *DB) APIKeys(ctx context.Context) ([]APIKey, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list api keys: %w", err)
@@ -209,7 +210,7 @@ func (s *SQLite) APIKeys(ctx context.Context) ([]APIKey, error) {
 }
 
 // APIKey returns one key record; ErrNotFound when there is none.
-func (s *SQLite) APIKey(ctx context.Context, id string) (APIKey, error) {
+func (s *DB) APIKey(ctx context.Context, id string) (APIKey, error) {
 	k, err := scanAPIKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return APIKey{}, fmt.Errorf("%w: api key %s", ErrNotFound, id)
@@ -222,19 +223,19 @@ func (s *SQLite) APIKey(ctx context.Context, id string) (APIKey, error) {
 
 // UpdateAPIKey changes a key's name and scopes; ErrNotFound when there is
 // no such key (or it is revoked).
-func (s *SQLite) UpdateAPIKey(ctx context.Context, id, name, scopes string) error {
+func (s *DB) UpdateAPIKey(ctx context.Context, id, name, scopes string) error {
 	return s.updateOne(ctx, "api key "+id, `UPDATE api_keys SET name = ?, scopes = ? WHERE id = ? AND revoked_at = 0`, name, scopes, id)
 }
 
 // RevokeAPIKey marks a key revoked at; ErrNotFound when there is no such
 // key not yet revoked.
-func (s *SQLite) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
+func (s *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
 	return s.updateOne(ctx, "api key "+id, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, at.UnixNano(), id)
 }
 
 // TouchAPIKeys records when keys were last used (id → time), in one
 // transaction.
-func (s *SQLite) TouchAPIKeys(ctx context.Context, used map[string]time.Time) error {
+func (s *DB) TouchAPIKeys(ctx context.Context, used map[string]time.Time) error {
 	if len(used) == 0 {
 		return nil
 	}
@@ -243,8 +244,12 @@ func (s *SQLite) TouchAPIKeys(ctx context.Context, used map[string]time.Time) er
 		return fmt.Errorf("store: touch api keys: %w", err)
 	}
 	defer tx.Rollback()
-	for id, at := range used {
-		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET last_used = max(last_used, ?) WHERE id = ?`, at.UnixNano(), id); err != nil {
+	// In the order of their IDs: two processes touching the same keys lock
+	// their rows in one order, so neither waits on the other in a cycle.
+	ids := slices.Sorted(maps.Keys(used))
+	q := `UPDATE api_keys SET last_used = ` + s.db.d.greatest("last_used", "?") + ` WHERE id = ?`
+	for _, id := range ids {
+		if _, err := tx.ExecContext(ctx, q, used[id].UnixNano(), id); err != nil {
 			return fmt.Errorf("store: touch api key %s: %w", id, err)
 		}
 	}
@@ -255,7 +260,7 @@ func (s *SQLite) TouchAPIKeys(ctx context.Context, used map[string]time.Time) er
 }
 
 // AppendAudit adds entries to the audit log, in one transaction.
-func (s *SQLite) AppendAudit(ctx context.Context, entries []AuditEntry) error {
+func (s *DB) AppendAudit(ctx context.Context, entries []AuditEntry) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -264,6 +269,14 @@ func (s *SQLite) AppendAudit(ctx context.Context, entries []AuditEntry) error {
 		return fmt.Errorf("store: append audit: %w", err)
 	}
 	defer tx.Rollback()
+	// Entries are numbered (seq) as they are inserted and read newest
+	// first, a page at a time before a seq (Audit): one process's entries
+	// must not get numbers below those another has already committed, or a
+	// reader paging down would pass them. SQLite's single writer gives that;
+	// on PostgreSQL the log's lock, held to the commit, does.
+	if err := tx.lock(ctx, "audit_log"); err != nil {
+		return fmt.Errorf("store: append audit: %w", err)
+	}
 	for _, e := range entries {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO audit_log (at, key_id, key_name, team_id, action, target_kind, target_id, status, detail)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, e.At.UnixNano(), e.KeyID, e.KeyName, e.TeamID, e.Action, e.TargetKind, e.TargetID, e.Status, e.Detail); err != nil {
@@ -285,7 +298,7 @@ type AuditFilter struct {
 }
 
 // Audit returns audit entries, newest first.
-func (s *SQLite) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
+func (s *DB) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
 	q := `SELECT seq, at, key_id, key_name, team_id, action, target_kind, target_id, status, detail FROM audit_log WHERE 1=1`
 	var args []any
 	if f.TeamID != "" {

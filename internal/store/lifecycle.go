@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -17,8 +16,10 @@ import (
 // Unlike the events table above, they are not deleted with the sandbox's
 // record: the events of a killed sandbox stay readable until PruneBefore
 // drops them for age. seq orders them for the webhook feed; AUTOINCREMENT
-// keeps a deleted row's seq from being handed out again, so a reader that
-// remembers "everything up to seq N" never misses a later event.
+// (an identity column on PostgreSQL) keeps a deleted row's seq from being
+// handed out again, so a reader that remembers "everything up to seq N"
+// never misses a later event. That also needs every event to be committed
+// in seq order: see insertEvent.
 const lifecycleSchema = `
 CREATE TABLE IF NOT EXISTS lifecycle_events (
 	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -26,7 +27,7 @@ CREATE TABLE IF NOT EXISTS lifecycle_events (
 	owner      TEXT NOT NULL,
 	sandbox_id TEXT NOT NULL,
 	type       TEXT NOT NULL,
-	at         INTEGER NOT NULL,
+	at         BIGINT NOT NULL,
 	payload    TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS lifecycle_events_owner ON lifecycle_events (owner, seq);
@@ -34,11 +35,11 @@ CREATE INDEX IF NOT EXISTS lifecycle_events_sandbox ON lifecycle_events (owner, 
 CREATE INDEX IF NOT EXISTS lifecycle_events_at ON lifecycle_events (at);`
 
 // LifecycleEvents is the store of lifecycle events: lifecycle.Recorder,
-// Reader and Feed over the server's SQLite database. Make one per database
+// Reader and Feed over the server's database. Make one per database
 // (NewLifecycleEvents): Notify is signalled by the Records made through the
 // same value.
 type LifecycleEvents struct {
-	db     *sql.DB
+	db     *handle
 	notify chan struct{}
 }
 
@@ -49,21 +50,16 @@ var (
 )
 
 // NewLifecycleEvents returns the lifecycle event store of s.
-func NewLifecycleEvents(s *SQLite) *LifecycleEvents {
+func NewLifecycleEvents(s *DB) *LifecycleEvents {
 	return &LifecycleEvents{db: s.db, notify: make(chan struct{}, 1)}
 }
 
 // Record implements lifecycle.Recorder. The row is committed before it
-// returns: with the database in WAL mode a committed row survives a kill -9
-// of the server (a power cut may lose the last commits, as it may the
-// sandbox records').
+// returns: with SQLite in WAL mode a committed row survives a kill -9 of the
+// server (a power cut may lose the last commits, as it may the sandbox
+// records').
 func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecycle.Event, error) {
-	e, err := insertEvent(ctx, l.db, e)
-	if err != nil {
-		return e, err
-	}
-	l.signal()
-	return e, nil
+	return l.inTx(ctx, e, nil)
 }
 
 // RecordWithSandbox records e and writes sb, the sandbox record of the
@@ -72,7 +68,7 @@ func (l *LifecycleEvents) Record(ctx context.Context, e lifecycle.Event) (lifecy
 // event is lost. sb goes to the sandboxes table of the database l is over,
 // so l must be over the manager's store.
 func (l *LifecycleEvents) RecordWithSandbox(ctx context.Context, e lifecycle.Event, sb Sandbox) (lifecycle.Event, error) {
-	e, err := l.inTx(ctx, e, func(tx *sql.Tx) error { return putSandbox(ctx, tx, sb) })
+	e, err := l.inTx(ctx, e, func(tx *txn) error { return putSandbox(ctx, tx, sb) })
 	return e, err
 }
 
@@ -80,21 +76,24 @@ func (l *LifecycleEvents) RecordWithSandbox(ctx context.Context, e lifecycle.Eve
 // replaced included) in one transaction: a checkpointed event names a
 // snapshot that exists.
 func (l *LifecycleEvents) RecordWithSnapshot(ctx context.Context, e lifecycle.Event, sn Snapshot) (_ lifecycle.Event, replaced string, err error) {
-	e, err = l.inTx(ctx, e, func(tx *sql.Tx) error {
+	e, err = l.inTx(ctx, e, func(tx *txn) error {
 		replaced, err = putSnapshot(ctx, tx, sn)
 		return err
 	})
 	return e, replaced, err
 }
 
-func (l *LifecycleEvents) inTx(ctx context.Context, e lifecycle.Event, write func(*sql.Tx) error) (lifecycle.Event, error) {
+// inTx records e after write (when not nil), in one transaction.
+func (l *LifecycleEvents) inTx(ctx context.Context, e lifecycle.Event, write func(*txn) error) (lifecycle.Event, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return e, fmt.Errorf("store: record %s of %s: %w", e.Type, e.SandboxID, err)
 	}
 	defer tx.Rollback()
-	if err := write(tx); err != nil {
-		return e, err
+	if write != nil {
+		if err := write(tx); err != nil {
+			return e, err
+		}
 	}
 	if e, err = insertEvent(ctx, tx, e); err != nil {
 		return e, err
@@ -114,7 +113,14 @@ func (l *LifecycleEvents) signal() {
 	}
 }
 
-func insertEvent(ctx context.Context, db execer, e lifecycle.Event) (lifecycle.Event, error) {
+// insertEvent adds e in tx, which it holds the events' lock in until tx
+// ends. The feed (After) hands out events by seq, and a reader moves past
+// every seq it was given: an event committed after one with a higher seq
+// would never be read. SQLite's single writer commits in seq order; on
+// PostgreSQL, where transactions of several processes commit side by side,
+// the lock (taken last, so held only for the insert and the commit) makes
+// seq order the commit order.
+func insertEvent(ctx context.Context, tx *txn, e lifecycle.Event) (lifecycle.Event, error) {
 	if e.Type == "" || e.SandboxID == "" {
 		return e, fmt.Errorf("store: lifecycle event: type and sandbox id are required")
 	}
@@ -134,7 +140,10 @@ func insertEvent(ctx context.Context, db execer, e lifecycle.Event) (lifecycle.E
 	if err != nil {
 		return e, fmt.Errorf("store: lifecycle event %s of %s: %w", e.Type, e.SandboxID, err)
 	}
-	err = db.QueryRowContext(ctx, `INSERT INTO lifecycle_events (id, owner, sandbox_id, type, at, payload)
+	if err := tx.lock(ctx, "lifecycle_events"); err != nil {
+		return e, fmt.Errorf("store: record %s of %s: %w", e.Type, e.SandboxID, err)
+	}
+	err = tx.QueryRowContext(ctx, `INSERT INTO lifecycle_events (id, owner, sandbox_id, type, at, payload)
 		VALUES (?, ?, ?, ?, ?, ?) RETURNING seq`,
 		e.ID, e.SandboxTeamID, e.SandboxID, e.Type, e.Timestamp.UnixNano(), string(payload)).Scan(&e.Seq)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -12,12 +11,8 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/lifecycle"
 )
 
-func openLifecycle(t *testing.T, path string) (*SQLite, *LifecycleEvents) {
-	t.Helper()
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+func openLifecycle(open func() *DB) (*DB, *LifecycleEvents) {
+	s := open()
 	return s, NewLifecycleEvents(s)
 }
 
@@ -38,10 +33,12 @@ func types(evs []lifecycle.Event) []string {
 }
 
 func TestLifecycleEventsPagingScopingFeed(t *testing.T) {
+	forEachDB(t, testLifecycleEventsPagingScopingFeed)
+}
+
+func testLifecycleEventsPagingScopingFeed(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	db, l := openLifecycle(t, path)
-	defer func() { db.Close() }()
+	db, l := openLifecycle(open)
 
 	// The feed's channel is empty until a Record.
 	select {
@@ -171,7 +168,7 @@ func TestLifecycleEventsPagingScopingFeed(t *testing.T) {
 	// Reopened (a restart), everything is still there, and new events
 	// continue the sequence.
 	db.Close()
-	db, l = openLifecycle(t, path)
+	_, l = openLifecycle(open)
 	got, err = l.After(ctx, 0, 100)
 	if err != nil || len(got) != len(recorded) {
 		t.Fatalf("after reopening: %d events, %v", len(got), err)
@@ -185,10 +182,11 @@ func TestLifecycleEventsPagingScopingFeed(t *testing.T) {
 // TestLifecycleEventsRetention: pruning drops old events whatever their
 // sandbox's state, keeps newer ones, and never lets a seq be reused (a
 // feed reader's position stays meaningful).
-func TestLifecycleEventsRetention(t *testing.T) {
+func TestLifecycleEventsRetention(t *testing.T) { forEachDB(t, testLifecycleEventsRetention) }
+
+func testLifecycleEventsRetention(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	db, l := openLifecycle(t, filepath.Join(t.TempDir(), "airlock.db"))
-	defer db.Close()
+	db, l := openLifecycle(open)
 	now := time.Now()
 	var last lifecycle.Event
 	for i := range 10 {
@@ -232,9 +230,12 @@ func TestLifecycleEventsRetention(t *testing.T) {
 // TestLifecycleEventsConcurrentRecord: concurrent Records all land, each
 // with its own seq, and the feed sees them all.
 func TestLifecycleEventsConcurrentRecord(t *testing.T) {
+	forEachDB(t, testLifecycleEventsConcurrentRecord)
+}
+
+func testLifecycleEventsConcurrentRecord(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	db, l := openLifecycle(t, filepath.Join(t.TempDir(), "airlock.db"))
-	defer db.Close()
+	_, l := openLifecycle(open)
 	const workers, each = 8, 50
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -272,9 +273,12 @@ func TestLifecycleEventsConcurrentRecord(t *testing.T) {
 // are written together or not at all; a failure of either leaves the old
 // state, and the feed is woken only by what was committed.
 func TestRecordWithRecordsIsOneTransaction(t *testing.T) {
+	forEachDB(t, testRecordWithRecordsIsOneTransaction)
+}
+
+func testRecordWithRecordsIsOneTransaction(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	db, l := openLifecycle(t, filepath.Join(t.TempDir(), "airlock.db"))
-	defer db.Close()
+	db, l := openLifecycle(open)
 	now := time.Now()
 	sb := Sandbox{ID: "sb1", TemplateID: "base", State: "running", Owner: "alice", StartedAt: now, EndAt: now.Add(time.Minute)}
 	if err := db.Put(ctx, sb); err != nil {

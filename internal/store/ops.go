@@ -30,14 +30,17 @@ const (
 	OpFork     = "fork"
 )
 
-func (s *SQLite) PutOp(ctx context.Context, op Op) error {
+const opColumns = `id, kind, sandbox_id, data, started_at`
+
+func (s *DB) PutOp(ctx context.Context, op Op) error {
 	if op.ID == "" {
 		return fmt.Errorf("store: put op: empty id")
 	}
 	if len(op.Data) > 0 && !json.Valid(op.Data) {
 		return fmt.Errorf("store: put op %s: data is not JSON", op.ID)
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO ops (id, kind, sandbox_id, data, started_at) VALUES (?, ?, ?, ?, ?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO ops (`+opColumns+`) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET `+updateAll(opColumns),
 		op.ID, op.Kind, op.SandboxID, string(op.Data), unixNano(op.StartedAt))
 	if err != nil {
 		return fmt.Errorf("store: put op %s: %w", op.ID, err)
@@ -45,15 +48,15 @@ func (s *SQLite) PutOp(ctx context.Context, op Op) error {
 	return nil
 }
 
-func (s *SQLite) DeleteOp(ctx context.Context, id string) error {
+func (s *DB) DeleteOp(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM ops WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete op %s: %w", id, err)
 	}
 	return nil
 }
 
-func (s *SQLite) ListOps(ctx context.Context) ([]Op, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, kind, sandbox_id, data, started_at FROM ops ORDER BY started_at, rowid`)
+func (s *DB) ListOps(ctx context.Context) ([]Op, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+opColumns+` FROM ops ORDER BY started_at, rowid`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list ops: %w", err)
 	}

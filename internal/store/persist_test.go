@@ -13,20 +13,11 @@ import (
 	"time"
 )
 
-func openTest(t *testing.T) (*SQLite, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, path
-}
+func TestPausedSandboxFieldsRoundTrip(t *testing.T) { forEachDB(t, testPausedSandboxFieldsRoundTrip) }
 
-func TestPausedSandboxFieldsRoundTrip(t *testing.T) {
+func testPausedSandboxFieldsRoundTrip(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s, _ := openTest(t)
+	s := open()
 	paused := time.Unix(1700000000, 123)
 	in := Sandbox{
 		ID: "p1", State: "paused",
@@ -62,7 +53,8 @@ func TestPausedSandboxFieldsRoundTrip(t *testing.T) {
 // TestSQLiteMigratesPrePersistenceSchema opens a database made by the Airlock
 // before pause-to-disk and snapshots (the schema below is that version's):
 // its rows must read as never-paused sandboxes killed at their timeout, and
-// the new columns and tables must work.
+// the new columns and tables must work. SQLite only: PostgreSQL stores began
+// after it.
 func TestSQLiteMigratesPrePersistenceSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "airlock.db")
@@ -142,9 +134,11 @@ INSERT INTO events VALUES ('old1', 5, 'oom', 1, 'm');`); err != nil {
 	}
 }
 
-func TestSnapshotRecords(t *testing.T) {
+func TestSnapshotRecords(t *testing.T) { forEachDB(t, testSnapshotRecords) }
+
+func testSnapshotRecords(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s, path := openTest(t)
+	s := open()
 	t0 := time.Unix(1700000000, 0)
 	put := func(sn Snapshot) string {
 		t.Helper()
@@ -249,11 +243,7 @@ func TestSnapshotRecords(t *testing.T) {
 	}
 
 	s.Close()
-	s2, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
+	s2 := open()
 	if list, err := s2.ListSnapshots(ctx, SnapshotFilter{}); err != nil || len(list) != 4 || list[0].ID != "e" {
 		t.Fatalf("after reopen: %+v, %v", list, err)
 	}
@@ -262,9 +252,11 @@ func TestSnapshotRecords(t *testing.T) {
 // TestSnapshotNameRace puts many snapshots with one name at once: whatever
 // the interleaving, one holds the name at the end, and every other one was
 // reported replaced exactly once (so the caller deletes each one's files).
-func TestSnapshotNameRace(t *testing.T) {
+func TestSnapshotNameRace(t *testing.T) { forEachDB(t, testSnapshotNameRace) }
+
+func testSnapshotNameRace(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s, _ := openTest(t)
+	s := open()
 	const n = 20
 	var (
 		wg       sync.WaitGroup
@@ -307,9 +299,11 @@ func TestSnapshotNameRace(t *testing.T) {
 // TestSnapshotNamesPerOwner: a name is unique per owner. Two owners' snapshots
 // of one name are both kept and each found by its owner; a second snapshot
 // of that name by the same owner replaces the first, and only its.
-func TestSnapshotNamesPerOwner(t *testing.T) {
+func TestSnapshotNamesPerOwner(t *testing.T) { forEachDB(t, testSnapshotNamesPerOwner) }
+
+func testSnapshotNamesPerOwner(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s, _ := openTest(t)
+	s := open()
 	t0 := time.Unix(1700000000, 0)
 	for i, sn := range []Snapshot{
 		{ID: "a1", Name: "nightly", Owner: "teamA", CreatedAt: t0},
@@ -351,7 +345,8 @@ func TestSnapshotNamesPerOwner(t *testing.T) {
 // TestSQLiteMigratesGlobalSnapshotNames opens a database whose snapshots
 // table has the schema of before names were per owner (a UNIQUE name
 // column): the table is rebuilt, every row kept with its name, spec and
-// owner, and afterwards two owners may share a name.
+// owner, and afterwards two owners may share a name. SQLite only: PostgreSQL
+// stores began with names unique per owner.
 func TestSQLiteMigratesGlobalSnapshotNames(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "airlock.db")
@@ -437,11 +432,11 @@ CREATE VIEW blocker AS SELECT id FROM snapshots;`); err != nil {
 			t.Fatalf("open %d: snapshots = %+v", i, list)
 		}
 		var unique int
-		if err := s.db.QueryRow(`SELECT count(*) FROM pragma_index_list('snapshots') WHERE origin = 'u'`).Scan(&unique); err != nil || unique != 0 {
+		if err := s.db.raw.QueryRow(`SELECT count(*) FROM pragma_index_list('snapshots') WHERE origin = 'u'`).Scan(&unique); err != nil || unique != 0 {
 			t.Fatalf("open %d: %d indexes from a UNIQUE constraint left, %v", i, unique, err)
 		}
 		var idx []string
-		rows, err := s.db.Query(`SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'snapshots' AND sql IS NOT NULL ORDER BY name`)
+		rows, err := s.db.raw.Query(`SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'snapshots' AND sql IS NOT NULL ORDER BY name`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -469,14 +464,16 @@ CREATE VIEW blocker AS SELECT id FROM snapshots;`); err != nil {
 		t.Fatalf("teamA's new nightly replaced %q, %v; want snapa", r, err)
 	}
 	// The per-owner index holds even against a write that skips PutSnapshot's check.
-	if _, err := s.db.Exec(`INSERT INTO snapshots (id, name, sandbox_id, template_id, owner, created_at) VALUES ('snapg', 'nightly', 'x', 'base', 'teamA', 7)`); err == nil {
+	if _, err := s.db.raw.Exec(`INSERT INTO snapshots (id, name, sandbox_id, template_id, owner, created_at) VALUES ('snapg', 'nightly', 'x', 'base', 'teamA', 7)`); err == nil {
 		t.Fatal("a second nightly of teamA's was inserted")
 	}
 }
 
-func TestOpJournal(t *testing.T) {
+func TestOpJournal(t *testing.T) { forEachDB(t, testOpJournal) }
+
+func testOpJournal(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s, path := openTest(t)
+	s := open()
 	t0 := time.Unix(1700000000, 0)
 	if err := s.PutOp(ctx, Op{ID: "2", Kind: OpFork, SandboxID: "sb2", StartedAt: t0.Add(time.Second), Data: json.RawMessage(`{"forks":["f1","f2"]}`)}); err != nil {
 		t.Fatal(err)
@@ -492,11 +489,7 @@ func TestOpJournal(t *testing.T) {
 		t.Errorf("an op with data that is not JSON was stored")
 	}
 	s.Close()
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = open()
 	ops, err := s.ListOps(ctx)
 	if err != nil {
 		t.Fatal(err)

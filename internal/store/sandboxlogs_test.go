@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
-func TestSandboxLogs(t *testing.T) {
+func TestSandboxLogs(t *testing.T) { forEachDB(t, testSandboxLogs) }
+
+func testSandboxLogs(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	db, err := OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open()
 	t0 := time.Unix(1700000000, 0)
 	if err := db.Put(ctx, Sandbox{ID: "live", StartedAt: t0, EndAt: t0.Add(time.Hour), State: "running"}); err != nil {
 		t.Fatal(err)
@@ -84,13 +81,11 @@ func TestSandboxLogs(t *testing.T) {
 	}
 }
 
-func TestSandboxLogsCapped(t *testing.T) {
+func TestSandboxLogsCapped(t *testing.T) { forEachDB(t, testSandboxLogsCapped) }
+
+func testSandboxLogsCapped(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	db, err := OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open()
 	t0 := time.Unix(1700000000, 0)
 	batch := make([]LogEntry, 0, MaxLogEntries+10)
 	for i := range MaxLogEntries + 10 {
@@ -107,25 +102,26 @@ func TestSandboxLogsCapped(t *testing.T) {
 
 // BenchmarkEndLogs is what a kill adds: storing a killed sandbox's log.
 func BenchmarkEndLogs(b *testing.B) {
-	for _, n := range []int{20, 1000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			db, err := OpenSQLite(filepath.Join(b.TempDir(), "airlock.db"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
-			entries := make([]LogEntry, n)
-			for i := range entries {
-				entries[i] = LogEntry{Time: time.Now(), Level: "info", Logger: "envd.process", Message: "process 123 exited with code 0",
-					Fields: map[string]string{"pid": "123", "cmd": "/bin/bash -l -c \"echo hello\"", "exitCode": "0"}, Origin: "sandbox"}
-			}
-			ctx := context.Background()
-			b.ResetTimer()
-			for i := range b.N {
-				if err := db.EndLogs(ctx, fmt.Sprint("s", i), "o", time.Now(), entries); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	for _, kind := range dbKinds {
+		for _, n := range []int{20, 1000} {
+			b.Run(fmt.Sprint(kind, "/", n), func(b *testing.B) {
+				benchmarkEndLogs(b, opener(b, kind)(), n)
+			})
+		}
+	}
+}
+
+func benchmarkEndLogs(b *testing.B, db *DB, n int) {
+	entries := make([]LogEntry, n)
+	for i := range entries {
+		entries[i] = LogEntry{Time: time.Now(), Level: "info", Logger: "envd.process", Message: "process 123 exited with code 0",
+			Fields: map[string]string{"pid": "123", "cmd": "/bin/bash -l -c \"echo hello\"", "exitCode": "0"}, Origin: "sandbox"}
+	}
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := db.EndLogs(ctx, fmt.Sprint("s", i), "o", time.Now(), entries); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

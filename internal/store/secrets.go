@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -39,24 +38,24 @@ CREATE TABLE IF NOT EXISTS secrets (
 	id         TEXT PRIMARY KEY,
 	owner      TEXT NOT NULL,
 	name       TEXT NOT NULL,
-	version    INTEGER NOT NULL,
+	version    BIGINT NOT NULL,
 	metadata   TEXT NOT NULL,
 	sealed     BLOB NOT NULL,
 	key_id     TEXT NOT NULL,
-	created_at INTEGER NOT NULL,
-	updated_at INTEGER NOT NULL,
+	created_at BIGINT NOT NULL,
+	updated_at BIGINT NOT NULL,
 	UNIQUE (owner, name)
 );`
 
 const (
 	secretColumns     = `id, owner, name, version, metadata, sealed, key_id, created_at, updated_at`
-	secretInfoColumns = `id, owner, name, version, metadata, x'', '', created_at, updated_at`
+	secretInfoColumns = `id, owner, name, version, metadata, NULL, '', created_at, updated_at`
 )
 
 // InsertSecret adds a new record after checking, in the same transaction,
 // that its name is free for its owner (ErrExists) and that the owner keeps
 // at most maxCount secrets (ErrSecretLimit; maxCount <= 0 limits nothing).
-func (s *SQLite) InsertSecret(ctx context.Context, sec Secret, maxCount int) error {
+func (s *DB) InsertSecret(ctx context.Context, sec Secret, maxCount int) error {
 	md, err := json.Marshal(nonNil(sec.Metadata))
 	if err != nil {
 		return fmt.Errorf("store: secret metadata: %w", err)
@@ -66,8 +65,14 @@ func (s *SQLite) InsertSecret(ctx context.Context, sec Secret, maxCount int) err
 		return fmt.Errorf("store: insert secret: %w", err)
 	}
 	defer tx.Rollback()
+	// The owner's lock: two inserts by two processes on PostgreSQL would
+	// otherwise both pass the count below.
+	if err := tx.lock(ctx, "secrets", sec.Owner); err != nil {
+		return fmt.Errorf("store: insert secret: %w", err)
+	}
 	var taken, count int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(name = ?), 0) FROM secrets WHERE owner = ?`, sec.Name, sec.Owner).Scan(&count, &taken); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(CASE WHEN name = ? THEN 1 ELSE 0 END), 0) FROM secrets WHERE owner = ?`,
+		sec.Name, sec.Owner).Scan(&count, &taken); err != nil {
 		return fmt.Errorf("store: insert secret: %w", err)
 	}
 	if taken > 0 {
@@ -79,7 +84,7 @@ func (s *SQLite) InsertSecret(ctx context.Context, sec Secret, maxCount int) err
 	_, err = tx.ExecContext(ctx, `INSERT INTO secrets (`+secretColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sec.ID, sec.Owner, sec.Name, sec.Version, string(md), sec.Sealed, sec.KeyID, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano())
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
+		if isUnique(err) {
 			return fmt.Errorf("%w: secret %s", ErrExists, sec.ID)
 		}
 		return fmt.Errorf("store: insert secret %s: %w", sec.ID, err)
@@ -103,7 +108,7 @@ type SecretUpdate struct {
 // UpdateSecret replaces owner's secret id's value with u, one version up,
 // and returns the record as it now is (without its value); ErrNotFound when
 // owner has no such secret. The old value is overwritten, not kept.
-func (s *SQLite) UpdateSecret(ctx context.Context, owner, id string, u SecretUpdate) (Secret, error) {
+func (s *DB) UpdateSecret(ctx context.Context, owner, id string, u SecretUpdate) (Secret, error) {
 	var md any // NULL keeps the stored metadata
 	if u.Metadata != nil {
 		b, err := json.Marshal(u.Metadata)
@@ -128,7 +133,7 @@ func (s *SQLite) UpdateSecret(ctx context.Context, owner, id string, u SecretUpd
 // GetSecret returns owner's secret by ID, or by canonical name when byName,
 // with its sealed value; ErrNotFound if owner has none (another owner's
 // secret is not found either).
-func (s *SQLite) GetSecret(ctx context.Context, owner, ref string, byName bool) (Secret, error) {
+func (s *DB) GetSecret(ctx context.Context, owner, ref string, byName bool) (Secret, error) {
 	col := "id"
 	if byName {
 		col = "name"
@@ -143,7 +148,7 @@ func (s *SQLite) GetSecret(ctx context.Context, owner, ref string, byName bool) 
 // ListSecrets returns up to limit of owner's secrets (every owner's when
 // owner is ""), in name order after the name after ("" starts at the
 // first), without their values.
-func (s *SQLite) ListSecrets(ctx context.Context, owner, after string, limit int) ([]Secret, error) {
+func (s *DB) ListSecrets(ctx context.Context, owner, after string, limit int) ([]Secret, error) {
 	q := `SELECT ` + secretInfoColumns + ` FROM secrets WHERE name > ?`
 	args := []any{after}
 	if owner != "" {
@@ -176,7 +181,7 @@ func (s *SQLite) ListSecrets(ctx context.Context, owner, after string, limit int
 
 // CountSecretsNotUnder counts the secrets sealed with another key than
 // keyID (a key file replaced or lost since they were stored).
-func (s *SQLite) CountSecretsNotUnder(ctx context.Context, keyID string) (int, error) {
+func (s *DB) CountSecretsNotUnder(ctx context.Context, keyID string) (int, error) {
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM secrets WHERE key_id != ?`, keyID).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count secrets: %w", err)
@@ -186,7 +191,7 @@ func (s *SQLite) CountSecretsNotUnder(ctx context.Context, keyID string) (int, e
 
 // DeleteSecret removes owner's secret id, its value with it; ErrNotFound
 // when owner has no such secret.
-func (s *SQLite) DeleteSecret(ctx context.Context, owner, id string) error {
+func (s *DB) DeleteSecret(ctx context.Context, owner, id string) error {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM secrets WHERE id = ? AND owner = ?`, id, owner)
 	if err != nil {
 		return fmt.Errorf("store: delete secret %s: %w", id, err)

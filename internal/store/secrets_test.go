@@ -3,18 +3,15 @@ package store
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 )
 
-func TestSecretsRecords(t *testing.T) {
+func TestSecretsRecords(t *testing.T) { forEachDB(t, testSecretsRecords) }
+
+func testSecretsRecords(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open()
 	at := func(sec int64) time.Time { return time.Unix(sec, 0) }
 	rec := Secret{ID: "sec_1", Owner: "k1", Name: "api", Version: 1, Metadata: map[string]string{"a": "b"},
 		Sealed: []byte{1, 2, 3}, KeyID: "key1", CreatedAt: at(10), UpdatedAt: at(10)}
@@ -55,10 +52,7 @@ func TestSecretsRecords(t *testing.T) {
 	}
 
 	s.Close()
-	if s, err = OpenSQLite(path); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = open()
 	for _, c := range []struct {
 		ref    string
 		byName bool

@@ -42,7 +42,7 @@ const defaultTag = ":default"
 
 const snapshotColumns = `id, name, sandbox_id, template_id, owner, created_at, spec`
 
-func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string, err error) {
+func (s *DB) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
@@ -58,7 +58,7 @@ func (s *SQLite) PutSnapshot(ctx context.Context, sn Snapshot) (replaced string,
 }
 
 // putSnapshot is PutSnapshot inside the caller's transaction.
-func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string, err error) {
+func putSnapshot(ctx context.Context, tx *txn, sn Snapshot) (replaced string, err error) {
 	// A ':' would make "<x>:default" ambiguous between a bare and a tagged
 	// form.
 	if sn.ID == "" || strings.Contains(sn.ID, ":") || strings.Contains(sn.Name, ":") {
@@ -72,28 +72,35 @@ func putSnapshot(ctx context.Context, tx *sql.Tx, sn Snapshot) (replaced string,
 		name = sn.Name
 	}
 	if sn.Name != "" {
-		err := tx.QueryRowContext(ctx, `SELECT id FROM snapshots WHERE owner = ? AND name = ? AND id != ?`, sn.Owner, sn.Name, sn.ID).Scan(&replaced)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
+		// Two puts of one owner's name, by two processes on PostgreSQL,
+		// would both find it free (or both find the same holder) and the
+		// second insert would fail on the unique index: the name's lock
+		// makes the second wait for the first and then replace its
+		// snapshot, as it would have on SQLite's single writer.
+		if err := tx.lock(ctx, "snapshot name", sn.Owner, sn.Name); err != nil {
 			return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
-		default:
-			if _, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, replaced); err != nil {
-				return "", fmt.Errorf("store: put snapshot %s: replace %s: %w", sn.ID, replaced, err)
-			}
+		}
+		// One statement finds and deletes the holder: on PostgreSQL it
+		// reads the holder again once a transaction that had it locked is
+		// done, so a snapshot renamed meanwhile is not taken for it.
+		err := tx.QueryRowContext(ctx, `DELETE FROM snapshots WHERE owner = ? AND name = ? AND id != ? RETURNING id`,
+			sn.Owner, sn.Name, sn.ID).Scan(&replaced)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return "", fmt.Errorf("store: put snapshot %s: replace: %w", sn.ID, err)
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET `+updateAll(snapshotColumns),
 		sn.ID, name, sn.SandboxID, sn.TemplateID, sn.Owner, unixNano(sn.CreatedAt), string(sn.Spec)); err != nil {
 		return "", fmt.Errorf("store: put snapshot %s: %w", sn.ID, err)
 	}
 	return replaced, nil
 }
 
-func (s *SQLite) GetSnapshot(ctx context.Context, owner, idOrName string) (Snapshot, error) {
+func (s *DB) GetSnapshot(ctx context.Context, owner, idOrName string) (Snapshot, error) {
 	key := strings.TrimSuffix(idOrName, defaultTag)
 	row := s.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots
-		WHERE owner = ?2 AND (id = ?1 OR name = ?1) ORDER BY id = ?1 DESC LIMIT 1`, key, owner)
+		WHERE owner = ? AND (id = ? OR name = ?) ORDER BY (id = ?) DESC LIMIT 1`, owner, key, key, key)
 	sn, err := scanSnapshot(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot %s", ErrNotFound, idOrName)
@@ -101,8 +108,8 @@ func (s *SQLite) GetSnapshot(ctx context.Context, owner, idOrName string) (Snaps
 	return sn, err
 }
 
-func (s *SQLite) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
-	q := `SELECT ` + snapshotColumns + ` FROM snapshots WHERE 1`
+func (s *DB) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapshot, error) {
+	q := `SELECT ` + snapshotColumns + ` FROM snapshots WHERE 1=1`
 	var args []any
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ?`
@@ -134,7 +141,7 @@ func (s *SQLite) ListSnapshots(ctx context.Context, f SnapshotFilter) ([]Snapsho
 	return out, rows.Err()
 }
 
-func (s *SQLite) DeleteSnapshot(ctx context.Context, id string) (bool, error) {
+func (s *DB) DeleteSnapshot(ctx context.Context, id string) (bool, error) {
 	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	if err != nil {
 		return false, fmt.Errorf("store: delete snapshot %s: %w", id, err)

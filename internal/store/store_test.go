@@ -9,13 +9,11 @@ import (
 	"time"
 )
 
-func TestSQLiteRoundTripAndReopen(t *testing.T) {
+func TestRoundTripAndReopen(t *testing.T) { forEachDB(t, testRoundTripAndReopen) }
+
+func testRoundTripAndReopen(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open()
 	yes := true
 	in := Sandbox{
 		ID: "abc123", TemplateID: "base", Alias: "base", ClientID: "local",
@@ -33,11 +31,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 	}
 	s.Close()
 
-	s, err = OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = open()
 	got, err := s.Get(ctx, "abc123")
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +54,7 @@ func TestSQLiteRoundTripAndReopen(t *testing.T) {
 
 // TestSQLiteMigratesOldSchema opens a database made before the owner column
 // existed: its records must stay readable and new ones must keep their owner.
+// SQLite only: PostgreSQL stores began with the owner column.
 func TestSQLiteMigratesOldSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "airlock.db")
@@ -95,12 +90,10 @@ func TestSQLiteMigratesOldSchema(t *testing.T) {
 	}
 }
 
-func TestEventsFollowTheirSandbox(t *testing.T) {
-	s, err := OpenSQLite(filepath.Join(t.TempDir(), "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+func TestEventsFollowTheirSandbox(t *testing.T) { forEachDB(t, testEventsFollowTheirSandbox) }
+
+func testEventsFollowTheirSandbox(t *testing.T, open func() *DB) {
+	s := open()
 	ctx := context.Background()
 	t0 := time.Unix(1700000000, 0)
 	for i, id := range []string{"a", "b", "a"} {
@@ -123,5 +116,50 @@ func TestEventsFollowTheirSandbox(t *testing.T) {
 	}
 	if evs, _ := s.Events(ctx, "b"); len(evs) != 1 {
 		t.Errorf("events of b: %+v", evs)
+	}
+}
+
+// TestInsertSandboxWithinLimits: a new record is written only while its
+// owner's records with it stay within the limits; an ID is taken once.
+func TestInsertSandboxWithinLimits(t *testing.T) { forEachDB(t, testInsertSandboxWithinLimits) }
+
+func testInsertSandboxWithinLimits(t *testing.T, open func() *DB) {
+	ctx := context.Background()
+	s := open()
+	lim := SandboxLimits{MaxCount: 3, MaxCPUs: 4, MaxMemoryMB: 2048}
+	rec := func(id, owner string, cpu, mem int) Sandbox {
+		return Sandbox{ID: id, Owner: owner, State: "creating", CPUCount: cpu, MemoryMB: mem}
+	}
+	if err := s.InsertSandbox(ctx, rec("a", "o", 2, 512), lim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertSandbox(ctx, rec("a", "p", 1, 1), lim); !errors.Is(err, ErrExists) {
+		t.Fatalf("an ID taken (by another owner): %v", err)
+	}
+	var le *SandboxLimitError
+	if err := s.InsertSandbox(ctx, rec("b", "o", 3, 512), lim); !errors.As(err, &le) || !errors.Is(err, ErrSandboxLimit) ||
+		*le != (SandboxLimitError{Limit: "vcpus", Used: 2, Max: 4, Asked: 3}) {
+		t.Fatalf("past the vCPUs: %v", err)
+	}
+	if err := s.InsertSandbox(ctx, rec("b", "o", 1, 2048), lim); !errors.As(err, &le) || le.Limit != "memory" || le.Used != 512 {
+		t.Fatalf("past the memory: %v", err)
+	}
+	for _, id := range []string{"b", "c"} {
+		if err := s.InsertSandbox(ctx, rec(id, "o", 1, 256), lim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.InsertSandbox(ctx, rec("d", "o", 0, 0), lim); !errors.As(err, &le) || le.Limit != "sandboxes" || le.Used != 3 {
+		t.Fatalf("past the count: %v", err)
+	}
+	// Another owner's records do not count, and zero limits nothing.
+	if err := s.InsertSandbox(ctx, rec("e", "p", 4, 2048), lim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertSandbox(ctx, rec("f", "o", 64, 1<<20), SandboxLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "f"); err != nil || got.CPUCount != 64 || got.Owner != "o" {
+		t.Fatalf("inserted record = %+v, %v", got, err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -55,8 +54,8 @@ CREATE TABLE IF NOT EXISTS volumes (
 	owner      TEXT NOT NULL,
 	name       TEXT NOT NULL,
 	token      TEXT NOT NULL,
-	size_bytes INTEGER NOT NULL,
-	created_at INTEGER NOT NULL,
+	size_bytes BIGINT NOT NULL,
+	created_at BIGINT NOT NULL,
 	state      TEXT NOT NULL,
 	UNIQUE (owner, name)
 );`
@@ -67,12 +66,17 @@ const volumeColumns = `id, owner, name, token, size_bytes, created_at, state`
 // that its name is free for its owner (ErrExists) and that the owner stays
 // within lim (ErrVolumeLimit): two creates at once cannot both pass.
 // Records being deleted still count: their space is not free yet.
-func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) error {
+func (s *DB) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: insert volume: %w", err)
 	}
 	defer tx.Rollback()
+	// The owner's lock: two creates by two processes on PostgreSQL would
+	// otherwise both pass the checks below.
+	if err := tx.lock(ctx, "volumes", v.Owner); err != nil {
+		return fmt.Errorf("store: insert volume: %w", err)
+	}
 	var taken int
 	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM volumes WHERE owner = ? AND name = ?`, v.Owner, v.Name).Scan(&taken); err != nil {
 		return fmt.Errorf("store: insert volume: %w", err)
@@ -82,7 +86,7 @@ func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) e
 	}
 	var count int
 	var total int64
-	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(size_bytes), 0) FROM volumes WHERE owner = ?`, v.Owner).Scan(&count, &total); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT count(*), CAST(coalesce(sum(size_bytes), 0) AS BIGINT) FROM volumes WHERE owner = ?`, v.Owner).Scan(&count, &total); err != nil {
 		return fmt.Errorf("store: insert volume: %w", err)
 	}
 	if lim.MaxCount > 0 && count+1 > lim.MaxCount {
@@ -95,7 +99,7 @@ func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) e
 	_, err = tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		v.ID, v.Owner, v.Name, v.Token, v.SizeBytes, v.CreatedAt.UnixNano(), v.State)
 	if err != nil {
-		if strings.Contains(err.Error(), "UNIQUE") {
+		if isUnique(err) {
 			return fmt.Errorf("%w: volume %s", ErrExists, v.ID)
 		}
 		return fmt.Errorf("store: insert volume %s: %w", v.ID, err)
@@ -107,13 +111,13 @@ func (s *SQLite) InsertVolume(ctx context.Context, v Volume, lim VolumeLimits) e
 }
 
 // SetVolumeState changes a record's state; ErrNotFound if there is none.
-func (s *SQLite) SetVolumeState(ctx context.Context, id, state string) error {
+func (s *DB) SetVolumeState(ctx context.Context, id, state string) error {
 	return s.updateOne(ctx, "volume "+id, `UPDATE volumes SET state = ? WHERE id = ?`, state, id)
 }
 
 // GetVolume returns a record by ID, whoever owns it (the content API checks
 // the volume's token instead); ErrNotFound if there is none.
-func (s *SQLite) GetVolume(ctx context.Context, id string) (Volume, error) {
+func (s *DB) GetVolume(ctx context.Context, id string) (Volume, error) {
 	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Volume{}, fmt.Errorf("%w: volume %s", ErrNotFound, id)
@@ -123,7 +127,7 @@ func (s *SQLite) GetVolume(ctx context.Context, id string) (Volume, error) {
 
 // ListVolumes returns an owner's records (every owner's when owner is ""),
 // oldest first.
-func (s *SQLite) ListVolumes(ctx context.Context, owner string) ([]Volume, error) {
+func (s *DB) ListVolumes(ctx context.Context, owner string) ([]Volume, error) {
 	q := `SELECT ` + volumeColumns + ` FROM volumes`
 	var args []any
 	if owner != "" {
@@ -147,7 +151,7 @@ func (s *SQLite) ListVolumes(ctx context.Context, owner string) ([]Volume, error
 }
 
 // DeleteVolume removes a record; an unknown ID is no error.
-func (s *SQLite) DeleteVolume(ctx context.Context, id string) error {
+func (s *DB) DeleteVolume(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete volume %s: %w", id, err)
 	}

@@ -3,19 +3,16 @@ package store
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
 
-func TestVolumesRecords(t *testing.T) {
+func TestVolumesRecords(t *testing.T) { forEachDB(t, testVolumesRecords) }
+
+func testVolumesRecords(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "airlock.db")
-	s, err := OpenSQLite(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := open()
 	lim := VolumeLimits{MaxCount: 2, MaxBytes: 3 << 20}
 	v1 := Volume{ID: "id1", Owner: "k1", Name: "data", Token: "t1", SizeBytes: 1 << 20, CreatedAt: time.Unix(10, 0), State: VolumeCreating}
 	if err := s.InsertVolume(ctx, v1, lim); err != nil {
@@ -45,10 +42,7 @@ func TestVolumesRecords(t *testing.T) {
 		t.Fatalf("state of unknown: %v", err)
 	}
 	s.Close()
-	if s, err = OpenSQLite(path); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s = open()
 	got, err := s.GetVolume(ctx, "id1")
 	if err != nil || got != (Volume{ID: "id1", Owner: "k1", Name: "data", Token: "t1", SizeBytes: 1 << 20, CreatedAt: time.Unix(10, 0), State: VolumeReady}) {
 		t.Fatalf("GetVolume = %+v, %v", got, err)

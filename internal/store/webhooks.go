@@ -89,33 +89,34 @@ CREATE TABLE IF NOT EXISTS webhooks (
 	owner       TEXT NOT NULL,
 	name        TEXT NOT NULL,
 	url         TEXT NOT NULL,
-	enabled     INTEGER NOT NULL,
+	enabled     BOOLEAN NOT NULL,
 	events      TEXT NOT NULL,   -- JSON array of event types
 	secret      TEXT NOT NULL,
-	created_at  INTEGER NOT NULL,
-	updated_at  INTEGER NOT NULL
+	created_at  BIGINT NOT NULL,
+	updated_at  BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhooks_owner ON webhooks (owner, created_at);
 CREATE TABLE IF NOT EXISTS webhook_cursor (
 	id  INTEGER PRIMARY KEY CHECK (id = 1),
-	seq INTEGER NOT NULL
+	seq BIGINT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS webhook_deliveries (
 	id              TEXT PRIMARY KEY,
 	webhook_id      TEXT NOT NULL,
 	owner           TEXT NOT NULL,
 	event_id        TEXT NOT NULL,
-	event_seq       INTEGER NOT NULL,
+	event_seq       BIGINT NOT NULL,
 	event_type      TEXT NOT NULL,
 	sandbox_id      TEXT NOT NULL,
 	payload         BLOB NOT NULL,
 	status          TEXT NOT NULL,
-	attempts        INTEGER NOT NULL DEFAULT 0,
-	next_attempt_at INTEGER NOT NULL,
+	attempts        BIGINT NOT NULL DEFAULT 0,
+	next_attempt_at BIGINT NOT NULL,
 	last_error      TEXT NOT NULL DEFAULT '',
-	last_http       INTEGER NOT NULL DEFAULT 0,
-	created_at      INTEGER NOT NULL,
-	updated_at      INTEGER NOT NULL,
+	last_http       BIGINT NOT NULL DEFAULT 0,
+	created_at      BIGINT NOT NULL,
+	updated_at      BIGINT NOT NULL,
+	lease_until     BIGINT NOT NULL DEFAULT 0, -- claimed by a process until (DueDeliveries)
 	UNIQUE (webhook_id, event_id)
 );
 CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (status, next_attempt_at);
@@ -123,17 +124,17 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_order ON webhook_deliveries (webho
 CREATE INDEX IF NOT EXISTS webhook_deliveries_list ON webhook_deliveries (webhook_id, created_at);
 CREATE TABLE IF NOT EXISTS webhook_attempts (
 	delivery_id TEXT NOT NULL,
-	at          INTEGER NOT NULL,
-	http        INTEGER NOT NULL,
+	at          BIGINT NOT NULL,
+	http        BIGINT NOT NULL,
 	error       TEXT NOT NULL,
-	duration_us INTEGER NOT NULL
+	duration_us BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhook_attempts_delivery ON webhook_attempts (delivery_id, at);`
 
 const webhookColumns = `id, owner, name, url, enabled, events, secret, created_at, updated_at`
 
 // PutWebhook inserts or replaces (by ID) a webhook.
-func (s *SQLite) PutWebhook(ctx context.Context, w Webhook) error {
+func (s *DB) PutWebhook(ctx context.Context, w Webhook) error {
 	if w.ID == "" || w.Owner == "" {
 		return fmt.Errorf("store: put webhook: id and owner are required")
 	}
@@ -141,7 +142,8 @@ func (s *SQLite) PutWebhook(ctx context.Context, w Webhook) error {
 	if err != nil {
 		return fmt.Errorf("store: webhook %s events: %w", w.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO webhooks (`+webhookColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO webhooks (`+webhookColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET `+updateAll(webhookColumns),
 		w.ID, w.Owner, w.Name, w.URL, w.Enabled, string(ev), w.Secret, unixNano(w.CreatedAt), unixNano(w.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("store: put webhook %s: %w", w.ID, err)
@@ -151,7 +153,7 @@ func (s *SQLite) PutWebhook(ctx context.Context, w Webhook) error {
 
 // GetWebhook returns owner's webhook id; ErrNotFound when there is none or
 // it is another owner's (one key cannot learn of another's webhooks).
-func (s *SQLite) GetWebhook(ctx context.Context, owner, id string) (Webhook, error) {
+func (s *DB) GetWebhook(ctx context.Context, owner, id string) (Webhook, error) {
 	row := s.db.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE id = ? AND owner = ?`, id, owner)
 	w, err := scanWebhook(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -161,7 +163,7 @@ func (s *SQLite) GetWebhook(ctx context.Context, owner, id string) (Webhook, err
 }
 
 // ListWebhooks returns owner's webhooks, oldest first.
-func (s *SQLite) ListWebhooks(ctx context.Context, owner string) ([]Webhook, error) {
+func (s *DB) ListWebhooks(ctx context.Context, owner string) ([]Webhook, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE owner = ? ORDER BY created_at, id`, owner)
 	if err != nil {
 		return nil, fmt.Errorf("store: list webhooks: %w", err)
@@ -180,7 +182,7 @@ func (s *SQLite) ListWebhooks(ctx context.Context, owner string) ([]Webhook, err
 
 // DeleteWebhook removes owner's webhook id with its deliveries (pending ones
 // are not sent any more) and reports whether it existed.
-func (s *SQLite) DeleteWebhook(ctx context.Context, owner, id string) (bool, error) {
+func (s *DB) DeleteWebhook(ctx context.Context, owner, id string) (bool, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("store: delete webhook %s: %w", id, err)
@@ -193,6 +195,14 @@ func (s *SQLite) DeleteWebhook(ctx context.Context, owner, id string) (bool, err
 	if n, _ := res.RowsAffected(); n == 0 {
 		return false, nil
 	}
+	// On PostgreSQL, lock the deliveries first: this waits for an attempt
+	// another process is recording on one of them (RecordAttempt holds its
+	// row to its commit), so the statement below sees that attempt too, and
+	// a later RecordAttempt finds its delivery gone. (DispatchEvents holds
+	// the webhook's row while it makes deliveries, so no new one appears.)
+	if err := lockedRows(ctx, tx, `SELECT id FROM webhook_deliveries WHERE webhook_id = ?`+tx.d.lockRows("FOR UPDATE"), id); err != nil {
+		return false, fmt.Errorf("store: delete deliveries of webhook %s: %w", id, err)
+	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM webhook_deliveries WHERE webhook_id = ?)`, id); err != nil {
 		return false, fmt.Errorf("store: delete attempts of webhook %s: %w", id, err)
 	}
@@ -203,6 +213,22 @@ func (s *SQLite) DeleteWebhook(ctx context.Context, owner, id string) (bool, err
 		return false, fmt.Errorf("store: delete webhook %s: %w", id, err)
 	}
 	return true, nil
+}
+
+// lockedRows runs a locking query (lockRows) and reads its rows through,
+// which is what takes the locks.
+func lockedRows(ctx context.Context, tx *txn, query string, args ...any) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+	}
+	if err := rows.Err(); err != nil {
+		rows.Close()
+		return err
+	}
+	return rows.Close()
 }
 
 func scanWebhook(row interface{ Scan(...any) error }) (Webhook, error) {
@@ -227,7 +253,7 @@ func scanWebhook(row interface{ Scan(...any) error }) (Webhook, error) {
 
 // WebhookCursor is the sequence number of the last event turned into
 // deliveries (0 before the first).
-func (s *SQLite) WebhookCursor(ctx context.Context) (int64, error) {
+func (s *DB) WebhookCursor(ctx context.Context) (int64, error) {
 	var seq int64
 	err := s.db.QueryRowContext(ctx, `SELECT seq FROM webhook_cursor WHERE id = 1`).Scan(&seq)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -244,12 +270,19 @@ func (s *SQLite) WebhookCursor(ctx context.Context) (int64, error) {
 // registered by the time it happened, and moves the cursor to through, all
 // in one transaction: a crash leaves either none of it or all of it, so no
 // event is lost or dispatched twice. It returns how many deliveries it made.
-func (s *SQLite) DispatchEvents(ctx context.Context, events []DispatchEvent, through int64, now time.Time) (int, error) {
+func (s *DB) DispatchEvents(ctx context.Context, events []DispatchEvent, through int64, now time.Time) (int, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("store: dispatch events: %w", err)
 	}
 	defer tx.Rollback()
+	// Replicas on PostgreSQL each dispatch every event: the unique
+	// (webhook, event) pair below keeps the second from making a second
+	// delivery, and this lock has them take turns rather than wait on each
+	// other's rows.
+	if err := tx.lock(ctx, "webhook dispatch"); err != nil {
+		return 0, fmt.Errorf("store: dispatch events: %w", err)
+	}
 	hooks := map[string][]Webhook{} // by owner, read once per batch
 	made := 0
 	for _, e := range events {
@@ -264,11 +297,11 @@ func (s *SQLite) DispatchEvents(ctx context.Context, events []DispatchEvent, thr
 			if !slices.Contains(w.Events, e.Type) || e.Time.Before(w.CreatedAt) {
 				continue
 			}
-			// OR IGNORE: the same event offered twice (a cursor that did
-			// not move) makes no second delivery.
-			res, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO webhook_deliveries
+			// DO NOTHING: the same event offered twice (a cursor that did
+			// not move, or another replica's) makes no second delivery.
+			res, err := tx.ExecContext(ctx, `INSERT INTO webhook_deliveries
 				(id, webhook_id, owner, event_id, event_seq, event_type, sandbox_id, payload, status, next_attempt_at, created_at, updated_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
 				newID(), w.ID, e.Owner, e.ID, e.Seq, e.Type, e.SandboxID, e.Payload, DeliveryPending,
 				now.UnixNano(), now.UnixNano(), now.UnixNano())
 			if err != nil {
@@ -279,7 +312,7 @@ func (s *SQLite) DispatchEvents(ctx context.Context, events []DispatchEvent, thr
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO webhook_cursor (id, seq) VALUES (1, ?)
-		ON CONFLICT (id) DO UPDATE SET seq = max(seq, excluded.seq)`, through); err != nil {
+		ON CONFLICT (id) DO UPDATE SET seq = `+tx.d.greatest("webhook_cursor.seq", "excluded.seq"), through); err != nil {
 		return 0, fmt.Errorf("store: move webhook cursor: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -288,8 +321,13 @@ func (s *SQLite) DispatchEvents(ctx context.Context, events []DispatchEvent, thr
 	return made, nil
 }
 
-func enabledWebhooks(ctx context.Context, tx *sql.Tx, owner string) ([]Webhook, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE owner = ? AND enabled = 1`, owner)
+// enabledWebhooks reads owner's enabled webhooks in tx. On PostgreSQL it
+// holds them (FOR SHARE) until tx ends: a webhook deleted meanwhile
+// (DeleteWebhook) is deleted after the deliveries made for it here, with
+// them, instead of before, leaving them behind.
+func enabledWebhooks(ctx context.Context, tx *txn, owner string) ([]Webhook, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE owner = ? AND enabled = TRUE ORDER BY id`+
+		tx.d.lockRows("FOR SHARE"), owner)
 	if err != nil {
 		return nil, fmt.Errorf("store: webhooks of %s: %w", owner, err)
 	}
@@ -314,23 +352,50 @@ const head = `d.status = 'pending' AND NOT EXISTS (SELECT 1 FROM webhook_deliver
 const deliveryColumns = `d.id, d.webhook_id, d.owner, d.event_id, d.event_seq, d.event_type, d.sandbox_id, d.payload, d.status,
 	d.attempts, d.next_attempt_at, d.last_error, d.last_http, d.created_at, d.updated_at`
 
+// DefaultDeliveryLease is how long, on PostgreSQL, a delivery that
+// DueDeliveries handed out is held from every other process sharing the
+// database (see SetDeliveryLease). It is well above an attempt's time (the
+// dispatcher's default timeout is 10 s).
+const DefaultDeliveryLease = time.Minute
+
+// SetDeliveryLease sets how long a delivery DueDeliveries hands out is
+// claimed: no call of DueDeliveries, in this process or another, returns
+// it again until its attempt is recorded or the lease runs out (the
+// process attempting it died, say; then it is attempted again, as deliveries
+// are at least once). It must exceed the time one attempt may take. The
+// default is DefaultDeliveryLease on PostgreSQL, and 0 on SQLite: one server
+// process uses a SQLite file, and its dispatcher knows its own attempts in
+// flight (DueDeliveries' skip), so that a delivery cut short by a restart is
+// made again at once. Set it before the store is in use.
+func (s *DB) SetDeliveryLease(d time.Duration) { s.lease = max(d, 0) }
+
 // DueDeliveries returns up to limit deliveries first in line whose next
 // attempt is due by now, with their webhook's current URL and secret, the
 // longest waiting first; skip are deliveries already being attempted. The
-// deliveries of a disabled webhook wait until it is enabled again.
-func (s *SQLite) DueDeliveries(ctx context.Context, now time.Time, limit int, skip map[string]bool) ([]Delivery, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+deliveryColumns+`, w.url, w.secret FROM webhook_deliveries d
-		JOIN webhooks w ON w.id = d.webhook_id
-		WHERE `+head+` AND w.enabled = 1 AND d.next_attempt_at <= ? ORDER BY d.next_attempt_at, d.event_seq LIMIT ?`,
-		now.UnixNano(), limit+len(skip))
+// deliveries of a disabled webhook wait until it is enabled again. It
+// claims what it returns for the delivery lease (SetDeliveryLease): on
+// PostgreSQL, where the dispatchers of several replicas ask at once, it
+// passes over the rows another is claiming (SKIP LOCKED), so no delivery is
+// handed to two of them.
+func (s *DB) DueDeliveries(ctx context.Context, now time.Time, limit int, skip map[string]bool) ([]Delivery, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("store: due deliveries: %w", err)
 	}
-	defer rows.Close()
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `SELECT `+deliveryColumns+`, w.url, w.secret FROM webhook_deliveries d
+		JOIN webhooks w ON w.id = d.webhook_id
+		WHERE `+head+` AND w.enabled = TRUE AND d.next_attempt_at <= ? AND d.lease_until <= ?
+		ORDER BY d.next_attempt_at, d.event_seq LIMIT ?`+tx.d.lockRows("FOR UPDATE OF d SKIP LOCKED"),
+		now.UnixNano(), now.UnixNano(), limit+len(skip))
+	if err != nil {
+		return nil, fmt.Errorf("store: due deliveries: %w", err)
+	}
 	var out []Delivery
 	for rows.Next() {
 		var d Delivery
 		if err := scanDelivery(rows, &d, &d.URL, &d.Secret); err != nil {
+			rows.Close()
 			return nil, err
 		}
 		if skip[d.ID] || len(out) == limit {
@@ -338,15 +403,34 @@ func (s *SQLite) DueDeliveries(ctx context.Context, now time.Time, limit int, sk
 		}
 		out = append(out, d)
 	}
-	return out, rows.Err()
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("store: due deliveries: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: due deliveries: %w", err)
+	}
+	if s.lease > 0 {
+		until := now.Add(s.lease).UnixNano()
+		for _, d := range out {
+			if _, err := tx.ExecContext(ctx, `UPDATE webhook_deliveries SET lease_until = ? WHERE id = ?`, until, d.ID); err != nil {
+				return nil, fmt.Errorf("store: claim delivery %s: %w", d.ID, err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("store: due deliveries: %w", err)
+	}
+	return out, nil
 }
 
 // NextAttemptAfter is the earliest next attempt after now of a delivery first
-// in line; ok is false when none waits.
-func (s *SQLite) NextAttemptAfter(ctx context.Context, now time.Time) (t time.Time, ok bool, err error) {
+// in line (a claimed one's lease end, if later); ok is false when none
+// waits.
+func (s *DB) NextAttemptAfter(ctx context.Context, now time.Time) (t time.Time, ok bool, err error) {
 	var next sql.NullInt64
-	err = s.db.QueryRowContext(ctx, `SELECT min(d.next_attempt_at) FROM webhook_deliveries d
-		JOIN webhooks w ON w.id = d.webhook_id WHERE `+head+` AND w.enabled = 1 AND d.next_attempt_at > ?`,
+	due := s.db.d.greatest("d.next_attempt_at", "d.lease_until")
+	err = s.db.QueryRowContext(ctx, `SELECT min(`+due+`) FROM webhook_deliveries d
+		JOIN webhooks w ON w.id = d.webhook_id WHERE `+head+` AND w.enabled = TRUE AND `+due+` > ?`,
 		now.UnixNano()).Scan(&next)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("store: next delivery attempt: %w", err)
@@ -359,7 +443,7 @@ func (s *SQLite) NextAttemptAfter(ctx context.Context, now time.Time) (t time.Ti
 
 // RecordAttempt keeps the outcome of one attempt of delivery id and its new
 // state: status (pending to try again at next, delivered or failed).
-func (s *SQLite) RecordAttempt(ctx context.Context, id string, a Attempt, status string, next time.Time) error {
+func (s *DB) RecordAttempt(ctx context.Context, id string, a Attempt, status string, next time.Time) error {
 	switch status {
 	case DeliveryPending, DeliveryDelivered, DeliveryFailed:
 	default:
@@ -371,7 +455,7 @@ func (s *SQLite) RecordAttempt(ctx context.Context, id string, a Attempt, status
 	}
 	defer tx.Rollback()
 	res, err := tx.ExecContext(ctx, `UPDATE webhook_deliveries SET status = ?, attempts = attempts + 1, next_attempt_at = ?,
-		last_error = ?, last_http = ?, updated_at = ? WHERE id = ?`,
+		last_error = ?, last_http = ?, updated_at = ?, lease_until = 0 WHERE id = ?`,
 		status, unixNano(next), a.Error, a.HTTP, a.At.UnixNano(), id)
 	if err != nil {
 		return fmt.Errorf("store: record attempt of %s: %w", id, err)
@@ -391,7 +475,7 @@ func (s *SQLite) RecordAttempt(ctx context.Context, id string, a Attempt, status
 
 // ListDeliveries returns owner's webhook's deliveries, newest first, from
 // offset, at most limit, each with its attempts.
-func (s *SQLite) ListDeliveries(ctx context.Context, owner, webhookID string, offset, limit int) ([]Delivery, error) {
+func (s *DB) ListDeliveries(ctx context.Context, owner, webhookID string, offset, limit int) ([]Delivery, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d
 		WHERE d.webhook_id = ? AND d.owner = ? ORDER BY d.event_seq DESC, d.id LIMIT ? OFFSET ?`, webhookID, owner, limit, offset)
 	if err != nil {
@@ -420,7 +504,7 @@ func (s *SQLite) ListDeliveries(ctx context.Context, owner, webhookID string, of
 	return out, nil
 }
 
-func (s *SQLite) attempts(ctx context.Context, deliveryID string) ([]Attempt, error) {
+func (s *DB) attempts(ctx context.Context, deliveryID string) ([]Attempt, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT at, http, error, duration_us FROM webhook_attempts WHERE delivery_id = ? ORDER BY at, rowid`, deliveryID)
 	if err != nil {
 		return nil, fmt.Errorf("store: attempts of %s: %w", deliveryID, err)
@@ -444,7 +528,7 @@ func (s *SQLite) attempts(ctx context.Context, deliveryID string) ([]Attempt, er
 
 // PruneDeliveries removes the deliveries that finished (delivered or failed)
 // before t, with their attempts, and returns how many.
-func (s *SQLite) PruneDeliveries(ctx context.Context, t time.Time) (int, error) {
+func (s *DB) PruneDeliveries(ctx context.Context, t time.Time) (int, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("store: prune deliveries: %w", err)

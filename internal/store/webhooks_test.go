@@ -2,25 +2,19 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 )
 
-func openTestStore(t *testing.T) *SQLite {
-	t.Helper()
-	s, err := OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
+func TestWebhooksScopedToOwner(t *testing.T) { forEachDB(t, testWebhooksScopedToOwner) }
 
-func TestWebhooksScopedToOwner(t *testing.T) {
+func testWebhooksScopedToOwner(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s := openTestStore(t)
+	s := open()
 	now := time.Now()
 	w := Webhook{ID: "w1", Owner: "a", Name: "n", URL: "http://x", Enabled: true, Events: []string{"t1"}, Secret: "s", CreatedAt: now, UpdatedAt: now}
 	if err := s.PutWebhook(ctx, w); err != nil {
@@ -47,9 +41,14 @@ func TestWebhooksScopedToOwner(t *testing.T) {
 	}
 }
 
-func TestDispatchEvents(t *testing.T) {
+func TestDispatchEvents(t *testing.T) { forEachDB(t, testDispatchEvents) }
+
+func testDispatchEvents(t *testing.T, open func() *DB) {
 	ctx := context.Background()
-	s := openTestStore(t)
+	s := open()
+	// No claims: DueDeliveries is asked again below without attempts
+	// recorded in between (TestDeliveryLease is about claims).
+	s.SetDeliveryLease(0)
 	t0 := time.Now()
 	for _, w := range []Webhook{
 		{ID: "all", Owner: "a", Enabled: true, Events: []string{"c", "k"}, CreatedAt: t0},
@@ -142,5 +141,106 @@ func TestDispatchEvents(t *testing.T) {
 	}
 	if due, _ := s.DueDeliveries(ctx, retry, 10, nil); len(due) != 1 || due[0].WebhookID != "k-only" {
 		t.Errorf("after deleting 'all', due = %+v", due)
+	}
+}
+
+// TestDeliveryLease: a delivery DueDeliveries hands out is claimed, for this
+// store and any other on the same database (another process), until its
+// attempt is recorded or the lease runs out (its process died), after which
+// it is handed out again.
+func TestDeliveryLease(t *testing.T) { forEachDB(t, testDeliveryLease) }
+
+func testDeliveryLease(t *testing.T, open func() *DB) {
+	ctx := context.Background()
+	s1, s2 := open(), open()
+	const lease = time.Minute
+	s1.SetDeliveryLease(lease)
+	s2.SetDeliveryLease(lease)
+	t0 := time.Unix(1700000000, 0)
+	if err := s1.PutWebhook(ctx, Webhook{ID: "w", Owner: "a", Enabled: true, Events: []string{"c"}, CreatedAt: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s1.DispatchEvents(ctx, []DispatchEvent{
+		{ID: "e1", Seq: 1, Type: "c", Owner: "a", SandboxID: "s1", Time: t0, Payload: []byte(`{}`)},
+		{ID: "e2", Seq: 2, Type: "c", Owner: "a", SandboxID: "s2", Time: t0, Payload: []byte(`{}`)},
+	}, 2, t0); err != nil || n != 2 {
+		t.Fatalf("DispatchEvents = %d, %v", n, err)
+	}
+	events := func(s *DB, now time.Time) (out []string) {
+		t.Helper()
+		due, err := s.DueDeliveries(ctx, now, 10, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range due {
+			out = append(out, d.EventID)
+		}
+		return out
+	}
+	first, err := s1.DueDeliveries(ctx, t0, 1, nil)
+	if err != nil || len(first) != 1 || first[0].EventID != "e1" {
+		t.Fatalf("first claim = %+v, %v", first, err)
+	}
+	if got := events(s2, t0); fmt.Sprint(got) != "[e2]" {
+		t.Fatalf("the other store got %v, want only e2 (e1 is claimed)", got)
+	}
+	if got := events(s1, t0.Add(lease/2)); len(got) != 0 {
+		t.Fatalf("claimed deliveries handed out again: %v", got)
+	}
+	if next, ok, err := s2.NextAttemptAfter(ctx, t0); err != nil || !ok || !next.Equal(t0.Add(lease)) {
+		t.Fatalf("NextAttemptAfter = %v, %v, %v; want the leases' end", next, ok, err)
+	}
+	// Recorded: the claim ends with it, and the delivery waits for its retry.
+	retry := t0.Add(lease / 2)
+	if err := s1.RecordAttempt(ctx, first[0].ID, Attempt{At: t0, HTTP: 500}, DeliveryPending, retry); err != nil {
+		t.Fatal(err)
+	}
+	if got := events(s2, retry); fmt.Sprint(got) != "[e1]" {
+		t.Fatalf("after its attempt was recorded, due = %v, want e1 at its retry", got)
+	}
+	// e2's claimant died: once its lease is over, e2 is handed out again.
+	if got := events(s2, t0.Add(lease)); fmt.Sprint(got) != "[e2]" {
+		t.Fatalf("after e2's lease, due = %v, want e2", got)
+	}
+}
+
+// TestSQLiteMigratesDeliveryLease opens a database whose delivery outbox
+// predates claims (no lease_until column): its pending deliveries stay due,
+// and are claimed as new ones are. SQLite only: PostgreSQL stores began with
+// the column.
+func TestSQLiteMigratesDeliveryLease(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "airlock.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE webhooks (
+	id TEXT PRIMARY KEY, owner TEXT NOT NULL, name TEXT NOT NULL, url TEXT NOT NULL, enabled INTEGER NOT NULL,
+	events TEXT NOT NULL, secret TEXT NOT NULL, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+CREATE TABLE webhook_deliveries (
+	id TEXT PRIMARY KEY, webhook_id TEXT NOT NULL, owner TEXT NOT NULL, event_id TEXT NOT NULL, event_seq INTEGER NOT NULL,
+	event_type TEXT NOT NULL, sandbox_id TEXT NOT NULL, payload BLOB NOT NULL, status TEXT NOT NULL,
+	attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL, last_error TEXT NOT NULL DEFAULT '',
+	last_http INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+	UNIQUE (webhook_id, event_id));
+INSERT INTO webhooks VALUES ('w', 'o', 'n', 'http://x', 1, '["c"]', 's', 1, 1);
+INSERT INTO webhook_deliveries (id, webhook_id, owner, event_id, event_seq, event_type, sandbox_id, payload, status, next_attempt_at, created_at, updated_at)
+	VALUES ('d1', 'w', 'o', 'e1', 1, 'c', 'sb', x'7b7d', 'pending', 5, 1, 1);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.SetDeliveryLease(time.Minute)
+	now := time.Unix(0, 10)
+	if due, err := s.DueDeliveries(ctx, now, 10, nil); err != nil || len(due) != 1 || due[0].ID != "d1" || string(due[0].Payload) != "{}" {
+		t.Fatalf("the old pending delivery: %+v, %v", due, err)
+	}
+	if due, err := s.DueDeliveries(ctx, now, 10, nil); err != nil || len(due) != 0 {
+		t.Fatalf("claimed, and handed out again: %+v, %v", due, err)
 	}
 }
