@@ -49,7 +49,7 @@ type EventLog interface {
 // Backend is the E2B API's sandbox manager when sandboxes are Pods: it
 // implements the E2B handler's Manager and the proxy's Sandboxes. Create,
 // get, list, timeouts, kill and connect work as on one box; pause, fork,
-// snapshots, network updates, metrics and logs answer
+// snapshots, network updates and logs answer
 // sandbox.ErrNotSupported naming the backend.
 //
 // Every replica of the control plane runs a Backend over the same Records
@@ -74,11 +74,14 @@ type Backend struct {
 	Pods      *Pods
 	Templates func(ctx context.Context, name string) (Template, error)
 	// Records are the sandboxes' records, shared by the replicas.
-	Records store.Store
+	Records Records
 	// Events, when set, gets the sandboxes' lifecycle events.
 	Events EventLog
+	// Samples, when set, keeps the sandboxes' resource samples (Sample);
+	// without it, metrics answer 501.
+	Samples MetricsStore
 	// Quota, when set, is each team's quota (Sandboxes, VCPUs, MemoryMB
-	// are enforced, over every replica's records).
+	// are enforced, over every replica's records: Records.InsertSandbox).
 	Quota func(owner string) sandbox.Quota
 	Log   *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
@@ -91,9 +94,18 @@ type Backend struct {
 	// ended holds why sandboxes ended, for the message of a not-found, a
 	// while.
 	ended map[string]string
-	// creating counts this replica's creates in flight per owner, for
-	// quotas until their records are written.
-	creating map[string]int
+}
+
+// Records is what the backend keeps in the store (store.DB): the
+// sandboxes' records, shared by every replica.
+type Records interface {
+	// InsertSandbox writes a new record if its owner's records stay
+	// within the limits (store.SandboxLimitError otherwise).
+	InsertSandbox(ctx context.Context, s store.Sandbox, lim store.SandboxLimits) error
+	Put(ctx context.Context, s store.Sandbox) error
+	Get(ctx context.Context, id string) (store.Sandbox, error)
+	List(ctx context.Context) ([]store.Sandbox, error)
+	Delete(ctx context.Context, id string) error
 }
 
 // route is how the proxy reaches one sandbox.
@@ -192,11 +204,6 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	if err != nil {
 		return sandbox.Info{}, err
 	}
-	release, err := b.reserve(ctx, req.Owner, t.CPUs, t.MemoryMB)
-	if err != nil {
-		return sandbox.Info{}, err
-	}
-	defer release()
 	id := newID()
 	env := maps.Clone(t.EnvVars)
 	if env == nil {
@@ -215,10 +222,11 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	if req.Secure {
 		info.AccessToken = newToken()
 	}
-	// The record first: a replica that dies now leaves a record the
-	// reconciler finds, never a Pod no record names for long.
-	if err := b.Records.Put(ctx, sandbox.ToRecord(info)); err != nil {
-		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
+	// The record first, within the team's quota: a replica that dies now
+	// leaves a record the reconciler finds, never a Pod no record names
+	// for long.
+	if err := b.insert(ctx, info); err != nil {
+		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	defer func() {
 		if err != nil {
@@ -240,9 +248,9 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 			_ = b.Pods.Delete(context.WithoutCancel(ctx), id)
 		}
 	}()
-	// The timeout counts from when the sandbox is usable, as on one box.
-	now = b.now()
-	info.StartedAt, info.EndAt, info.State = now, now.Add(req.Timeout), sandbox.StateRunning
+	// The timeout counts from the create's start: the Pod's start (seconds
+	// when its node pulls the image) is part of the sandbox's life.
+	info.State = sandbox.StateRunning
 	if err := b.commit(ctx, info, lifecycle.Created, lifecycle.EventData{}, t.BuildID); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
 	}
@@ -263,60 +271,33 @@ func newRoute(ip net.IP, info sandbox.Info) *route {
 		envd: Transport(ip, envdapi.Port), interp: Transport(ip, envdapi.InterpPort)}
 }
 
-// reserve counts a create in flight against owner's quota, over the
-// records of every replica, or fails with sandbox.ErrLimit naming it.
-// Creates in flight on other replicas count once their records exist
-// (the record is the first thing a create writes).
-func (b *Backend) reserve(ctx context.Context, owner string, cpu, mem int) (release func(), err error) {
-	if b.Quota == nil {
-		return func() {}, nil
+// insert writes a new sandbox's record, within its team's quota over
+// every replica's records: the store checks and writes in one transaction
+// under the team's lock, so two replicas cannot both pass where one fits.
+func (b *Backend) insert(ctx context.Context, info sandbox.Info) error {
+	var q sandbox.Quota
+	if b.Quota != nil {
+		q = b.Quota(info.Owner)
 	}
-	q := b.Quota(owner)
-	if q.Sandboxes <= 0 && q.VCPUs <= 0 && q.MemoryMB <= 0 {
-		return func() {}, nil
-	}
-	recs, err := b.Records.List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("counting the team's sandboxes: %w", err)
-	}
-	var alive, cpus, mems int
-	for _, r := range recs {
-		if r.Owner == owner {
-			alive, cpus, mems = alive+1, cpus+r.CPUCount, mems+r.MemoryMB
-		}
+	err := b.Records.InsertSandbox(ctx, sandbox.ToRecord(info), store.SandboxLimits{MaxCount: q.Sandboxes, MaxCPUs: q.VCPUs, MaxMemoryMB: q.MemoryMB})
+	var le *store.SandboxLimitError
+	if !errors.As(err, &le) {
+		return err
 	}
 	team := "this team"
 	if q.Team != "" {
 		team = "team " + q.Team
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	// This replica's creates whose records are not written yet: none, as
-	// the record comes first; counted anyway for the moment between the
-	// list above and the Put.
-	alive += b.creating[owner]
-	switch {
-	case q.Sandboxes > 0 && alive+1 > q.Sandboxes:
-		return nil, fmt.Errorf("%w: quota of concurrent sandboxes reached: %s has %d running or starting, its limit is %d; kill one first",
-			sandbox.ErrLimit, team, alive, q.Sandboxes)
-	case q.VCPUs > 0 && cpus+cpu > q.VCPUs:
-		return nil, fmt.Errorf("%w: quota of vCPUs reached: %s's sandboxes use %d of its %d vCPUs, and this one needs %d",
-			sandbox.ErrLimit, team, cpus, q.VCPUs, cpu)
-	case q.MemoryMB > 0 && mems+mem > q.MemoryMB:
-		return nil, fmt.Errorf("%w: quota of memory reached: %s's sandboxes use %d of its %d MiB, and this one needs %d MiB",
-			sandbox.ErrLimit, team, mems, q.MemoryMB, mem)
+	switch le.Limit {
+	case "vcpus":
+		return fmt.Errorf("%w: quota of vCPUs reached: %s's sandboxes use %d of its %d vCPUs, and this one needs %d",
+			sandbox.ErrLimit, team, le.Used, le.Max, le.Asked)
+	case "memory":
+		return fmt.Errorf("%w: quota of memory reached: %s's sandboxes use %d of its %d MiB, and this one needs %d MiB",
+			sandbox.ErrLimit, team, le.Used, le.Max, le.Asked)
 	}
-	if b.creating == nil {
-		b.creating = map[string]int{}
-	}
-	b.creating[owner]++
-	return func() {
-		b.mu.Lock()
-		if b.creating[owner]--; b.creating[owner] <= 0 {
-			delete(b.creating, owner)
-		}
-		b.mu.Unlock()
-	}, nil
+	return fmt.Errorf("%w: quota of concurrent sandboxes reached: %s has %d running or starting, its limit is %d; kill one first",
+		sandbox.ErrLimit, team, le.Used, le.Max)
 }
 
 // executionID names a sandbox's one execution (a Pod is never resumed):
@@ -525,9 +506,6 @@ func (b *Backend) DeleteSnapshot(_ context.Context, ref, _ string) error {
 }
 func (b *Backend) UpdateNetwork(context.Context, string, sandbox.NetworkUpdate) error {
 	return errNotSupported("the network policy")
-}
-func (b *Backend) Metrics(context.Context, string, time.Time, time.Time) ([]sandbox.Metric, error) {
-	return nil, errNotSupported("metrics")
 }
 func (b *Backend) Logs(context.Context, string, sandbox.LogQuery) ([]sandbox.LogEntry, error) {
 	return nil, errNotSupported("the sandbox log")

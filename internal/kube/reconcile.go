@@ -32,7 +32,8 @@ const (
 
 // RunReconciler takes part in the replicas' election of the reconciler
 // (the Lease LeaseName in the backend's namespace) until ctx ends, and
-// reconciles every ReconcileEvery while it holds the Lease. A replica that
+// reconciles every ReconcileEvery (and samples every SampleEvery) while
+// it holds the Lease. A replica that
 // dies loses the Lease within leaseDuration, and another takes over.
 func (b *Backend) RunReconciler(ctx context.Context, identity string) {
 	if identity == "" {
@@ -51,6 +52,7 @@ func (b *Backend) RunReconciler(ctx context.Context, identity string) {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					b.log().Info("this replica reconciles the sandboxes", "identity", identity)
+					go b.sampleEvery(ctx)
 					t := time.NewTicker(ReconcileEvery)
 					defer t.Stop()
 					for {
@@ -72,6 +74,22 @@ func (b *Backend) RunReconciler(ctx context.Context, identity string) {
 			return
 		}
 		le.Run(ctx) // returns when the Lease is lost or ctx ends
+	}
+}
+
+// sampleEvery samples the sandboxes every SampleEvery until ctx ends.
+func (b *Backend) sampleEvery(ctx context.Context) {
+	t := time.NewTicker(SampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := b.Sample(ctx); err != nil && ctx.Err() == nil {
+			b.log().Warn("sampling sandboxes", "err", err)
+		}
 	}
 }
 

@@ -49,7 +49,12 @@ type Store struct {
 	// written into the layout, or failed to be: what Build left for it
 	// (its layers' files) can go.
 	Made func(name, tag string)
-	Log  *slog.Logger
+	// Background, when set, is the context images are made in when a pull
+	// asks for one not made yet: the pull is answered 404 at once and the
+	// image made meanwhile (Prepare), since a node's pull gives up long
+	// before a big template's image is made. Nil makes the pull wait.
+	Background context.Context
+	Log        *slog.Logger
 
 	mu sync.Mutex
 	// tags maps name:tag to the manifest digest of its image, once written.
@@ -59,6 +64,65 @@ type Store struct {
 	// indexMu serialises writes of the layout's index.json, which each
 	// image's entry rewrites whole.
 	indexMu sync.Mutex
+	// preparing holds the images Prepare is making, and their failures
+	// once it gave up (until the next Prepare).
+	preparing map[string]bool
+	failed    map[string]error
+}
+
+// ErrPreparing is an image being made in the background.
+var ErrPreparing = errors.New("the image is being made")
+
+// Ready reports whether name:tag has been made: nil, ErrPreparing while
+// it is being made (or has not been asked for), or the error that making
+// it ended with.
+func (s *Store) Ready(name, tag string) error {
+	key := name + ":" + tag
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tags == nil {
+		s.tags = s.load()
+	}
+	if _, ok := s.tags[key]; ok {
+		return nil
+	}
+	if err := s.failed[key]; err != nil {
+		return err
+	}
+	return ErrPreparing
+}
+
+// Prepare starts making name:tag in the background, unless it is made or
+// being made; ctx bounds the making.
+func (s *Store) Prepare(ctx context.Context, name, tag string) {
+	key := name + ":" + tag
+	s.mu.Lock()
+	if s.tags == nil {
+		s.tags = s.load()
+	}
+	_, made := s.tags[key]
+	if made || s.preparing[key] {
+		s.mu.Unlock()
+		return
+	}
+	if s.preparing == nil {
+		s.preparing, s.failed = map[string]bool{}, map[string]error{}
+	}
+	s.preparing[key] = true
+	delete(s.failed, key)
+	s.mu.Unlock()
+	go func() {
+		_, err := s.Tag(ctx, name, tag)
+		s.mu.Lock()
+		delete(s.preparing, key)
+		if err != nil && ctx.Err() == nil {
+			s.failed[key] = err
+		}
+		s.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			s.logger().Error("template image", "image", key, "err", err)
+		}
+	}()
 }
 
 var (
@@ -234,6 +298,13 @@ func (s *Store) manifest(w http.ResponseWriter, r *http.Request, name, ref strin
 		if !tagShape.MatchString(ref) {
 			apiError(w, http.StatusBadRequest, "TAG_INVALID", fmt.Sprintf("invalid tag %q", ref))
 			return
+		}
+		if s.Background != nil {
+			if err := s.Ready(name, ref); err != nil {
+				s.Prepare(s.Background, name, ref)
+				apiError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", fmt.Sprintf("%s:%s: %v; try again later", name, ref, err))
+				return
+			}
 		}
 		h, err := s.Tag(r.Context(), name, ref)
 		if errors.Is(err, ErrNotFound) {

@@ -74,7 +74,8 @@ type Config struct {
 	APIAddr, SandboxAddr, RegistryAddr string
 	// RegistryHost is how the nodes name the registry in image references
 	// (host:port); empty: RegistryAddr's, with an unspecified host made
-	// 127.0.0.1 (a node on this machine).
+	// 127.0.0.1 (a node on this machine). With RegistryAddr empty the
+	// replica serves no registry, and RegistryHost names another's.
 	RegistryHost string
 	// Kubeconfig is the kubeconfig file; empty: the in-cluster config.
 	Kubeconfig string
@@ -114,7 +115,7 @@ type Replica struct {
 	cfg Config
 	log *slog.Logger
 
-	Store     *store.SQLite
+	Store     *store.DB
 	Events    *store.LifecycleEvents
 	Keys      *apikey.Service
 	Templates *template.Store
@@ -127,10 +128,14 @@ type Replica struct {
 	APIURL, SandboxURL, RegistryURL string
 
 	envdDigest string // names envd in image tags
-	errc       chan error
-	closers    []closer
-	closed     sync.Once
-	closeErr   error
+	mu         sync.Mutex
+	// remoteReady holds the images another replica's registry has
+	// answered for (without a registry of this replica's).
+	remoteReady map[string]bool
+	errc        chan error
+	closers     []closer
+	closed      sync.Once
+	closeErr    error
 }
 
 type closer struct {
@@ -216,12 +221,11 @@ func (r *Replica) openStore() error {
 	if path == "" {
 		path = filepath.Join(r.cfg.DataDir, "airlock.db")
 	}
-	if strings.HasPrefix(path, "postgres://") || strings.HasPrefix(path, "postgresql://") {
-		return errors.New("--store postgres://: not in this build yet")
-	}
-	st, err := store.OpenSQLite(path)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := store.Open(ctx, path)
 	if err != nil {
-		return err
+		return fmt.Errorf("--store: %w", err)
 	}
 	r.Store = st
 	r.push("store", st.Close)
@@ -346,6 +350,16 @@ func (r *Replica) startRegistry() (err error) {
 			_ = os.RemoveAll(filepath.Join(dir, "work", id+"-"+tag))
 		}
 	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.push("template images", func() error { cancel(); return nil })
+	r.Registry.Background = ctx
+	if r.cfg.RegistryAddr == "" {
+		// The nodes pull from another replica's registry.
+		if r.cfg.RegistryHost == "" {
+			return errors.New("--registry-addr \"\" (no registry of this replica's) needs --registry-host, another replica's registry")
+		}
+		return nil
+	}
 	ln, err := net.Listen("tcp", r.cfg.RegistryAddr)
 	if err != nil {
 		return fmt.Errorf("registry: listen on %s: %w", r.cfg.RegistryAddr, err)
@@ -357,26 +371,68 @@ func (r *Replica) startRegistry() (err error) {
 	r.serve("registry", ln, r.Registry)
 	// Each served template's image is made now, in the background, so that
 	// the first sandbox of each waits only for the node's pull.
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for _, name := range r.cfg.Templates {
-			t, err := r.served(name)
-			if err != nil {
-				continue
-			}
-			if _, err := r.Registry.Tag(ctx, imageName(t.ID), r.imageTag(t)); err != nil && ctx.Err() == nil {
-				r.log.Error("making a template's image", "template", t.ID, "err", err)
-			}
+	for _, name := range r.cfg.Templates {
+		if t, err := r.served(name); err == nil {
+			r.Registry.Prepare(ctx, imageName(t.ID), r.imageTag(t))
 		}
-	}()
-	r.push("template images", func() error { cancel(); <-done; return nil })
+	}
+	return nil
+}
+
+// imagePending is a create for a template whose image the nodes cannot
+// pull yet: 503 with Retry-After, as a template still building is.
+type imagePending struct{ template, why string }
+
+func (e *imagePending) Error() string {
+	return fmt.Sprintf("the image of template %s is not ready for the cluster yet (%s); try again shortly", e.template, e.why)
+}
+
+func (e *imagePending) RetryAfter() time.Duration { return 5 * time.Second }
+
+// imageReady reports whether the nodes can pull t's image now: from this
+// replica's registry (starting to make it if needed), or, without one,
+// as the other replica's registry answers.
+func (r *Replica) imageReady(ctx context.Context, t template.Template, ref string) error {
+	name, tag := imageName(t.ID), r.imageTag(t)
+	if r.RegistryURL != "" {
+		err := r.Registry.Ready(name, tag)
+		if errors.Is(err, registry.ErrPreparing) {
+			r.Registry.Prepare(r.Registry.Background, name, tag)
+			return &imagePending{t.ID, "it is being made"}
+		}
+		if err != nil {
+			return fmt.Errorf("the image of template %s: %w", t.ID, err)
+		}
+		return nil
+	}
+	r.mu.Lock()
+	ok := r.remoteReady[ref]
+	r.mu.Unlock()
+	if ok {
+		return nil
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(hctx, http.MethodHead, "http://"+r.cfg.RegistryHost+"/v2/"+name+"/manifests/"+tag, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return &imagePending{t.ID, "its registry " + r.cfg.RegistryHost + " does not answer: " + err.Error()}
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return &imagePending{t.ID, "its registry " + r.cfg.RegistryHost + " answers " + res.Status}
+	}
+	r.mu.Lock()
+	if r.remoteReady == nil {
+		r.remoteReady = map[string]bool{}
+	}
+	r.remoteReady[ref] = true
+	r.mu.Unlock()
 	return nil
 }
 
 // kubeTemplate is what the backend needs of a served template.
-func (r *Replica) kubeTemplate(_ context.Context, name string) (kube.Template, error) {
+func (r *Replica) kubeTemplate(ctx context.Context, name string) (kube.Template, error) {
 	t, err := r.served(name)
 	if err != nil {
 		return kube.Template{}, err
@@ -388,9 +444,13 @@ func (r *Replica) kubeTemplate(_ context.Context, name string) (kube.Template, e
 			env[k] = v
 		}
 	}
+	ref := r.cfg.RegistryHost + "/" + imageName(t.ID) + ":" + r.imageTag(t)
+	if err := r.imageReady(ctx, t, ref); err != nil {
+		return kube.Template{}, err
+	}
 	return kube.Template{
 		ID: t.ID, Alias: t.Alias, BuildID: t.BuildID,
-		Image: r.cfg.RegistryHost + "/" + imageName(t.ID) + ":" + r.imageTag(t),
+		Image: ref,
 		CPUs:  st.CPUCount, MemoryMB: st.MemoryMB, DiskSizeMB: st.DiskSizeMB,
 		DefaultUser: st.DefaultUser, DefaultWorkdir: st.DefaultWorkdir, EnvVars: env, Kernels: st.Kernels,
 	}, nil
@@ -417,6 +477,7 @@ func (r *Replica) startCluster(ctx context.Context) error {
 		Templates: r.kubeTemplate,
 		Records:   r.Store,
 		Events:    r.Events,
+		Samples:   r.Store,
 		Quota:     r.quota,
 		Log:       r.log,
 	}

@@ -243,6 +243,7 @@ var schemas = []struct{ name, ddl string }{
 	{"volume", volumeSchema},
 	{"secret", secretSchema},
 	{"api key", keySchema},
+	{"metrics", metricsSchema},
 }
 
 // migrations bring a database made by an older Airlock up to the schema above
@@ -655,6 +656,9 @@ func (s *DB) Delete(ctx context.Context, id string) error {
 	}
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE sandbox_id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete events of %s: %w", id, err)
+	}
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandbox_metrics WHERE sandbox_id = ?`, id); err != nil {
+		return fmt.Errorf("store: delete metrics of %s: %w", id, err)
 	}
 	return nil
 }

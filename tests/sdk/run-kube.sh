@@ -41,14 +41,14 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   npm ci --no-audit --no-fund >&2 || { log "npm ci failed"; exit 2; }
 fi
 
-read -r pg_port a_api a_sbx a_reg b_api b_sbx b_reg < <(node -e '
+read -r pg_port a_api a_sbx a_reg b_api b_sbx < <(node -e '
   const net = require("net");
-  const s = [0, 1, 2, 3, 4, 5, 6].map(() => net.createServer());
+  const s = [0, 1, 2, 3, 4, 5].map(() => net.createServer());
   const listen = (i) => i === s.length
     ? (console.log(s.map((x) => x.address().port).join(" ")), s.forEach((x) => x.close()))
     : s[i].listen(0, "127.0.0.1", () => listen(i + 1));
   listen(0);')
-[ -n "${b_reg:-}" ] || { log "could not pick free ports"; exit 2; }
+[ -n "${b_sbx:-}" ] || { log "could not pick free ports"; exit 2; }
 
 run_id="kube-$(date +%Y%m%d%H%M%S)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
 namespace="airlock-sdk-$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
@@ -111,17 +111,21 @@ log "PostgreSQL on 127.0.0.1:$pg_port"
 ns_made=1
 
 # --- two replicas
-start_replica() { # name api sandbox registry
+# Replica a serves the template images; b names a's registry (made once,
+# not twice, on a 2-core machine). b is the one the replica-kill test kills.
+start_replica() { # name api sandbox registry-flags...
+  local name=$1 api=$2 sbx=$3
+  shift 3
   AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve --backend kubernetes --kubeconfig "$KUBECONFIG" \
-    --kube-namespace "$namespace" --store "$store" --replica-id "$1" \
-    --data-dir "$work/$1" --template-data-dir "$data_dir" --templates base,code-interpreter-v1 \
-    --api-addr "127.0.0.1:$2" --sandbox-addr "127.0.0.1:$3" --registry-addr "127.0.0.1:$4" \
-    >"$work/$1.log" 2>&1 &
+    --kube-namespace "$namespace" --store "$store" --replica-id "$name" \
+    --data-dir "$work/$name" --template-data-dir "$data_dir" --templates base,code-interpreter-v1 \
+    --api-addr "127.0.0.1:$api" --sandbox-addr "127.0.0.1:$sbx" "$@" \
+    >"$work/$name.log" 2>&1 &
   pids+=($!)
-  echo $! >"$work/$1.pid"
+  echo $! >"$work/$name.pid"
 }
-start_replica a "$a_api" "$a_sbx" "$a_reg"
-start_replica b "$b_api" "$b_sbx" "$b_reg"
+start_replica a "$a_api" "$a_sbx" --registry-addr "127.0.0.1:$a_reg"
+start_replica b "$b_api" "$b_sbx" --registry-addr "" --registry-host "127.0.0.1:$a_reg"
 for port in "$a_api" "$b_api"; do
   for _ in $(seq 1 120); do
     curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/health" 2>/dev/null && break
@@ -142,17 +146,28 @@ export KUBECTL="$kubectl"
 export AIRLOCK_KUBE_REPLICAS="[{\"name\":\"a\",\"api\":\"http://127.0.0.1:$a_api\",\"sandbox\":\"http://127.0.0.1:$a_sbx\",\"pid\":$(cat "$work/a.pid")},{\"name\":\"b\",\"api\":\"http://127.0.0.1:$b_api\",\"sandbox\":\"http://127.0.0.1:$b_sbx\",\"pid\":$(cat "$work/b.pid")}]"
 unset E2B_DEBUG E2B_DOMAIN E2B_ACCESS_TOKEN E2B_VOLUME_API_URL
 
-# The first sandbox of each template waits for its image to be made and
-# pulled by the node: done once here, not inside a test's timeout.
+# The first sandbox of each template waits for its image to be made (503
+# with Retry-After meanwhile) and pulled by the node: done once here, not
+# inside a test's timeout.
 log "warming up: each template's image made and pulled"
 node -e '
   const { Sandbox } = require("e2b");
   (async () => {
     for (const t of ["base", "code-interpreter-v1"]) {
       const t0 = Date.now();
-      const s = await Sandbox.create(t, { metadata: { suite: process.env.AIRLOCK_SDK_RUN_ID }, requestTimeoutMs: 600000 });
-      await s.kill();
-      console.error(`[sdk-kube] ${t}: first sandbox in ${Date.now() - t0} ms`);
+      let waited = 0;
+      for (;;) {
+        try {
+          const s = await Sandbox.create(t, { metadata: { suite: process.env.AIRLOCK_SDK_RUN_ID }, requestTimeoutMs: 600000 });
+          await s.kill();
+          break;
+        } catch (e) {
+          if (!/not ready for the cluster yet/.test(e.message) || Date.now() - t0 > 900000) throw e;
+          waited++;
+          await new Promise((r) => setTimeout(r, 5000));
+        }
+      }
+      console.error(`[sdk-kube] ${t}: first sandbox in ${Date.now() - t0} ms (${waited} answers 503 while its image was made)`);
     }
   })().catch((e) => { console.error(e); process.exit(1); });' || { status=1; exit; }
 
