@@ -45,13 +45,17 @@ step "Go tests"
 # Kubernetes packages run in their own step, with the cluster they need.
 go test -count=1 -timeout 20m $(go list ./... | grep -v '/internal/kube')
 
-step "Kubernetes: a single-node cluster (scripts/kube-stack.sh), its tests, then its teardown"
+step "Kubernetes: a single-node cluster (scripts/kube-stack.sh), its tests and the SDK suite against it, then its teardown"
 # The cluster lives only for this step: the kubelet changes kernel settings,
 # which `down` puts back, and `down` fails on anything the stack left behind.
 trap 'scripts/kube-stack.sh down' EXIT
 scripts/kube-stack.sh up
 AIRLOCK_KUBECONFIG=$(scripts/kube-stack.sh kubeconfig) AIRLOCK_KUBE_DIR=$(scripts/kube-stack.sh dir) \
 	go test -count=1 -timeout 15m ./internal/kube/...
+# The SDK conformance suite (npm e2b, @e2b/code-interpreter) against two
+# replicas of serve --backend kubernetes over one PostgreSQL, then the
+# replica-kill test.
+KUBECONFIG=$(scripts/kube-stack.sh kubeconfig) AIRLOCK_DATA_DIR="$AIRLOCK_TEST_DATA_DIR" tests/sdk/run-kube.sh bin/airlock
 trap - EXIT
 scripts/kube-stack.sh down
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/kube/kubetest"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
+	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
 
@@ -34,7 +36,13 @@ func TestBackendE2B(t *testing.T) {
 	ns := c.Namespace(t)
 	ctx := context.Background()
 	ref := baseImage(t)
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
 	b := &kube.Backend{
+		Records: st, Events: store.NewLifecycleEvents(st), Samples: st,
 		Pods: &kube.Pods{Client: c.Client, Namespace: ns, RuntimeClass: "gvisor", Ready: time.Minute},
 		Templates: func(_ context.Context, name string) (kube.Template, error) {
 			if name != "base" {
@@ -48,6 +56,7 @@ func TestBackendE2B(t *testing.T) {
 	if err := b.Start(wctx); err != nil {
 		t.Fatal(err)
 	}
+	go b.RunReconciler(wctx, "test")
 	const key = "e2b_kubebackendtest0000000000000000000000"
 	api := httptest.NewServer(e2b.NewHandler(b, e2b.Options{Authenticate: func(k string) bool { return k == key }}))
 	defer api.Close()

@@ -121,3 +121,29 @@ func (c *Cluster) WaitPod(t testing.TB, ns, name string, limit time.Duration, ph
 	t.Fatalf("pod %s/%s not found in %s", ns, name, limit)
 	return nil
 }
+
+// NoneLeft fails unless the namespace holds no Pod and no Secret of a
+// sandbox's (labelled kube.LabelSandbox), waiting a while for deletions
+// under way.
+func NoneLeft(t testing.TB, c *Cluster, ns string) {
+	t.Helper()
+	const label = "airlock.dev/sandbox"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pods, err := c.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: label})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets, err := c.Client.CoreV1().Secrets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: label})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 0 && len(secrets.Items) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left in %s: %d Pods, %d Secrets of sandboxes", ns, len(pods.Items), len(secrets.Items))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
