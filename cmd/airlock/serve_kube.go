@@ -98,7 +98,7 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
 		Store: k.store, DataDir: c.DataDir, TemplateDataDir: c.TemplateDataDir, Templates: templates,
 		EnvdPath: envdPath, APIKeys: keys, MaxTimeout: c.MaxTimeout, Limits: c.Limits, MaxPerKey: c.MaxPerKey,
-		Ready: k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
+		WarmPool: c.WarmPool, Ready: k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
 	})
 	if err := r.Start(ctx); err != nil {
 		return err

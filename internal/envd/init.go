@@ -2,6 +2,7 @@ package envd
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -84,7 +85,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusMethodNotAllowed, "method not allowed")
 		return
 	}
-	if !s.cfg.AwaitInit || !viaUnixSocket(r) {
+	if !s.cfg.AwaitInit || !(viaUnixSocket(r) || s.initKeyPresented(r)) {
 		writeJSONError(w, http.StatusForbidden, "init is not accepted here")
 		return
 	}
@@ -118,6 +119,13 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Envd-Version", envdapi.Version)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// initKeyPresented reports whether r carries the config's InitKey as a
+// bearer token (never, without one).
+func (s *Server) initKeyPresented(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return s.cfg.InitKey != "" && ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.InitKey)) == 1
 }
 
 // awaitInit answers everything but /health and /init with 503 until the sandbox

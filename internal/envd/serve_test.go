@@ -285,6 +285,53 @@ func TestAwaitInit(t *testing.T) {
 	}
 }
 
+// TestInitKey: with an InitKey (a sandbox Pod, whose host cannot reach the
+// unix socket), /init over TCP needs the key as a bearer token: none, or a
+// wrong one, is refused; the right one inits once, and a second /init with
+// it is refused like any other.
+func TestInitKey(t *testing.T) {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	addr := tcp.Addr().String()
+	tcp.Close()
+	srv, err := NewServer(envdapi.Config{SandboxID: "pod", Listen: []string{"tcp:" + addr}, AwaitInit: true, InitKey: "the-init-key"}, nil)
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-srv.Ready()
+	initWith := func(auth string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/init", strings.NewReader(`{"accessToken":"claimed"}`))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		must(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, auth := range []string{"", "Bearer wrong", "the-init-key", "Bearer the-init-ke"} {
+		if got := initWith(auth); got != http.StatusForbidden {
+			t.Fatalf("init with %q: %d, want 403", auth, got)
+		}
+	}
+	if got := initWith("Bearer the-init-key"); got != http.StatusNoContent {
+		t.Fatalf("init with the key: %d", got)
+	}
+	if got := initWith("Bearer the-init-key"); got != http.StatusConflict {
+		t.Fatalf("a second init: %d", got)
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/envs", nil)
+	req.Header.Set("X-Access-Token", "claimed")
+	resp, err := http.DefaultClient.Do(req)
+	must(t, err)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("envs with the token /init set: %d", resp.StatusCode)
+	}
+}
+
 func TestInitRefusedWithoutAwaitInit(t *testing.T) {
 	e := newEnv(t)
 	resp, _ := e.httpDo("POST", "/init", strings.NewReader(`{"accessToken":"x"}`), tokenHdr)

@@ -46,6 +46,12 @@ type Config struct {
 	// runs the template's start command in the pooled sandbox with it.
 	AwaitInit bool `json:"awaitInit,omitempty"`
 
+	// InitKey, with AwaitInit, lets the one POST /init also come over TCP
+	// when it carries "Authorization: Bearer <InitKey>": a sandbox Pod's
+	// host (a control-plane replica) cannot reach envd's unix socket. The
+	// key is in envd's config only, and worthless once /init is done.
+	InitKey string `json:"initKey,omitempty"`
+
 	// InterpListen is where envd serves the code interpreter, in the
 	// same forms as Listen: the host proxies sandbox port 49999 to the unix
 	// socket, and tcp 0.0.0.0:49999 lets in-sandbox code use localhost:49999

@@ -83,6 +83,8 @@ type Backend struct {
 	// Quota, when set, is each team's quota (Sandboxes, VCPUs, MemoryMB
 	// are enforced, over every replica's records: Records.InsertSandbox).
 	Quota func(owner string) sandbox.Quota
+	// Pools are the warm pools' sizes by template name (pool.go).
+	Pools map[string]int
 	Log   *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
@@ -222,46 +224,56 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	if req.Secure {
 		info.AccessToken = newToken()
 	}
-	// The record first, within the team's quota: a replica that dies now
-	// leaves a record the reconciler finds, never a Pod no record names
-	// for long.
-	if err := b.insert(ctx, info); err != nil {
-		return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+	var ip net.IP
+	if b.Pools[t.ID] > 0 || b.Pools[req.Template] > 0 {
+		if ip, err = b.claimWarm(ctx, t, &info, env); err != nil {
+			return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", info.ID, err)
+		}
+		id = info.ID
+	}
+	if ip == nil {
+		id = newID()
+		info.ID = id
+		// The record first, within the team's quota: a replica that dies
+		// now leaves a record the reconciler finds, never a Pod no record
+		// names for long.
+		if err := b.insert(ctx, info); err != nil {
+			return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 	}
 	defer func() {
 		if err != nil {
 			if derr := b.Records.Delete(context.WithoutCancel(ctx), id); derr != nil {
 				b.log().Error("deleting the record of a create that failed", "sandbox", id, "err", derr)
 			}
-		}
-	}()
-	sb, err := b.Pods.Create(ctx, Spec{
-		ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB,
-		Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, AccessToken: info.AccessToken, EnvVars: env,
-			DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels},
-	})
-	if err != nil {
-		return sandbox.Info{}, err
-	}
-	defer func() {
-		if err != nil {
 			_ = b.Pods.Delete(context.WithoutCancel(ctx), id)
 		}
 	}()
+	if ip == nil {
+		sb, err := b.Pods.Create(ctx, Spec{
+			ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB,
+			Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, AccessToken: info.AccessToken, EnvVars: env,
+				DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels},
+		})
+		if err != nil {
+			return sandbox.Info{}, err
+		}
+		ip = sb.IP
+	}
 	// The timeout counts from the create's start: the Pod's start (seconds
 	// when its node pulls the image) is part of the sandbox's life.
 	info.State = sandbox.StateRunning
 	if err := b.commit(ctx, info, lifecycle.Created, lifecycle.EventData{}, t.BuildID); err != nil {
 		return sandbox.Info{}, fmt.Errorf("sandbox %s: its record: %w", id, err)
 	}
-	if a, ok := netip.AddrFromSlice(sb.IP.To4()); ok {
+	if a, ok := netip.AddrFromSlice(ip.To4()); ok {
 		info.Addr = a
 	}
 	b.mu.Lock()
 	if b.routes == nil {
 		b.routes = map[string]*route{}
 	}
-	b.routes[id] = newRoute(sb.IP, info)
+	b.routes[id] = newRoute(ip, info)
 	b.mu.Unlock()
 	return info, nil
 }

@@ -32,6 +32,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 
@@ -48,7 +49,13 @@ const (
 	LabelSandbox  = "airlock.dev/sandbox"
 	LabelTeam     = "airlock.dev/team"
 	LabelTemplate = "airlock.dev/template"
+	// LabelWarm marks a Pod of a template's warm pool (its value the
+	// template) until a create claims it.
+	LabelWarm = "airlock.dev/warm"
 )
+
+// secretInitKey is the config Secret's key holding envd's InitKey.
+const secretInitKey = "init-key"
 
 // Pods makes and removes sandbox Pods in one namespace.
 type Pods struct {
@@ -91,6 +98,10 @@ type Spec struct {
 	// node can resolve; PullNever makes the node use only what it holds.
 	Image     string
 	PullNever bool
+	// Warm makes the Pod one of its template's warm pool: labelled
+	// LabelWarm, no team yet, envd awaiting its /init (Envd.AwaitInit and
+	// Envd.InitKey).
+	Warm bool
 	CPUs      int
 	MemoryMB  int
 	// Envd is envd's config; its listeners are set here (TCP on the Pod's
@@ -116,13 +127,37 @@ func (p *Pods) readyTimeout() time.Duration {
 // Create makes the sandbox's Pod and its config Secret and waits until
 // envd answers; on failure it removes both.
 func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
+	if err := p.make(ctx, s); err != nil {
+		return Sandbox{}, err
+	}
+	defer func() {
+		if err != nil {
+			_ = p.Delete(context.WithoutCancel(ctx), s.ID)
+		}
+	}()
+	wctx, cancel := context.WithTimeout(ctx, p.readyTimeout())
+	defer cancel()
+	name := podName(s.ID)
+	ip, err := p.waitRunning(wctx, name)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	if err := waitHealth(wctx, ip); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: envd at %s: %w", s.ID, ip, err)
+	}
+	return Sandbox{ID: s.ID, Pod: name, IP: ip}, nil
+}
+
+// make makes the sandbox's Pod and then its config Secret (owned by the
+// Pod); on failure it removes what it made.
+func (p *Pods) make(ctx context.Context, s Spec) (err error) {
 	name := podName(s.ID)
 	cfg := s.Envd
 	cfg.Listen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.Port)}
 	cfg.InterpListen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.InterpPort)}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
-		return Sandbox{}, err
+		return err
 	}
 	limits := corev1.ResourceList{
 		corev1.ResourceCPU:    *resource.NewQuantity(int64(s.CPUs), resource.DecimalSI),
@@ -140,10 +175,15 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 	no := false
 	grace := int64(0)
 	mode := int32(0o400)
+	labels := map[string]string{LabelSandbox: s.ID, LabelTemplate: s.Template}
+	if s.Team != "" {
+		labels[LabelTeam] = s.Team
+	}
+	if s.Warm {
+		labels[LabelWarm] = s.Template
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			LabelSandbox: s.ID, LabelTeam: s.Team, LabelTemplate: s.Template,
-		}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  &no,
@@ -154,9 +194,14 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 				Name: "sandbox", Image: s.Image, ImagePullPolicy: pull,
 				Resources:    corev1.ResourceRequirements{Requests: requests, Limits: limits},
 				VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: "/run/airlock-config", ReadOnly: true}},
+				// Ready once envd answers: a warm Pod is claimed only then.
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromInt32(envdapi.Port)}},
+					PeriodSeconds: 1, FailureThreshold: 1,
+				},
 			}},
 			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{
-				Secret: &corev1.SecretVolumeSource{SecretName: name, DefaultMode: &mode},
+				Secret: &corev1.SecretVolumeSource{SecretName: name, DefaultMode: &mode, Items: []corev1.KeyToPath{{Key: "config.json", Path: "config.json"}}},
 			}}},
 		},
 	}
@@ -167,35 +212,32 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota") {
 		// The namespace's ResourceQuota: the cluster's operator's limit,
 		// answered as a used-up quota is.
-		return Sandbox{}, fmt.Errorf("%w: sandbox %s: the namespace's quota refuses its Pod: %w", sandbox.ErrLimit, s.ID, err)
+		return fmt.Errorf("%w: sandbox %s: the namespace's quota refuses its Pod: %w", sandbox.ErrLimit, s.ID, err)
 	}
 	if err != nil {
-		return Sandbox{}, fmt.Errorf("sandbox %s: creating its Pod: %w", s.ID, err)
+		return fmt.Errorf("sandbox %s: creating its Pod: %w", s.ID, err)
 	}
 	defer func() {
 		if err != nil {
 			_ = p.Delete(context.WithoutCancel(ctx), s.ID)
 		}
 	}()
-	// Owned by the Pod: deleting the Pod deletes the token with it.
+	// Owned by the Pod: deleting the Pod deletes the token with it. The
+	// init key is beside the config, for the replica that claims a warm
+	// Pod (envd reads only config.json).
+	data := map[string][]byte{"config.json": raw}
+	if cfg.InitKey != "" {
+		data[secretInitKey] = []byte(cfg.InitKey)
+	}
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelSandbox: s.ID},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name, UID: made.UID}}},
-		Data: map[string][]byte{"config.json": raw},
+		Data: data,
 	}
 	if _, err := p.Client.CoreV1().Secrets(p.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-		return Sandbox{}, fmt.Errorf("sandbox %s: creating its config Secret: %w", s.ID, err)
+		return fmt.Errorf("sandbox %s: creating its config Secret: %w", s.ID, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, p.readyTimeout())
-	defer cancel()
-	ip, err := p.waitRunning(wctx, name)
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("sandbox %s: %w", s.ID, err)
-	}
-	if err := waitHealth(wctx, ip); err != nil {
-		return Sandbox{}, fmt.Errorf("sandbox %s: envd at %s: %w", s.ID, ip, err)
-	}
-	return Sandbox{ID: s.ID, Pod: name, IP: ip}, nil
+	return nil
 }
 
 // waitRunning waits until the Pod runs with an IP, or fails with what

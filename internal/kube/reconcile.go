@@ -59,6 +59,9 @@ func (b *Backend) RunReconciler(ctx context.Context, identity string) {
 						if err := b.Reconcile(ctx); err != nil && ctx.Err() == nil {
 							b.log().Error("reconciling sandboxes", "err", err)
 						}
+						if err := b.FillPools(ctx); err != nil && ctx.Err() == nil {
+							b.log().Warn("filling the warm pools", "err", err)
+						}
 						select {
 						case <-ctx.Done():
 							return
@@ -106,7 +109,8 @@ func (b *Backend) orphanAfter() time.Duration {
 //     Kubernetes said (OOM, init exited, or its Pod lost), and what is
 //     left of its Pod deleted;
 //   - a record whose create never finished (its replica died) and a Pod
-//     that no record names are deleted once older than any create.
+//     that no record names (warm Pods aside) are deleted once older than
+//     any create.
 //
 // It is meant for one replica at a time (RunReconciler); run by two at
 // once, a sandbox could get two killed events.
@@ -162,7 +166,7 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		}
 	}
 	for id, pod := range pods {
-		if !named[id] && pod.DeletionTimestamp == nil && now.Sub(pod.CreationTimestamp.Time) > b.orphanAfter() {
+		if !named[id] && pod.Labels[LabelWarm] == "" && pod.DeletionTimestamp == nil && now.Sub(pod.CreationTimestamp.Time) > b.orphanAfter() {
 			// Listed before the Pods: check the record again, since a
 			// create may have written it since.
 			if _, err := b.Records.Get(ctx, id); err == nil {

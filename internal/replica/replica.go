@@ -103,6 +103,9 @@ type Config struct {
 	// the fractions of its limits a Pod requests (kube.Pods).
 	Ready                     time.Duration
 	CPURequest, MemoryRequest float64
+	// WarmPool is how many started Pods each served template keeps
+	// ahead of demand (0: none).
+	WarmPool int
 	// Identity names this replica in the reconciler's election (default:
 	// host name and a random suffix).
 	Identity string
@@ -479,7 +482,13 @@ func (r *Replica) startCluster(ctx context.Context) error {
 		Events:    r.Events,
 		Samples:   r.Store,
 		Quota:     r.quota,
+		Pools:     map[string]int{},
 		Log:       r.log,
+	}
+	for _, name := range r.cfg.Templates {
+		if r.cfg.WarmPool > 0 {
+			r.Backend.Pools[name] = r.cfg.WarmPool
+		}
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	sctx, scancel := context.WithTimeout(ctx, time.Minute)

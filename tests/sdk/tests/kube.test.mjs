@@ -92,6 +92,25 @@ describe('kubernetes backend', { skip }, () => {
       { timeoutMs: 60_000, what: 'its Pod gone' })
   })
 
+  test('a warm Pod is claimed: its envd takes the create\'s token and env, the pool is refilled', async () => {
+    const warmOf = () => JSON.parse(kubectl('get', 'pods', '-l', 'airlock.dev/warm=base', '-o', 'json')).items
+      .filter((p) => !p.metadata.deletionTimestamp && p.status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'))
+    const before = await waitFor(() => warmOf().length >= 1 && warmOf(), { timeoutMs: 60_000, what: 'a ready warm Pod of base' })
+    const warmIDs = before.map((p) => p.metadata.labels['airlock.dev/sandbox'])
+    const sbx = await createSandbox({ envs: { FROM_CREATE: 'yes' } })
+    assert.ok(warmIDs.includes(sbx.sandboxId), `the sandbox ${sbx.sandboxId} is one of the warm Pods ${warmIDs}`)
+    const pod = podOf(sbx.sandboxId)
+    assert.equal(pod.metadata.labels['airlock.dev/warm'], undefined, 'claimed: no longer warm')
+    assert.ok(pod.metadata.labels['airlock.dev/team'], 'claimed: the team named')
+    const r = await sbx.commands.run('echo $FROM_CREATE $E2B_SANDBOX_ID; ls /run/airlock-config')
+    assert.equal(r.stdout, `yes ${sbx.sandboxId}\nconfig.json\n`, 'the create\'s env, and no init key among the sandbox\'s files')
+    // The claim's token is the only one: a wrong one is refused.
+    const wrong = await fetch(`${process.env.E2B_SANDBOX_URL}/envs`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': 'wrong' } })
+    assert.equal(wrong.status, 401)
+    await waitFor(() => warmOf().filter((p) => !warmIDs.includes(p.metadata.labels['airlock.dev/sandbox'])).length >= 1,
+      { timeoutMs: 60_000, what: 'the pool refilled' })
+  })
+
   test('what the backend cannot do answers 501 naming it', async () => {
     const sbx = await createSandbox()
     const res = await api('POST', `/sandboxes/${sbx.sandboxId}/pause`)
