@@ -101,9 +101,9 @@ type Spec struct {
 	// Warm makes the Pod one of its template's warm pool: labelled
 	// LabelWarm, no team yet, envd awaiting its /init (Envd.AwaitInit and
 	// Envd.InitKey).
-	Warm bool
-	CPUs      int
-	MemoryMB  int
+	Warm     bool
+	CPUs     int
+	MemoryMB int
 	// Envd is envd's config; its listeners are set here (TCP on the Pod's
 	// network).
 	Envd envdapi.Config
