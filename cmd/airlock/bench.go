@@ -79,7 +79,7 @@ template rootfs as baselines.`,
 	f.IntVar(&concurrent, "concurrent", 20, "creates measured all at once")
 	f.IntVar(&rtt, "round-trips", 200, "commands.run('true') round trips in one sandbox")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the server (in this process) during the sequential cold creates to this file")
-	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd(), benchPersistCmd(), benchEventsCmd(), benchWebhooksCmd(), benchVolumesCmd(), benchEgressCmd(), benchDomainCmd(), benchMCPGatewayCmd(), benchDensityCmd(), benchKeysCmd())
+	cmd.AddCommand(benchAttacksCmd(), benchTemplatesCmd(), benchInterpCmd(), benchPersistCmd(), benchEventsCmd(), benchWebhooksCmd(), benchVolumesCmd(), benchEgressCmd(), benchDomainCmd(), benchMCPGatewayCmd(), benchDensityCmd(), benchKeysCmd(), benchKubeCmd())
 	return cmd
 }
 

@@ -83,7 +83,8 @@ type Backend struct {
 	// Quota, when set, is each team's quota (Sandboxes, VCPUs, MemoryMB
 	// are enforced, over every replica's records: Records.InsertSandbox).
 	Quota func(owner string) sandbox.Quota
-	// Pools are the warm pools' sizes by template name (pool.go).
+	// Pools are the warm pools' sizes by template name (pool.go), as set
+	// before Start; SetPool changes one later.
 	Pools map[string]int
 	Log   *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
@@ -225,7 +226,7 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 		info.AccessToken = newToken()
 	}
 	var ip net.IP
-	if b.Pools[t.ID] > 0 || b.Pools[req.Template] > 0 {
+	if b.poolSize(t.ID) > 0 || b.poolSize(req.Template) > 0 {
 		if ip, err = b.claimWarm(ctx, t, &info, env); err != nil {
 			return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}

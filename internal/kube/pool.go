@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -163,6 +164,36 @@ func (b *Backend) claimWarm(ctx context.Context, t Template, info *sandbox.Info,
 	return nil, nil
 }
 
+// SetPool sets the size of a template's warm pool (0: none); the
+// reconciling replica makes or deletes Pods to match.
+func (b *Backend) SetPool(template string, size int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.Pools == nil {
+		b.Pools = map[string]int{}
+	}
+	if size <= 0 {
+		delete(b.Pools, template)
+		return
+	}
+	b.Pools[template] = size
+}
+
+func (b *Backend) poolSize(template string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.Pools[template]
+}
+
+// WarmReady counts the template's warm Pods ready to be claimed.
+func (b *Backend) WarmReady(ctx context.Context, name string) int {
+	t, err := b.Templates(ctx, name)
+	if err != nil {
+		return 0
+	}
+	return len(b.Pods.warmReady(t.ID, t.Image))
+}
+
 func newInitKey() string {
 	buf := make([]byte, 32)
 	_, _ = rand.Read(buf)
@@ -173,7 +204,10 @@ func newInitKey() string {
 // should not keep (another image, ended, or beyond its size); the
 // reconciling replica calls it.
 func (b *Backend) FillPools(ctx context.Context) error {
-	if len(b.Pools) == 0 {
+	b.mu.Lock()
+	pools := maps.Clone(b.Pools)
+	b.mu.Unlock()
+	if len(pools) == 0 {
 		return nil
 	}
 	byTemplate := map[string][]*corev1.Pod{}
@@ -183,7 +217,7 @@ func (b *Backend) FillPools(ctx context.Context) error {
 		}
 	}
 	var errs []error
-	for name, size := range b.Pools {
+	for name, size := range pools {
 		t, err := b.Templates(ctx, name)
 		if err != nil {
 			continue // not servable now (its image is being made): later
