@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,8 +57,23 @@ func (k *kubeFlags) refuseWithLocal(cmd *cobra.Command) error {
 	return nil
 }
 
+// kubeReads are the flags --backend kubernetes reads; any other given
+// with it is refused rather than silently ignored.
+var kubeReads = append([]string{"backend", "api-addr", "sandbox-addr", "data-dir", "template-data-dir", "templates",
+	"max-timeout", "rate-limit", "rate-burst", "create-rate-limit", "create-burst", "max-sandboxes-per-key", "warm-pool",
+	"webhook-allow-private", "webhook-retry-max", "webhook-give-up", "log-level", "log-format"}, kubeOnly...)
+
 // runKube serves as one replica of the control plane over Kubernetes.
 func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFlags, logLevel, logFormat string) error {
+	var unread []string
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if !slices.Contains(kubeReads, f.Name) {
+			unread = append(unread, "--"+f.Name)
+		}
+	})
+	if len(unread) > 0 {
+		return fmt.Errorf("%s: not used by --backend kubernetes (README: Kubernetes, the feature table; for one domain with TLS put an Ingress in front, deploy/kubernetes/README.md)", strings.Join(unread, ", "))
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -98,7 +114,9 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
 		Store: k.store, DataDir: c.DataDir, TemplateDataDir: c.TemplateDataDir, Templates: templates,
 		EnvdPath: envdPath, APIKeys: keys, MaxTimeout: c.MaxTimeout, Limits: c.Limits, MaxPerKey: c.MaxPerKey,
-		WarmPool: c.WarmPool, Ready: k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
+		WarmPool: c.WarmPool,
+		Webhooks: replica.WebhookConfig{AllowPrivate: c.Webhooks.AllowPrivate, RetryMax: c.Webhooks.RetryMax, GiveUpAfter: c.Webhooks.GiveUpAfter},
+		Ready:    k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
 	})
 	if err := r.Start(ctx); err != nil {
 		return err

@@ -25,7 +25,10 @@ func TemplateImage(rootfs, envdPath, work string) (v1.Image, error) {
 	base := filepath.Join(work, "rootfs.tar")
 	// GNU tar keeps what a root filesystem holds (owners by number, hard
 	// links, devices, modes) exactly as the template built it.
-	if out, err := exec.Command("tar", "--numeric-owner", "-C", rootfs, "-cf", base, ".").CombinedOutput(); err != nil {
+	// Sorted, so that every replica over the same files makes the same
+	// image, digest for digest: a node may take a manifest from one
+	// replica's registry and its layers from another's.
+	if out, err := exec.Command("tar", "--numeric-owner", "--sort=name", "-C", rootfs, "-cf", base, ".").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("tar of %s: %w: %s", rootfs, err, out)
 	}
 	agent := filepath.Join(work, "envd.tar")
@@ -93,7 +96,8 @@ func envdLayer(envdPath, out string) error {
 			return err
 		}
 	}
-	if b, err := exec.Command("tar", "--numeric-owner", "--owner=0", "--group=0", "-C", dir, "-cf", out, ".").CombinedOutput(); err != nil {
+	// Fixed times and order: the same envd makes the same layer anywhere.
+	if b, err := exec.Command("tar", "--numeric-owner", "--owner=0", "--group=0", "--sort=name", "--mtime=@0", "-C", dir, "-cf", out, ".").CombinedOutput(); err != nil {
 		return fmt.Errorf("tar of envd: %w: %s", err, b)
 	}
 	return nil

@@ -23,7 +23,8 @@
 //     kept on disk, on a listener the nodes reach
 //  5. cluster       the Kubernetes client, the Pod informer (Watch), and
 //     this replica's part in the reconciler's election
-//  6. API, proxy, MCP on their listeners
+//  6. webhooks      this replica's dispatcher over the shared outbox
+//  7. API, proxy, MCP on their listeners
 //
 // Sandboxes outlive a replica: Close stops serving and leaves the Pods and
 // records to the other replicas, or to the next start.
@@ -64,6 +65,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
 // Config is what a replica is started with (serve's flags).
@@ -103,6 +105,10 @@ type Config struct {
 	// the fractions of its limits a Pod requests (kube.Pods).
 	Ready                     time.Duration
 	CPURequest, MemoryRequest float64
+	// Webhooks configures the delivery of lifecycle webhooks; every
+	// replica runs a dispatcher over the shared outbox (each delivery is
+	// claimed by one).
+	Webhooks WebhookConfig
 	// WarmPool is how many started Pods each served template keeps
 	// ahead of demand (0: none).
 	WarmPool int
@@ -110,6 +116,12 @@ type Config struct {
 	// host name and a random suffix).
 	Identity string
 	Logger   *slog.Logger
+}
+
+// WebhookConfig is serve's --webhook-* flags.
+type WebhookConfig struct {
+	AllowPrivate          bool
+	RetryMax, GiveUpAfter time.Duration
 }
 
 // Replica is one replica: every subsystem, named, valid from Start to
@@ -126,6 +138,7 @@ type Replica struct {
 	Client    kubernetes.Interface
 	Backend   *kube.Backend
 	Proxy     *proxy.Proxy
+	Webhooks  *webhook.Dispatcher
 
 	// APIURL, SandboxURL and RegistryURL are where the listeners are.
 	APIURL, SandboxURL, RegistryURL string
@@ -216,6 +229,7 @@ func (r *Replica) Start(ctx context.Context) (err error) {
 	if err := r.startCluster(ctx); err != nil {
 		return err
 	}
+	r.startWebhooks()
 	return r.startListeners()
 }
 
@@ -300,7 +314,7 @@ func (r *Replica) imageTag(t template.Template) string {
 }
 
 // imageFormat changes when TemplateImage lays images out differently.
-const imageFormat = "2"
+const imageFormat = "3"
 
 // digestEnvd names the envd binary (with imageFormat) in image tags.
 func digestEnvd(path string) (string, error) {
@@ -509,6 +523,20 @@ func (r *Replica) startCluster(ctx context.Context) error {
 	return nil
 }
 
+// startWebhooks runs this replica's webhook dispatcher: the lifecycle
+// events into the shared delivery outbox, and workers that drain it. An
+// event recorded through another replica wakes this dispatcher only at its
+// next poll; its own, at once.
+func (r *Replica) startWebhooks() {
+	c := r.cfg.Webhooks
+	r.Webhooks = webhook.New(webhook.Options{
+		Store: r.Store, Feed: r.Events, AllowPrivate: c.AllowPrivate,
+		RetryMax: c.RetryMax, GiveUpAfter: c.GiveUpAfter, Logger: r.log,
+	})
+	r.Webhooks.Start()
+	r.push("webhooks", r.Webhooks.Close)
+}
+
 // quota is a team's quota, with --max-sandboxes-per-key where it sets
 // none.
 func (r *Replica) quota(owner string) sandbox.Quota {
@@ -543,6 +571,9 @@ func (r *Replica) startListeners() error {
 		TeamRate:   func(team string) float64 { return r.Keys.Quotas(team).RequestsPerSecond },
 		Grants:     true,
 		Logger:     r.log,
+
+		Webhooks:            r.Store,
+		WebhookAllowPrivate: r.cfg.Webhooks.AllowPrivate,
 	})
 	grants := grant.Checker{Keys: r.Keys, Refused: r.auditRefusal}
 	r.Proxy = proxy.New(r.Backend, r.log)

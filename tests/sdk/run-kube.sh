@@ -118,7 +118,7 @@ start_replica() { # name api sandbox registry-flags...
   shift 3
   AIRLOCK_API_KEY="$api_key,$other_key" "$bin" serve --backend kubernetes --kubeconfig "$KUBECONFIG" \
     --kube-namespace "$namespace" --store "$store" --replica-id "$name" \
-    --data-dir "$work/$name" --template-data-dir "$data_dir" --templates base,code-interpreter-v1 --warm-pool 2 \
+    --data-dir "$work/$name" --template-data-dir "$data_dir" --templates base,code-interpreter-v1 --warm-pool 2 --webhook-allow-private \
     --api-addr "127.0.0.1:$api" --sandbox-addr "127.0.0.1:$sbx" "$@" \
     >"$work/$name.log" 2>&1 &
   pids+=($!)

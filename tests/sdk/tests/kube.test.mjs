@@ -8,6 +8,8 @@
 
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
+import { createHash, randomBytes } from 'node:crypto'
+import http from 'node:http'
 import { describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
 import { API_KEY, api, createSandbox, meta, track, trackCleanup, waitFor } from './helpers.mjs'
@@ -121,6 +123,44 @@ describe('kubernetes backend', { skip }, () => {
     const auto = await api('POST', '/sandboxes', { body: { templateID: 'base', autoPause: true, metadata: meta() } })
     assert.equal(auto.status, 501, auto.text)
     assert.match(auto.json.message, /autoPause/)
+  })
+
+  test('webhooks: a sandbox made through one replica and killed through the other, each event delivered once, signed', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
+    const [a, b] = REPLICAS
+    const secret = 'whsec_' + randomBytes(24).toString('base64')
+    const got = []
+    const server = http.createServer((req, res) => {
+      const chunks = []
+      req.on('data', (c) => chunks.push(c))
+      req.on('end', () => {
+        const raw = Buffer.concat(chunks).toString('utf8')
+        const sig = createHash('sha256').update(secret + raw).digest('base64').replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
+        got.push({ ok: req.headers['e2b-signature'] === sig, event: JSON.parse(raw) })
+        res.writeHead(200).end()
+      })
+    })
+    await new Promise((r) => server.listen(0, '127.0.0.1', r))
+    const reg = await fetch(`${a.api}/events/webhooks`, {
+      method: 'POST', headers: { 'X-API-Key': API_KEY, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: 'kube', url: `http://127.0.0.1:${server.address().port}/hook`, enabled: true,
+        events: ['sandbox.lifecycle.created', 'sandbox.lifecycle.killed'], signatureSecret: secret }),
+    })
+    const regText = await reg.text()
+    assert.equal(reg.status, 201, regText)
+    const hook = JSON.parse(regText)
+    try {
+      const sbx = await Sandbox.create('base', { apiUrl: a.api, sandboxUrl: a.sandbox, metadata: meta({ role: 'webhook' }) })
+      track(sbx.sandboxId)
+      await Sandbox.kill(sbx.sandboxId, { apiUrl: b.api })
+      const mine = () => got.filter((g) => g.event.sandboxId === sbx.sandboxId)
+      await waitFor(() => mine().length >= 2, { timeoutMs: 60_000, what: 'the created and killed deliveries' })
+      await new Promise((r) => setTimeout(r, 2_000)) // a duplicate would come now
+      assert.deepEqual(mine().map((g) => g.event.type), ['sandbox.lifecycle.created', 'sandbox.lifecycle.killed'])
+      assert.ok(mine().every((g) => g.ok), 'every delivery signed with the secret')
+    } finally {
+      await fetch(`${a.api}/events/webhooks/${hook.id}`, { method: 'DELETE', headers: { 'X-API-Key': API_KEY } })
+      await new Promise((r) => server.close(r))
+    }
   })
 
   test('two replicas serve one sandbox alike: made by one, changed and read through the other', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
