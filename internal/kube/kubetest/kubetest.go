@@ -6,14 +6,20 @@
 package kubetest
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -146,4 +152,53 @@ func NoneLeft(t testing.TB, c *Cluster, ns string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// Kubectl runs the stack's kubectl (Dir/bin/kubectl, else kubectl on PATH)
+// against the stack, with stdin (nil: none), and returns its output; a
+// failure's error holds what it wrote to stderr.
+func (c *Cluster) Kubectl(stdin []byte, args ...string) ([]byte, error) {
+	bin := filepath.Join(c.Dir, "bin", "kubectl")
+	if _, err := os.Stat(bin); err != nil {
+		bin = "kubectl"
+	}
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", os.Getenv("AIRLOCK_KUBECONFIG")}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// DeleteNamespaceAtCleanup deletes the namespace name (made by the test
+// some other way than Namespace) when the test ends, and waits until it is
+// gone; one that was never made is no error.
+func (c *Cluster) DeleteNamespaceAtCleanup(t testing.TB, name string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx := context.Background()
+		zero := int64(0)
+		_ = c.Client.CoreV1().Pods(name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if err != nil {
+			t.Errorf("deleting namespace %s: %v", name, err)
+			return
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for time.Now().Before(deadline) {
+			if _, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+		t.Errorf("namespace %s still there 2 minutes after its delete", name)
+	})
 }
