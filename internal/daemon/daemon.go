@@ -83,6 +83,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/secret"
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/teamstats"
+	"github.com/airlock-sandbox/airlock/internal/teardown"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/tlsfront"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
@@ -235,15 +236,7 @@ type Daemon struct {
 	building bool          // the background builds were started
 	buildErr error         // which of them failed, once built is closed
 	errc     chan error    // a listener that stopped serving
-	closers  []closer
-	closed   sync.Once
-	closeErr error
-}
-
-// closer is one named step of the teardown.
-type closer struct {
-	name  string
-	close func() error
+	closers  teardown.Stack
 }
 
 // New returns a server that Start will start; nothing runs yet.
@@ -262,9 +255,7 @@ func New(cfg Config) *Daemon {
 }
 
 // push adds a step to the teardown; Close runs them last pushed first.
-func (d *Daemon) push(name string, fn func() error) {
-	d.closers = append(d.closers, closer{name, fn})
-}
+func (d *Daemon) push(name string, fn func() error) { d.closers.Push(name, fn) }
 
 // Start starts every subsystem in dependency order. On an error it closes
 // what it had started and returns the error; the Daemon is then spent.
@@ -397,21 +388,7 @@ func (d *Daemon) BuildErr() error {
 
 // Close runs the teardown, last started first, and returns every step's
 // error, named. It is safe to call more than once.
-func (d *Daemon) Close() error {
-	d.closed.Do(func() {
-		var errs []error
-		for i := len(d.closers) - 1; i >= 0; i-- {
-			c := d.closers[i]
-			if err := c.close(); err != nil {
-				d.log.Warn("close "+c.name, "err", err)
-				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
-			}
-		}
-		d.closers = nil
-		d.closeErr = errors.Join(errs...)
-	})
-	return d.closeErr
-}
+func (d *Daemon) Close() error { return d.closers.Close(d.log) }
 
 // lockDataDir takes the data dir's server lock (an flock, released by the
 // kernel if the process dies).
@@ -628,7 +605,7 @@ func (d *Daemon) startListeners() error {
 	api := e2b.NewHandler(d.Manager, opts)
 	// Tokens handed out are keys' grants; the proxy and the volume content
 	// API check each against the key's current record.
-	grants := grant.Checker{Keys: d.Keys, Refused: d.auditRefusal}
+	grants := grant.Checker{Keys: d.Keys, Refused: grant.AuditRefusals(d.Store, d.log)}
 	d.Proxy = proxy.New(d.Manager, d.log)
 	d.Proxy.SetGrants(grants)
 	d.Proxy.SetStats(d.Metrics)
@@ -682,24 +659,6 @@ func (d *Daemon) startListeners() error {
 		return err
 	}
 	return d.startDomainListener(apiMux, d.Proxy)
-}
-
-// auditRefusal writes a grant the proxy or the volume content API refused
-// to a known key into the audit log, as the API does its keys' refusals.
-func (d *Daemon) auditRefusal(r grant.Refusal) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	detail := r.Reason.Error()
-	if errors.Is(r.Reason, grant.ErrForeign) {
-		// The answer said no such resource; the entry says no more than
-		// that, as for an ID that never existed.
-		detail = "not found"
-	}
-	e := store.AuditEntry{At: time.Now(), KeyID: r.Key.KeyID, KeyName: r.Key.KeyName, TeamID: r.Key.Team,
-		Action: r.Action, TargetKind: r.TargetKind, TargetID: r.TargetID, Status: r.Status, Detail: detail}
-	if err := d.Store.AppendAudit(ctx, []store.AuditEntry{e}); err != nil {
-		d.log.Error("audit log: entry not written", "action", r.Action, "err", err)
-	}
 }
 
 // dashboard makes the web dashboard over the API handler; its envd work

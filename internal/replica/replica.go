@@ -64,6 +64,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/registry"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
 	"github.com/airlock-sandbox/airlock/internal/store"
+	"github.com/airlock-sandbox/airlock/internal/teardown"
 	"github.com/airlock-sandbox/airlock/internal/template"
 	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
@@ -149,14 +150,7 @@ type Replica struct {
 	// answered for (without a registry of this replica's).
 	remoteReady map[string]bool
 	errc        chan error
-	closers     []closer
-	closed      sync.Once
-	closeErr    error
-}
-
-type closer struct {
-	name  string
-	close func() error
+	closers     teardown.Stack
 }
 
 // New returns a replica that Start will start.
@@ -171,27 +165,13 @@ func New(cfg Config) *Replica {
 	return &Replica{cfg: cfg, log: lg, errc: make(chan error, 3)}
 }
 
-func (r *Replica) push(name string, fn func() error) { r.closers = append(r.closers, closer{name, fn}) }
+func (r *Replica) push(name string, fn func() error) { r.closers.Push(name, fn) }
 
 // Errors reports a listener that stopped serving.
 func (r *Replica) Errors() <-chan error { return r.errc }
 
-// Close runs the teardown, last started first.
-func (r *Replica) Close() error {
-	r.closed.Do(func() {
-		var errs []error
-		for i := len(r.closers) - 1; i >= 0; i-- {
-			c := r.closers[i]
-			if err := c.close(); err != nil {
-				r.log.Warn("close "+c.name, "err", err)
-				errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
-			}
-		}
-		r.closers = nil
-		r.closeErr = errors.Join(errs...)
-	})
-	return r.closeErr
-}
+// Close runs the teardown, last started first; safe to call again.
+func (r *Replica) Close() error { return r.closers.Close(r.log) }
 
 // Start starts the replica; on an error it closes what it started.
 func (r *Replica) Start(ctx context.Context) (err error) {
@@ -575,7 +555,7 @@ func (r *Replica) startListeners() error {
 		Webhooks:            r.Store,
 		WebhookAllowPrivate: r.cfg.Webhooks.AllowPrivate,
 	})
-	grants := grant.Checker{Keys: r.Keys, Refused: r.auditRefusal}
+	grants := grant.Checker{Keys: r.Keys, Refused: grant.AuditRefusals(r.Store, r.log)}
 	r.Proxy = proxy.New(r.Backend, r.log)
 	r.Proxy.SetGrants(grants)
 	mux := http.NewServeMux()
@@ -605,21 +585,6 @@ func (r *Replica) serve(name string, ln net.Listener, h http.Handler) {
 		}
 		return nil
 	})
-}
-
-// auditRefusal writes a refused grant to the audit log (as one box does).
-func (r *Replica) auditRefusal(ref grant.Refusal) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	detail := ref.Reason.Error()
-	if errors.Is(ref.Reason, grant.ErrForeign) {
-		detail = "not found"
-	}
-	e := store.AuditEntry{At: time.Now(), KeyID: ref.Key.KeyID, KeyName: ref.Key.KeyName, TeamID: ref.Key.Team,
-		Action: ref.Action, TargetKind: ref.TargetKind, TargetID: ref.TargetID, Status: ref.Status, Detail: detail}
-	if err := r.Store.AppendAudit(ctx, []store.AuditEntry{e}); err != nil {
-		r.log.Error("audit log: entry not written", "action", ref.Action, "err", err)
-	}
 }
 
 // loopbackHost is host:port of a listener's address, with an unspecified
