@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/airlock-sandbox/airlock/api/gen/process"
@@ -145,6 +146,24 @@ func (p *proc) readOutput(r *os.File, k outKind, progress *atomic.Int64, busy *a
 	}
 }
 
+// unread is how many bytes wait in the readers' pipes (or terminal) for
+// their readers (TIOCINQ, FIONREAD's Linux name; a file it cannot ask counts none).
+func unread(readers []*os.File) int {
+	total := 0
+	for _, r := range readers {
+		rc, err := r.SyscallConn()
+		if err != nil {
+			continue
+		}
+		_ = rc.Control(func(fd uintptr) {
+			if n, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil && n > 0 {
+				total += n
+			}
+		})
+	}
+	return total
+}
+
 // wait reaps the process, lets the readers drain what it wrote, then publishes the
 // single end event and schedules the process's removal.
 func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
@@ -178,7 +197,11 @@ func (p *proc) wait(readers []*os.File, kinds []outKind, m *processManager) {
 		select {
 		case <-drained:
 		case <-time.After(exitDrainGrace):
-			if (busy.Load() > 0 || progress.Load() != before) && time.Now().Before(drainDeadline) {
+			// Output still in a pipe counts as flowing too: on a loaded
+			// machine (a 2-core node starting Pods) a reader may not have run
+			// at all in the grace, and its stream's last bytes must not be
+			// cut off for it.
+			if (busy.Load() > 0 || progress.Load() != before || unread(readers) > 0) && time.Now().Before(drainDeadline) {
 				continue
 			}
 		}

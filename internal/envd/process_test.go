@@ -598,3 +598,31 @@ func TestStalledClientIsToldOutputWasDropped(t *testing.T) {
 		t.Fatalf("end error = %q, want a notice that output was dropped", r.end.GetError())
 	}
 }
+
+// TestUnread: the bytes waiting in a pipe for its reader are counted (what
+// keeps a process's end event waiting for output its readers have not
+// taken yet), and reading them empties the count.
+func TestUnread(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if n := unread([]*os.File{r}); n != 0 {
+		t.Fatalf("an empty pipe: %d", n)
+	}
+	if _, err := w.Write([]byte("err-line\n")); err != nil {
+		t.Fatal(err)
+	}
+	if n := unread([]*os.File{r, r}); n != 18 {
+		t.Fatalf("9 bytes in a pipe, counted twice: %d", n)
+	}
+	buf := make([]byte, 64)
+	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "err-line\n" {
+		t.Fatalf("read after counting: %q %v", buf[:n], err)
+	}
+	if n := unread([]*os.File{r}); n != 0 {
+		t.Fatalf("after reading: %d", n)
+	}
+}
