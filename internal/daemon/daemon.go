@@ -85,6 +85,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/teamstats"
 	"github.com/airlock-sandbox/airlock/internal/teardown"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/templatecatalog"
 	"github.com/airlock-sandbox/airlock/internal/tlsfront"
 	"github.com/airlock-sandbox/airlock/internal/tplbuild"
 	"github.com/airlock-sandbox/airlock/internal/volume"
@@ -578,12 +579,15 @@ func (d *Daemon) startListeners() error {
 		lns = append(lns, ln)
 	}
 	opts := e2b.Options{
-		Identify:    d.Keys.Authenticate,
-		MaxTimeout:  d.cfg.MaxTimeout,
-		Domain:      d.cfg.Domain,
-		DomainFor:   d.domainFor,
-		Limits:      d.cfg.Limits,
-		Templates:   e2bTemplates{s: d.Templates, mgr: d.Manager, builds: d.Builds},
+		Identify:   d.Keys.Authenticate,
+		MaxTimeout: d.cfg.MaxTimeout,
+		Domain:     d.cfg.Domain,
+		DomainFor:  d.domainFor,
+		Limits:     d.cfg.Limits,
+		Templates: templatecatalog.Catalog{Store: d.Templates, Builds: d.Builds, InUse: func(ctx context.Context, id string) (int, error) {
+			live, err := d.Manager.List(ctx, sandbox.ListFilter{Template: id})
+			return len(live), err
+		}},
 		Builds:      d.Builds,
 		Events:      d.Events,
 		Secrets:     d.Secrets,

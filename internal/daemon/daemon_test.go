@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/airlock-sandbox/airlock/internal/layout"
-	"github.com/airlock-sandbox/airlock/internal/template"
 )
 
 // TestNetInstanceOf: the default data dir gets the plain names; any other gets
@@ -68,14 +67,3 @@ func TestParseAPIKeys(t *testing.T) {
 	}
 }
 
-// TestE2BTemplateInfo: aliases are the template's alias and name (not its
-// id); a built-in's id is its only alias.
-func TestE2BTemplateInfo(t *testing.T) {
-	got := e2bTemplateInfo(template.Template{ID: "t1", Alias: "mine", Name: "mine"})
-	if !slices.Equal(got.Aliases, []string{"mine"}) || got.ID != "t1" || !got.Public {
-		t.Fatalf("%+v", got)
-	}
-	if got := e2bTemplateInfo(template.Template{ID: "base", Name: "base"}); !slices.Equal(got.Aliases, []string{"base"}) {
-		t.Fatalf("built-in: %+v", got.Aliases)
-	}
-}

@@ -66,6 +66,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/store"
 	"github.com/airlock-sandbox/airlock/internal/teardown"
 	"github.com/airlock-sandbox/airlock/internal/template"
+	"github.com/airlock-sandbox/airlock/internal/templatecatalog"
 	"github.com/airlock-sandbox/airlock/internal/webhook"
 )
 
@@ -549,8 +550,10 @@ func (r *Replica) startListeners() error {
 		Keys:       r.Keys,
 		Audit:      r.Store,
 		TeamRate:   func(team string) float64 { return r.Keys.Quotas(team).RequestsPerSecond },
-		Grants:     true,
-		Logger:     r.log,
+		// The served templates, read only: GET /templates lists them.
+		Templates: templatecatalog.Catalog{Store: r.Templates, Served: r.cfg.Templates},
+		Grants:    true,
+		Logger:    r.log,
 
 		Webhooks:            r.Store,
 		WebhookAllowPrivate: r.cfg.Webhooks.AllowPrivate,

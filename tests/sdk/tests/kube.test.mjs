@@ -113,6 +113,19 @@ describe('kubernetes backend', { skip }, () => {
       { timeoutMs: 60_000, what: 'the pool refilled' })
   })
 
+  test('templates: the served ones listed, read only', async () => {
+    const list = await api('GET', '/templates')
+    assert.equal(list.status, 200, list.text)
+    const ids = list.json.map((t) => t.templateID)
+    assert.ok(ids.includes('base') && ids.includes('code-interpreter-v1'), `listed: ${ids}`)
+    assert.ok(!ids.includes('python3'), 'a template the replicas do not serve is not listed')
+    const one = await api('GET', '/templates/base')
+    assert.equal(one.status, 200, one.text)
+    const del = await api('DELETE', '/templates/base')
+    assert.equal(del.status, 501, del.text)
+    assert.match(del.json.message, /read only/)
+  })
+
   test('what the backend cannot do answers 501 naming it', async () => {
     const sbx = await createSandbox()
     const res = await api('POST', `/sandboxes/${sbx.sandboxId}/pause`)
