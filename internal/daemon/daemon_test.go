@@ -66,4 +66,3 @@ func TestParseAPIKeys(t *testing.T) {
 		t.Fatal("an empty list was accepted")
 	}
 }
-
