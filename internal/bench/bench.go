@@ -184,12 +184,25 @@ func (c *client) sequential(ctx context.Context, name string, n int, ready func(
 // concurrent measures n creates started at once.
 func (c *client) concurrent(ctx context.Context, name string, n int) (Row, error) {
 	r := Row{Name: fmt.Sprintf("%s, %d concurrent", name, n)}
+	var err error
+	r.Samples, err = startAtOnce(ctx, n, func(int) *client { return c })
+	if err != nil {
+		return r, fmt.Errorf("%s: %w", name, err)
+	}
+	return r, nil
+}
+
+// startAtOnce starts n creates + first commands at once, the i-th through
+// clientOf(i), and returns their times.
+func startAtOnce(ctx context.Context, n int, clientOf func(i int) *client) ([]time.Duration, error) {
 	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		errs    []error
+		samples []time.Duration
 	)
-	for i := 0; i < n; i++ {
+	for i := range n {
+		c := clientOf(i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -200,14 +213,11 @@ func (c *client) concurrent(ctx context.Context, name string, n int) (Row, error
 				errs = append(errs, err)
 				return
 			}
-			r.Samples = append(r.Samples, d)
+			samples = append(samples, d)
 		}()
 	}
 	wg.Wait()
-	if len(errs) > 0 {
-		return r, fmt.Errorf("%s: %w", name, errors.Join(errs...))
-	}
-	return r, nil
+	return samples, errors.Join(errs...)
 }
 
 // forkExec is the floor: starting /bin/true on the host with no isolation.

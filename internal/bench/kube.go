@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -87,31 +85,16 @@ func waitWarm(ctx context.Context, cfg Config, ok func(int) bool) error {
 // through each config's API, and notes the creates per second.
 func createsThrough(ctx context.Context, name string, n int, cfgs ...Config) (Row, error) {
 	r := Row{Name: fmt.Sprintf("%s, %d concurrent creates through %d replicas", name, n, len(cfgs))}
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		errs []error
-	)
-	start := time.Now()
-	for i := range n {
-		c := newClient(cfgs[i%len(cfgs)])
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d, err := c.createAndRun(ctx, nil)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			r.Samples = append(r.Samples, d)
-		}()
+	clients := make([]*client, len(cfgs))
+	for i, cfg := range cfgs {
+		clients[i] = newClient(cfg)
 	}
-	wg.Wait()
+	start := time.Now()
+	var err error
+	r.Samples, err = startAtOnce(ctx, n, func(i int) *client { return clients[i%len(clients)] })
 	wall := time.Since(start)
-	if len(errs) > 0 {
-		return r, fmt.Errorf("%s: %w", name, errors.Join(errs...))
+	if err != nil {
+		return r, fmt.Errorf("%s: %w", name, err)
 	}
 	r.Note = fmt.Sprintf("%.1f creates/s (all %d in %.2f s)", float64(n)/wall.Seconds(), n, wall.Seconds())
 	return r, nil
