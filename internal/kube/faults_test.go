@@ -24,7 +24,7 @@ import (
 //   - a RuntimeClass the cluster lacks;
 //   - an image no node can pull;
 //   - the namespace's ResourceQuota refusing the Pod (429: ErrLimit);
-//   - no node able to take it (here more vCPUs than the node has; a
+//   - no node able to take it (here more vCPUs than any node has; a
 //     NotReady node is the same to the scheduler): 503 with Retry-After.
 func TestCreateFaults(t *testing.T) {
 	c := kubetest.Start(t)
@@ -62,7 +62,7 @@ func TestCreateFaults(t *testing.T) {
 		{"unknown RuntimeClass", "", backend("", "no-such-class", ref, 1), "RuntimeClass", nil, 30 * time.Second},
 		{"image no node can pull", "", backend("", "gvisor", "127.0.0.1:1/airlock/none:x", 1), "its Pod cannot start", nil, 90 * time.Second},
 		{"namespace quota", quotaNS, backend(quotaNS, "gvisor", ref, 1), "exceeded quota", sandbox.ErrLimit, 30 * time.Second},
-		{"no node can take it", "", backend("", "gvisor", ref, 64), "Insufficient cpu", nil, 30 * time.Second},
+		{"no node can take it", "", backend("", "gvisor", ref, 4096), "Insufficient cpu", nil, 30 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
