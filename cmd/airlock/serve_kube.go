@@ -27,10 +27,11 @@ type kubeFlags struct {
 	store, identity            string
 	ready                      time.Duration
 	cpuRequest, memoryRequest  float64
+	pools                      map[string]int
 }
 
 // kubeOnly are the flags only the kubernetes backend reads.
-var kubeOnly = []string{"kubeconfig", "kube-namespace", "runtime-class", "registry-addr", "registry-host", "store", "replica-id", "pod-ready-timeout", "pod-cpu-request", "pod-memory-request"}
+var kubeOnly = []string{"kubeconfig", "kube-namespace", "runtime-class", "registry-addr", "registry-host", "store", "replica-id", "pod-ready-timeout", "pod-cpu-request", "pod-memory-request", "warm-pools"}
 
 func (k *kubeFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&k.backend, "backend", "local", `where sandboxes run: "local" (this machine) or "kubernetes" (a Pod each; README: Kubernetes)`)
@@ -42,6 +43,7 @@ func (k *kubeFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&k.store, "store", "", "shared state of the replicas (--backend kubernetes): a postgres:// URL, or a SQLite file (default <data-dir>/airlock.db; one replica only)")
 	f.StringVar(&k.identity, "replica-id", "", "this replica's name in the reconciler's election (default: host name and a random suffix)")
 	f.DurationVar(&k.ready, "pod-ready-timeout", 2*time.Minute, "longest a sandbox Pod may take to run and answer (--backend kubernetes)")
+	f.StringToIntVar(&k.pools, "warm-pools", nil, "warm pool sizes of some templates (name=N,...), in place of --warm-pool for them (--backend kubernetes)")
 	f.Float64Var(&k.cpuRequest, "pod-cpu-request", kube.DefaultCPURequest, "fraction of a sandbox's vCPUs its Pod requests; the limit is the whole (--backend kubernetes)")
 	f.Float64Var(&k.memoryRequest, "pod-memory-request", kube.DefaultMemoryRequest, "fraction of a sandbox's memory its Pod requests; the limit is the whole (--backend kubernetes)")
 }
@@ -109,12 +111,20 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 	if !cmd.Flags().Changed("templates") {
 		templates = []string{"base"}
 	}
+	for name, n := range k.pools {
+		if !slices.Contains(templates, name) {
+			return fmt.Errorf("--warm-pools %s=%d: %s is not among --templates (%s)", name, n, name, strings.Join(templates, ", "))
+		}
+		if n < 0 {
+			return fmt.Errorf("--warm-pools %s=%d: must not be negative", name, n)
+		}
+	}
 	r := replica.New(replica.Config{
 		APIAddr: c.APIAddr, SandboxAddr: c.SandboxAddr, RegistryAddr: k.registryAddr, RegistryHost: k.registryHost,
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
 		Store: k.store, DataDir: c.DataDir, TemplateDataDir: c.TemplateDataDir, Templates: templates,
 		EnvdPath: envdPath, APIKeys: keys, MaxTimeout: c.MaxTimeout, Limits: c.Limits, MaxPerKey: c.MaxPerKey,
-		WarmPool: c.WarmPool,
+		WarmPool: c.WarmPool, WarmPools: k.pools,
 		Webhooks: replica.WebhookConfig{AllowPrivate: c.Webhooks.AllowPrivate, RetryMax: c.Webhooks.RetryMax, GiveUpAfter: c.Webhooks.GiveUpAfter},
 		Ready:    k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
 	})

@@ -112,8 +112,9 @@ type Config struct {
 	// claimed by one).
 	Webhooks WebhookConfig
 	// WarmPool is how many started Pods each served template keeps
-	// ahead of demand (0: none).
-	WarmPool int
+	// ahead of demand (0: none); WarmPools sets it for some by name.
+	WarmPool  int
+	WarmPools map[string]int
 	// Identity names this replica in the reconciler's election (default:
 	// host name and a random suffix).
 	Identity string
@@ -481,8 +482,12 @@ func (r *Replica) startCluster(ctx context.Context) error {
 		Log:       r.log,
 	}
 	for _, name := range r.cfg.Templates {
-		if r.cfg.WarmPool > 0 {
-			r.Backend.Pools[name] = r.cfg.WarmPool
+		n, ok := r.cfg.WarmPools[name]
+		if !ok {
+			n = r.cfg.WarmPool
+		}
+		if n > 0 {
+			r.Backend.Pools[name] = n
 		}
 	}
 	wctx, cancel := context.WithCancel(context.Background())
