@@ -55,7 +55,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
+	"github.com/airlock-sandbox/airlock/internal/dashboard"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
+	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/kube"
@@ -569,12 +571,69 @@ func (r *Replica) startListeners() error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcp.NewStreamableHandler("http://"+loopbackHost(lns[0].Addr()), "http://"+loopbackHost(lns[1].Addr()), r.Keys.Authenticate))
 	mux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
-	mux.Handle("/", api)
+	dash, err := r.dashboard(api, "http://"+loopbackHost(lns[0].Addr()), "http://"+loopbackHost(lns[1].Addr()))
+	if err != nil {
+		for _, l := range lns {
+			l.Close()
+		}
+		return err
+	}
+	mux.Handle(dashboard.Prefix, dash)
+	mux.Handle("/dashboard", dash)
+	mux.Handle("/", dashboard.RedirectRoot(api))
 	r.APIURL = "http://" + lns[0].Addr().String()
 	r.SandboxURL = "http://" + lns[1].Addr().String()
 	r.serve("API", lns[0], mux)
 	r.serve("sandbox proxy", lns[1], r.Proxy)
 	return nil
+}
+
+// dashboard is the web dashboard over the API handler and this replica's
+// own proxy. Its sessions live in the replica that made them: a browser
+// must keep to one replica (the Service's sessionAffinity).
+func (r *Replica) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashboard.Dashboard, error) {
+	var clients sync.Map // API key → *e2bclient.Client
+	d, err := dashboard.New(dashboard.Options{
+		Identify: r.Keys.Authenticate, API: api, Grants: true,
+		Sandboxes: r.Backend, Events: r.Events, Templates: servedTemplates{r},
+		DataDir: r.cfg.DataDir, Logger: r.log,
+		Envd: func(key string) *e2bclient.Client {
+			if c, ok := clients.Load(key); ok {
+				return c.(*e2bclient.Client)
+			}
+			c, _ := clients.LoadOrStore(key, e2bclient.New(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}))
+			return c.(*e2bclient.Client)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	return d, nil
+}
+
+// servedTemplates is the dashboard's view of the template store: the
+// served templates only.
+type servedTemplates struct{ r *Replica }
+
+func (s servedTemplates) List() ([]template.Template, error) {
+	all, err := s.r.Templates.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []template.Template
+	for _, t := range all {
+		if slices.Contains(s.r.cfg.Templates, t.ID) || slices.Contains(s.r.cfg.Templates, t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
+func (s servedTemplates) Builds(ref string) ([]template.Template, error) {
+	if _, err := s.r.served(ref); err != nil {
+		return nil, err
+	}
+	return s.r.Templates.Builds(ref)
 }
 
 // serve serves h on ln (HTTP/1.1 and h2c) until Close.

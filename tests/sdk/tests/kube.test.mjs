@@ -176,6 +176,38 @@ describe('kubernetes backend', { skip }, () => {
     }
   })
 
+  test('the dashboard on a replica: sign-in, the key\'s sandboxes with their samples, the served templates', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
+    const [a] = REPLICAS
+    const page = await fetch(`${a.api}/dashboard/`)
+    assert.equal(page.status, 200)
+    assert.match(await page.text(), /<html/i)
+    const signIn = await fetch(`${a.api}/dashboard/api/session`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ apiKey: API_KEY }),
+    })
+    const signText = await signIn.text()
+    assert.equal(signIn.status, 200, signText)
+    const cookie = signIn.headers.get('set-cookie').split(';')[0]
+    const get = async (path) => {
+      const res = await fetch(`${a.api}/dashboard/api${path}`, { headers: { Cookie: cookie } })
+      const text = await res.text()
+      assert.equal(res.status, 200, `${path}: ${text}`)
+      return JSON.parse(text)
+    }
+    const sbx = await createSandbox({ metadata: { role: 'dashboard' } })
+    const list = await get(`/sandboxes?metadata=${encodeURIComponent('role=dashboard')}`)
+    assert.ok(list.sandboxes.some((s) => s.sandboxID === sbx.sandboxId), JSON.stringify(list))
+    const one = await get(`/sandboxes/${sbx.sandboxId}`)
+    assert.equal(one.state, 'running')
+    const samples = await waitFor(async () => {
+      const m = await get(`/sandboxes/${sbx.sandboxId}/metrics`)
+      return m.metrics.length > 0 && m.metrics
+    }, { timeoutMs: 20_000, what: 'a metrics sample on the dashboard' })
+    assert.ok(samples[0].memTotal > 0)
+    const templates = await get('/templates')
+    const ids = (templates.templates ?? templates).map((t) => t.templateID ?? t.id)
+    assert.ok(ids.includes('base') && !ids.includes('python3'), `templates: ${JSON.stringify(ids)}`)
+  })
+
   test('two replicas serve one sandbox alike: made by one, changed and read through the other', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
     const [a, b] = REPLICAS
     const sbx = await Sandbox.create('base', { apiUrl: a.api, sandboxUrl: a.sandbox, metadata: meta({ role: 'replicas' }) })
