@@ -187,7 +187,11 @@ else
     tests/paths.test.mjs tests/errors.test.mjs tests/sandbox.test.mjs tests/code-interpreter.test.mjs
     tests/limits.test.mjs tests/sudo.test.mjs tests/kube.test.mjs)
 fi
-node --test --test-concurrency=2 --test-timeout=180000 --test-reporter=spec "${files[@]}" &
+# One file at a time: the node (2 cores here) runs the replicas, PostgreSQL,
+# the warm pools and every sandbox Pod, and two files at once loaded it
+# enough for a Jupyter kernel's subprocess output to come after its cell's
+# end (a flaky `!pwd` in code-interpreter.test.mjs).
+node --test --test-concurrency=1 --test-timeout=180000 --test-reporter=spec "${files[@]}" &
 node_pid=$!
 wait "$node_pid"
 status=$?
