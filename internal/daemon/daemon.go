@@ -57,7 +57,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -68,7 +67,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/dashboard"
 	"github.com/airlock-sandbox/airlock/internal/diskquota"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
-	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/grant"
@@ -676,14 +674,7 @@ func (d *Daemon) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashbo
 	if d.Builds != nil { // never a typed nil in an interface
 		o.Builds = d.Builds
 	}
-	var clients sync.Map // API key → *e2bclient.Client
-	o.Envd = func(key string) *e2bclient.Client {
-		if c, ok := clients.Load(key); ok {
-			return c.(*e2bclient.Client)
-		}
-		c, _ := clients.LoadOrStore(key, e2bclient.New(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}))
-		return c.(*e2bclient.Client)
-	}
+	o.Envd = dashboard.EnvdClients(apiURL, sandboxURL)
 	dash, err := dashboard.New(o)
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)

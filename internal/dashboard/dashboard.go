@@ -35,6 +35,7 @@ import (
 	"net/http/httptest"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
@@ -297,4 +298,17 @@ func relay(w http.ResponseWriter, status int, body []byte, keep bool) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// EnvdClients is an Options.Envd over the server's own API and sandbox
+// proxy: one client per API key, made on first use and kept.
+func EnvdClients(apiURL, sandboxURL string) func(apiKey string) *e2bclient.Client {
+	var clients sync.Map // API key → *e2bclient.Client
+	return func(key string) *e2bclient.Client {
+		if c, ok := clients.Load(key); ok {
+			return c.(*e2bclient.Client)
+		}
+		c, _ := clients.LoadOrStore(key, e2bclient.New(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}))
+		return c.(*e2bclient.Client)
+	}
 }

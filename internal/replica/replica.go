@@ -57,7 +57,6 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/dashboard"
 	"github.com/airlock-sandbox/airlock/internal/e2b"
-	"github.com/airlock-sandbox/airlock/internal/e2bclient"
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/kube"
@@ -592,18 +591,11 @@ func (r *Replica) startListeners() error {
 // own proxy. Its sessions live in the replica that made them: a browser
 // must keep to one replica (the Service's sessionAffinity).
 func (r *Replica) dashboard(api http.Handler, apiURL, sandboxURL string) (*dashboard.Dashboard, error) {
-	var clients sync.Map // API key → *e2bclient.Client
 	d, err := dashboard.New(dashboard.Options{
 		Identify: r.Keys.Authenticate, API: api, Grants: true,
 		Sandboxes: r.Backend, Events: r.Events, Templates: servedTemplates{r},
 		DataDir: r.cfg.DataDir, Logger: r.log,
-		Envd: func(key string) *e2bclient.Client {
-			if c, ok := clients.Load(key); ok {
-				return c.(*e2bclient.Client)
-			}
-			c, _ := clients.LoadOrStore(key, e2bclient.New(e2bclient.Config{APIURL: apiURL, SandboxURL: sandboxURL, APIKey: key}))
-			return c.(*e2bclient.Client)
-		},
+		Envd: dashboard.EnvdClients(apiURL, sandboxURL),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
