@@ -47,7 +47,8 @@ var ErrNotSupported = errors.New("runtime: operation not supported")
 
 // ErrBusy is a checkpoint that failed because a process was caught in the
 // middle of something the checkpointer cannot save but that ends by itself
-// (a netlink reply not yet read, as glibc's getaddrinfo has for a moment):
+// (a netlink reply not yet read, as glibc's getaddrinfo has for a moment; a
+// task in uninterruptible sleep, as a write is while a slow disk drains):
 // the processes run on as they were, and the same checkpoint a moment
 // later, with the sandbox thawed in between, succeeds.
 var ErrBusy = errors.New("runtime: a process was in the middle of a kernel exchange; try again")

@@ -907,9 +907,9 @@ const busyAttempts = 8
 
 // checkpointFrozen checkpoints the frozen sandbox into dir, leaving it
 // frozen. A checkpoint that fails with runtime.ErrBusy (a process caught
-// halfway through a netlink exchange) is tried again after thawing the
-// sandbox for a moment, so that the exchange can end, and freezing it
-// again; redo, if set, then retakes what the caller took of the frozen
+// halfway through a netlink exchange, or in uninterruptible sleep) is tried
+// again after thawing the sandbox for a moment, so that what held it can
+// end, and freezing it again; redo, if set, then retakes what the caller took of the frozen
 // sandbox before. Whatever it returns, the sandbox is frozen or its
 // processes run on as they were, as after one checkpoint.
 func (m *Manager) checkpointFrozen(ctx context.Context, e *entry, ck runtime.Checkpointer, dir string, redo func() error) error {

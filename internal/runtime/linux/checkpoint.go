@@ -114,14 +114,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, opts runtime.CheckpointOptions
 	}
 	if err := s.c.Checkpoint(criuOpts(opts.ImageDir, "", opts.LeaveRunning, s.parkNetNS != "")); err != nil {
 		why := criuErrors(filepath.Join(opts.ImageDir, "dump.log"))
-		switch {
-		case strings.Contains(why, "seccomp notify"):
-			// A listener that appeared after the check above.
-			err = fmt.Errorf("%w: %w", runtime.ErrNotSupported, err)
-		case strings.Contains(why, "netlink: The socket has data to read"):
-			err = fmt.Errorf("%w: %w", runtime.ErrBusy, err)
-		}
-		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, err, why)
+		return fmt.Errorf("linux runtime: checkpoint %s: %w%s", s.id, classifyDump(err, why), why)
 	}
 	// CRIU restores part of the tree from inside the sandbox's user
 	// namespace and opens images there, first as an unmapped uid (before
@@ -192,6 +185,28 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, imageDir strin
 		}
 		return err
 	})
+}
+
+// classifyDump wraps err, a failed dump whose CRIU log said why, in the
+// runtime error the caller acts on:
+//
+//   - ErrNotSupported: a seccomp notification listener (one that appeared
+//     after Checkpoint's own check), which CRIU cannot save;
+//   - ErrBusy: what ends by itself, so that the same dump a moment later,
+//     with the sandbox thawed in between, succeeds: a netlink reply not yet
+//     read (glibc's getaddrinfo holds one for a moment), or a task CRIU
+//     could not seize within its timeout because it sat in uninterruptible
+//     sleep (state D: a write throttled while the disk is slow to take the
+//     page cache, as on a loaded host).
+func classifyDump(err error, why string) error {
+	switch {
+	case strings.Contains(why, "seccomp notify"):
+		return fmt.Errorf("%w: %w", runtime.ErrNotSupported, err)
+	case strings.Contains(why, "netlink: The socket has data to read"),
+		strings.Contains(why, "Unseizable non-zombie") && strings.Contains(why, "state D"):
+		return fmt.Errorf("%w: %w", runtime.ErrBusy, err)
+	}
+	return err
 }
 
 // criuErrors returns the lines of a CRIU log that report errors, so that a
