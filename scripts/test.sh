@@ -43,7 +43,7 @@ done
 step "Go tests"
 # Fuzz targets run over their seed corpus here; bounded fuzzing is below. The
 # Kubernetes packages run in their own step, with the cluster they need.
-go test -count=1 -timeout 20m $(go list ./... | grep -v '/internal/kube')
+go test -count=1 -timeout 20m $(go list ./... | grep -v '/internal/kube\|/internal/nodeagent')
 
 step "Kubernetes: a single-node cluster (scripts/kube-stack.sh), its tests and the SDK suite against it, then its teardown"
 # The cluster lives only for this step: the kubelet changes kernel settings,
@@ -51,7 +51,7 @@ step "Kubernetes: a single-node cluster (scripts/kube-stack.sh), its tests and t
 trap 'scripts/kube-stack.sh down' EXIT
 scripts/kube-stack.sh up
 AIRLOCK_KUBECONFIG=$(scripts/kube-stack.sh kubeconfig) AIRLOCK_KUBE_DIR=$(scripts/kube-stack.sh dir) \
-	go test -count=1 -timeout 15m ./internal/kube/...
+	go test -count=1 -timeout 15m ./internal/kube/... ./internal/nodeagent/...
 # The SDK conformance suite (npm e2b, @e2b/code-interpreter) against two
 # replicas of serve --backend kubernetes over one PostgreSQL, then the
 # replica-kill test.

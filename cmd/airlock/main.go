@@ -37,7 +37,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(serveCmd(), templateCmd(), benchCmd(), mcpCmd(), doctorCmd(), serviceCmd(), keysCmd(), auditCmd())
-	root.AddCommand(imageCmd())
+	root.AddCommand(imageCmd(), nodeAgentCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "airlock:", err)
 		os.Exit(1)

@@ -28,10 +28,11 @@ type kubeFlags struct {
 	ready                      time.Duration
 	cpuRequest, memoryRequest  float64
 	pools                      map[string]int
+	podNetwork                 string
 }
 
 // kubeOnly are the flags only the kubernetes backend reads.
-var kubeOnly = []string{"kubeconfig", "kube-namespace", "runtime-class", "registry-addr", "registry-host", "store", "replica-id", "pod-ready-timeout", "pod-cpu-request", "pod-memory-request", "warm-pools"}
+var kubeOnly = []string{"kubeconfig", "kube-namespace", "runtime-class", "registry-addr", "registry-host", "store", "replica-id", "pod-ready-timeout", "pod-cpu-request", "pod-memory-request", "warm-pools", "pod-network"}
 
 func (k *kubeFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&k.backend, "backend", "local", `where sandboxes run: "local" (this machine) or "kubernetes" (a Pod each; README: Kubernetes)`)
@@ -44,6 +45,7 @@ func (k *kubeFlags) add(f *pflag.FlagSet) {
 	f.StringVar(&k.identity, "replica-id", "", "this replica's name in the reconciler's election (default: host name and a random suffix)")
 	f.DurationVar(&k.ready, "pod-ready-timeout", 2*time.Minute, "longest a sandbox Pod may take to run and answer (--backend kubernetes)")
 	f.StringToIntVar(&k.pools, "warm-pools", nil, "warm pool sizes of some templates (name=N,...), in place of --warm-pool for them (--backend kubernetes)")
+	f.StringVar(&k.podNetwork, "pod-network", "agent", `who enforces sandbox Pods' egress policy (--backend kubernetes): "agent", the node agent on every node (airlock node-agent, deploy/kubernetes), for which creates wait; "none": the cluster's NetworkPolicy alone, and creates asking for a policy are refused`)
 	f.Float64Var(&k.cpuRequest, "pod-cpu-request", kube.DefaultCPURequest, "fraction of a sandbox's vCPUs its Pod requests; the limit is the whole (--backend kubernetes)")
 	f.Float64Var(&k.memoryRequest, "pod-memory-request", kube.DefaultMemoryRequest, "fraction of a sandbox's memory its Pod requests; the limit is the whole (--backend kubernetes)")
 }
@@ -88,6 +90,9 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 	if k.cpuRequest <= 0 || k.cpuRequest > 1 || k.memoryRequest <= 0 || k.memoryRequest > 1 {
 		return fmt.Errorf("--pod-cpu-request and --pod-memory-request must be in (0, 1]")
 	}
+	if k.podNetwork != "agent" && k.podNetwork != "none" {
+		return fmt.Errorf(`--pod-network %q: "agent" or "none"`, k.podNetwork)
+	}
 	keys := []string{}
 	if v := os.Getenv("AIRLOCK_API_KEY"); v != "" {
 		if keys, err = daemon.ParseAPIKeys(v); err != nil {
@@ -124,7 +129,7 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 		Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
 		Store: k.store, DataDir: c.DataDir, TemplateDataDir: c.TemplateDataDir, Templates: templates,
 		EnvdPath: envdPath, APIKeys: keys, MaxTimeout: c.MaxTimeout, Limits: c.Limits, MaxPerKey: c.MaxPerKey,
-		WarmPool: c.WarmPool, WarmPools: k.pools,
+		WarmPool: c.WarmPool, WarmPools: k.pools, NodeAgent: k.podNetwork == "agent",
 		Webhooks: replica.WebhookConfig{AllowPrivate: c.Webhooks.AllowPrivate, RetryMax: c.Webhooks.RetryMax, GiveUpAfter: c.Webhooks.GiveUpAfter},
 		Ready:    k.ready, CPURequest: k.cpuRequest, MemoryRequest: k.memoryRequest, Identity: k.identity, Logger: lg,
 	})

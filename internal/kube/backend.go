@@ -87,6 +87,12 @@ type Backend struct {
 	// before Start; SetPool changes one later.
 	Pools map[string]int
 	Log   *slog.Logger
+	// NodeAgent: every sandbox Pod's egress policy is enforced by the node
+	// agent of its node (internal/nodeagent; podnetwork.go), and creates
+	// and network updates wait for it. Without it the cluster's
+	// NetworkPolicy is all there is, and a create or update that asks for a
+	// policy is refused (501).
+	NodeAgent bool
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 
@@ -196,8 +202,8 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	switch {
 	case len(req.VolumeMounts) > 0:
 		return sandbox.Info{}, errNotSupported("mounting volumes")
-	case req.Network != nil:
-		return sandbox.Info{}, errNotSupported("the network policy")
+	case !b.NodeAgent && (req.Network != nil || req.AllowInternetAccess != nil && !*req.AllowInternetAccess):
+		return sandbox.Info{}, errNotSupported("the network policy (this replica runs with --pod-network none: no node agent enforces one)")
 	case req.Lifecycle.OnTimeout == sandbox.OnTimeoutPause:
 		return sandbox.Info{}, errNotSupported("pausing at the timeout (autoPause)")
 	case req.Timeout <= 0:
@@ -222,12 +228,21 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 		Lifecycle: req.Lifecycle, State: sandbox.StateCreating,
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 	}
+	if req.Network != nil {
+		info.Network = sandbox.CopyNetwork(*req.Network)
+	}
+	var policy string
+	if b.NodeAgent {
+		if policy, err = podPolicy(info); err != nil {
+			return sandbox.Info{}, err
+		}
+	}
 	if req.Secure {
 		info.AccessToken = newToken()
 	}
 	var ip net.IP
 	if b.poolSize(t.ID) > 0 || b.poolSize(req.Template) > 0 {
-		if ip, err = b.claimWarm(ctx, t, &info, env); err != nil {
+		if ip, err = b.claimWarm(ctx, t, &info, env, policy); err != nil {
 			return sandbox.Info{}, fmt.Errorf("sandbox %s: %w", info.ID, err)
 		}
 		id = info.ID
@@ -252,7 +267,7 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 	}()
 	if ip == nil {
 		sb, err := b.Pods.Create(ctx, Spec{
-			ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB,
+			ID: id, Team: req.Owner, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB, Network: policy,
 			Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, AccessToken: info.AccessToken, EnvVars: env,
 				DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels},
 		})
@@ -260,6 +275,11 @@ func (b *Backend) Create(ctx context.Context, req sandbox.CreateRequest) (_ sand
 			return sandbox.Info{}, err
 		}
 		ip = sb.IP
+	}
+	if b.NodeAgent {
+		if err := b.Pods.waitNetwork(ctx, id, NetworkDigest(policy)); err != nil {
+			return sandbox.Info{}, err
+		}
 	}
 	// The timeout counts from the create's start: the Pod's start (seconds
 	// when its node pulls the image) is part of the sandbox's life.
@@ -517,8 +537,38 @@ func (b *Backend) ListSnapshots(context.Context, sandbox.SnapshotFilter) ([]sand
 func (b *Backend) DeleteSnapshot(_ context.Context, ref, _ string) error {
 	return fmt.Errorf("%w: snapshot %q", sandbox.ErrNotFound, ref)
 }
-func (b *Backend) UpdateNetwork(context.Context, string, sandbox.NetworkUpdate) error {
-	return errNotSupported("the network policy")
+
+// UpdateNetwork replaces a sandbox's egress policy: the Pod's annotation,
+// which its node agent applies (established connections go on, new ones
+// follow the new policy, as on one box), then the record and the updated
+// event.
+func (b *Backend) UpdateNetwork(ctx context.Context, id string, u sandbox.NetworkUpdate) error {
+	if !b.NodeAgent {
+		return errNotSupported("the network policy (this replica runs with --pod-network none: no node agent enforces one)")
+	}
+	info, err := b.record(ctx, id)
+	if err != nil {
+		return err
+	}
+	info.Network.AllowOut = append([]string(nil), u.AllowOut...)
+	info.Network.DenyOut = append([]string(nil), u.DenyOut...)
+	info.Network.Rules = u.Rules
+	info.Network.EgressProxy = u.EgressProxy
+	if u.AllowInternetAccess != nil {
+		v := *u.AllowInternetAccess
+		info.AllowInternetAccess = &v
+	}
+	policy, err := podPolicy(info)
+	if err != nil {
+		return err
+	}
+	if err := b.Pods.setNetwork(ctx, id, policy); err != nil {
+		return err
+	}
+	if err := b.Pods.waitNetwork(ctx, id, NetworkDigest(policy)); err != nil {
+		return err
+	}
+	return b.commit(ctx, info, lifecycle.Updated, lifecycle.EventData{NetworkEgress: sandbox.EgressOf(info)}, "")
 }
 func (b *Backend) Logs(context.Context, string, sandbox.LogQuery) ([]sandbox.LogEntry, error) {
 	return nil, errNotSupported("the sandbox log")

@@ -35,7 +35,7 @@ func TestBackendE2B(t *testing.T) {
 	c := kubetest.Start(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
-	ref := baseImage(t)
+	ref := kubetest.BaseImage(t)
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
 	if err != nil {
 		t.Fatal(err)

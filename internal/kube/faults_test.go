@@ -29,7 +29,7 @@ import (
 func TestCreateFaults(t *testing.T) {
 	c := kubetest.Start(t)
 	ctx := context.Background()
-	ref := baseImage(t)
+	ref := kubetest.BaseImage(t)
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
 	if err != nil {
 		t.Fatal(err)

@@ -107,6 +107,9 @@ type Spec struct {
 	// Envd is envd's config; its listeners are set here (TCP on the Pod's
 	// network).
 	Envd envdapi.Config
+	// Network is the Pod's egress policy for its node agent
+	// (AnnotationNetwork; "" for none: Backend.NodeAgent off).
+	Network string
 }
 
 // Sandbox is a sandbox Pod that runs.
@@ -115,7 +118,8 @@ type Sandbox struct {
 	IP      net.IP
 }
 
-func podName(id string) string { return "airlock-" + id }
+// PodName is the name of sandbox id's Pod (and of its config Secret).
+func PodName(id string) string { return "airlock-" + id }
 
 func (p *Pods) readyTimeout() time.Duration {
 	if p.Ready == 0 {
@@ -137,7 +141,7 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 	}()
 	wctx, cancel := context.WithTimeout(ctx, p.readyTimeout())
 	defer cancel()
-	name := podName(s.ID)
+	name := PodName(s.ID)
 	ip, err := p.waitRunning(wctx, name)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: %w", s.ID, err)
@@ -151,7 +155,7 @@ func (p *Pods) Create(ctx context.Context, s Spec) (sb Sandbox, err error) {
 // make makes the sandbox's Pod and then its config Secret (owned by the
 // Pod); on failure it removes what it made.
 func (p *Pods) make(ctx context.Context, s Spec) (err error) {
-	name := podName(s.ID)
+	name := PodName(s.ID)
 	cfg := s.Envd
 	cfg.Listen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.Port)}
 	cfg.InterpListen = []string{"tcp:0.0.0.0:" + strconv.Itoa(envdapi.InterpPort)}
@@ -182,8 +186,12 @@ func (p *Pods) make(ctx context.Context, s Spec) (err error) {
 	if s.Warm {
 		labels[LabelWarm] = s.Template
 	}
+	var annotations map[string]string
+	if s.Network != "" {
+		annotations = map[string]string{AnnotationNetwork: s.Network}
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  &no,
@@ -381,13 +389,13 @@ func (p *Pods) Delete(ctx context.Context, id string) error {
 	p.mu.Unlock()
 	zero := int64(0)
 	bg := metav1.DeletePropagationBackground
-	err := p.Client.CoreV1().Pods(p.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg})
+	err := p.Client.CoreV1().Pods(p.Namespace).Delete(ctx, PodName(id), metav1.DeleteOptions{GracePeriodSeconds: &zero, PropagationPolicy: &bg})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("sandbox %s: deleting its Pod: %w", id, err)
 	}
 	// The Secret goes with its owner; deleted here too, so that nothing
 	// waits on the garbage collector.
-	err = p.Client.CoreV1().Secrets(p.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{})
+	err = p.Client.CoreV1().Secrets(p.Namespace).Delete(ctx, PodName(id), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("sandbox %s: deleting its config Secret: %w", id, err)
 	}

@@ -2,38 +2,18 @@ package kube_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/airlock-sandbox/airlock/internal/envdapi"
 	"github.com/airlock-sandbox/airlock/internal/kube"
 	"github.com/airlock-sandbox/airlock/internal/kube/kubetest"
-	"github.com/airlock-sandbox/airlock/internal/registry"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
 )
-
-// baseImage serves the base template's image (TemplateImage) from a
-// registry.Store on loopback, as Airlock serves templates to nodes, and
-// returns its reference: the node pulls it from there.
-func baseImage(t *testing.T) string {
-	t.Helper()
-	work := t.TempDir()
-	store := &registry.Store{Dir: work + "/oci", Build: func(_ context.Context, name, tag string) (v1.Image, error) {
-		if name != "airlock/base" || tag != "test" {
-			return nil, registry.ErrNotFound
-		}
-		return kube.TemplateImage(testenv.BaseRootfs(t), testenv.EnvdBinary(t), work)
-	}}
-	srv := httptest.NewServer(store)
-	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://") + "/airlock/base:test"
-}
 
 // TestSandboxPod: a sandbox as a Pod under gVisor, its image pulled by the
 // node from Airlock's registry, runs commands through
@@ -45,7 +25,7 @@ func TestSandboxPod(t *testing.T) {
 	c := kubetest.Start(t)
 	ns := c.Namespace(t)
 	ctx := context.Background()
-	ref := baseImage(t)
+	ref := kubetest.BaseImage(t)
 	pods := &kube.Pods{Client: c.Client, Namespace: ns, RuntimeClass: "gvisor", Ready: time.Minute}
 	goneCh := make(chan kube.Gone, 10)
 	wctx, stop := context.WithCancel(ctx)

@@ -80,11 +80,15 @@ var errTaken = errors.New("claimed by another create")
 // claim takes a warm Pod for team, unless another claim changed it since
 // the informer saw it (errTaken); it returns the Pod's IP and envd's init
 // key.
-func (p *Pods) claim(ctx context.Context, pod *corev1.Pod, team string) (net.IP, string, error) {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+func (p *Pods) claim(ctx context.Context, pod *corev1.Pod, team, policy string) (net.IP, string, error) {
+	meta := map[string]any{
 		"resourceVersion": pod.ResourceVersion,
 		"labels":          map[string]any{LabelWarm: nil, LabelTeam: team},
-	}})
+	}
+	if cur, ok := pod.Annotations[AnnotationNetwork]; policy != "" && (!ok || cur != policy) {
+		meta["annotations"] = map[string]any{AnnotationNetwork: policy}
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return nil, "", err
 	}
@@ -133,7 +137,7 @@ func initEnvd(ctx context.Context, ip net.IP, key string, body envdapi.InitReque
 // ID becomes the Pod's. It returns the Pod's IP, or nil when no warm Pod
 // could be had (the create then makes one); an error only for what a cold
 // create would fail with too (the team's quota).
-func (b *Backend) claimWarm(ctx context.Context, t Template, info *sandbox.Info, env map[string]string) (net.IP, error) {
+func (b *Backend) claimWarm(ctx context.Context, t Template, info *sandbox.Info, env map[string]string, policy string) (net.IP, error) {
 	for _, pod := range b.Pods.warmReady(t.ID, t.Image) {
 		id := pod.Labels[LabelSandbox]
 		info.ID = id
@@ -143,7 +147,7 @@ func (b *Backend) claimWarm(ctx context.Context, t Template, info *sandbox.Info,
 			}
 			continue // the ID is taken: a claim of another replica's
 		}
-		ip, key, err := b.Pods.claim(ctx, pod, info.Owner)
+		ip, key, err := b.Pods.claim(ctx, pod, info.Owner, policy)
 		if err == nil {
 			err = initEnvd(ctx, ip, key, envdapi.InitRequest{AccessToken: info.AccessToken, EnvVars: env})
 			if err != nil {
@@ -216,6 +220,15 @@ func (b *Backend) FillPools(ctx context.Context) error {
 			byTemplate[t] = append(byTemplate[t], pod)
 		}
 	}
+	// Warm Pods have the default policy: their node agent applies it while
+	// they wait, so a claim that keeps it does not wait for the agent.
+	var policy string
+	if b.NodeAgent {
+		var err error
+		if policy, err = podPolicy(sandbox.Info{}); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	for name, size := range pools {
 		t, err := b.Templates(ctx, name)
@@ -233,7 +246,7 @@ func (b *Backend) FillPools(ctx context.Context) error {
 		}
 		for ; keep < size; keep++ {
 			id := newID()
-			err := b.Pods.make(ctx, Spec{ID: id, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB, Warm: true,
+			err := b.Pods.make(ctx, Spec{ID: id, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB, Warm: true, Network: policy,
 				Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, EnvVars: t.EnvVars, DefaultUser: t.DefaultUser,
 					DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels, AwaitInit: true, InitKey: newInitKey()}})
 			if err != nil {

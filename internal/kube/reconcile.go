@@ -145,10 +145,10 @@ func (b *Backend) Reconcile(ctx context.Context) error {
 		if !ok {
 			// The informer may lag behind a create of another replica's:
 			// the API server says whether the Pod is really gone.
-			p, err := b.Pods.Client.CoreV1().Pods(b.Pods.Namespace).Get(ctx, podName(info.ID), metav1.GetOptions{})
+			p, err := b.Pods.Client.CoreV1().Pods(b.Pods.Namespace).Get(ctx, PodName(info.ID), metav1.GetOptions{})
 			switch {
 			case apierrors.IsNotFound(err):
-				_, why := deletedBehindBack(podName(info.ID))
+				_, why := deletedBehindBack(PodName(info.ID))
 				errs = append(errs, b.end(ctx, info, lifecycle.KillPodLost, why, why))
 				continue
 			case err != nil:

@@ -40,7 +40,7 @@ func TestReconcile(t *testing.T) {
 	}
 	pods := client.CoreV1().Pods("ns")
 	pod := func(id string, created time.Time, status corev1.PodStatus) {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Labels: map[string]string{LabelSandbox: id},
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(id), Labels: map[string]string{LabelSandbox: id},
 			CreationTimestamp: metav1.NewTime(created)}, Status: status}
 		if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -83,7 +83,7 @@ func TestReconcile(t *testing.T) {
 		}
 	}
 	for id, want := range map[string]bool{"alive": true, "starting": true, "young": true, "timedout": false, "oom": false, "stuck": false, "orphan": false} {
-		_, err := pods.Get(ctx, podName(id), metav1.GetOptions{})
+		_, err := pods.Get(ctx, PodName(id), metav1.GetOptions{})
 		if have := !apierrors.IsNotFound(err); have != want {
 			t.Errorf("Pod of %s kept: %v, want %v (%v)", id, have, want, err)
 		}

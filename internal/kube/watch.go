@@ -120,11 +120,11 @@ func (p *Pods) get(ctx context.Context, id string) (*corev1.Pod, error) {
 	l := p.lister
 	p.mu.Unlock()
 	if l != nil {
-		if pod, err := l.Get(podName(id)); err == nil {
+		if pod, err := l.Get(PodName(id)); err == nil {
 			return pod, nil
 		}
 	}
-	pod, err := p.Client.CoreV1().Pods(p.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
+	pod, err := p.Client.CoreV1().Pods(p.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("its Pod: %w", err)
 	}

@@ -33,7 +33,7 @@ func TestWatchEnds(t *testing.T) {
 	}
 	pods := client.CoreV1().Pods("ns")
 	mk := func(id string) *corev1.Pod {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), UID: types.UID("uid-" + id), Labels: map[string]string{LabelSandbox: id}},
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(id), UID: types.UID("uid-" + id), Labels: map[string]string{LabelSandbox: id}},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -53,7 +53,7 @@ func TestWatchEnds(t *testing.T) {
 		}
 	}
 	mk("deleted")
-	if err := pods.Delete(ctx, podName("deleted"), metav1.DeleteOptions{}); err != nil {
+	if err := pods.Delete(ctx, PodName("deleted"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mk("ours")

@@ -230,53 +230,10 @@ func (fw *firewall) install() error {
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	fw.open4 = &nftables.Set{Table: t, Name: "sandboxes", KeyType: nftables.TypeIPAddr}
-	fw.open6 = &nftables.Set{Table: t, Name: "sandboxes6", KeyType: nftables.TypeIP6Addr}
-	pair := func(name string, key nftables.SetDatatype, learned bool) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(key, key),
-			Concatenation: true, Interval: !learned, HasTimeout: learned}
+	never, never6, err := fw.addPolicy(c, t)
+	if err != nil {
+		return err
 	}
-	fw.allow, fw.learned, fw.deny = pair("allow", nftables.TypeIPAddr, false), pair("learned", nftables.TypeIPAddr, true), pair("deny", nftables.TypeIPAddr, false)
-	fw.allow6, fw.learned6, fw.deny6 = pair("allow6", nftables.TypeIP6Addr, false), pair("learned6", nftables.TypeIP6Addr, true), pair("deny6", nftables.TypeIP6Addr, false)
-	fw.private = &nftables.Set{Table: t, Name: "private", KeyType: nftables.TypeIPAddr, Interval: true}
-	fw.private6 = &nftables.Set{Table: t, Name: "private6", KeyType: nftables.TypeIP6Addr, Interval: true}
-	never := &nftables.Set{Table: t, Name: "never", KeyType: nftables.TypeIPAddr, Interval: true}
-	never6 := &nftables.Set{Table: t, Name: "never6", KeyType: nftables.TypeIP6Addr, Interval: true}
-	nv := neverClosed()
-	for _, x := range []struct {
-		set   *nftables.Set
-		elems []nftables.SetElement
-	}{
-		{fw.open4, nil}, {fw.open6, nil},
-		{fw.allow, nil}, {fw.learned, nil}, {fw.deny, nil}, {fw.allow6, nil}, {fw.learned6, nil}, {fw.deny6, nil},
-		{fw.private, rangeElems(family(fw.closed, true))}, {fw.private6, rangeElems(family(fw.closed, false))},
-		{never, rangeElems(family(nv, true))}, {never6, rangeElems(family(nv, false))},
-	} {
-		if err := c.AddSet(x.set, x.elems); err != nil {
-			return fmt.Errorf("nftables: %s set: %w", x.set.Name, err)
-		}
-	}
-	pol := c.AddChain(&nftables.Chain{Name: policyChain, Table: t})
-	for _, f := range []struct {
-		guard                      []expr.Any
-		v4                         bool
-		open, allow, learned, deny *nftables.Set
-		private                    *nftables.Set
-	}{
-		{ipv4(), true, fw.open4, fw.allow, fw.learned, fw.deny, fw.private},
-		{ipv6(), false, fw.open6, fw.allow6, fw.learned6, fw.deny6, fw.private6},
-	} {
-		for _, r := range [][]expr.Any{
-			cat(f.guard, saddrLookup(f.open, f.v4, true), verdict(expr.VerdictDrop)),
-			cat(f.guard, pairLookup(f.allow, f.v4), verdict(expr.VerdictAccept)),
-			cat(f.guard, pairLookup(f.learned, f.v4), verdict(expr.VerdictAccept)),
-			cat(f.guard, pairLookup(f.deny, f.v4), verdict(expr.VerdictDrop)),
-			cat(f.guard, daddrLookup(f.private, f.v4), verdict(expr.VerdictDrop)),
-		} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: pol, Exprs: r})
-		}
-	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: pol, Exprs: verdict(expr.VerdictAccept)})
 	policy := [][]expr.Any{
 		sbx(ipv4(), daddrLookup(never, true), verdict(expr.VerdictDrop)),
 		sbx(ipv6(), daddrLookup(never6, false), verdict(expr.VerdictDrop)),
@@ -319,6 +276,60 @@ func (fw *firewall) install() error {
 		return fmt.Errorf("nftables: install table %s: %w", fw.table.Name, err)
 	}
 	return nil
+}
+
+// addPolicy adds the sets of every sandbox's policy and the policy chain
+// that judges by them (see firewall's doc) to t, returning the sets of
+// NeverRanges for the caller's rules.
+func (fw *firewall) addPolicy(c *nftables.Conn, t *nftables.Table) (never, never6 *nftables.Set, err error) {
+	fw.open4 = &nftables.Set{Table: t, Name: "sandboxes", KeyType: nftables.TypeIPAddr}
+	fw.open6 = &nftables.Set{Table: t, Name: "sandboxes6", KeyType: nftables.TypeIP6Addr}
+	pair := func(name string, key nftables.SetDatatype, learned bool) *nftables.Set {
+		return &nftables.Set{Table: t, Name: name, KeyType: nftables.MustConcatSetType(key, key),
+			Concatenation: true, Interval: !learned, HasTimeout: learned}
+	}
+	fw.allow, fw.learned, fw.deny = pair("allow", nftables.TypeIPAddr, false), pair("learned", nftables.TypeIPAddr, true), pair("deny", nftables.TypeIPAddr, false)
+	fw.allow6, fw.learned6, fw.deny6 = pair("allow6", nftables.TypeIP6Addr, false), pair("learned6", nftables.TypeIP6Addr, true), pair("deny6", nftables.TypeIP6Addr, false)
+	fw.private = &nftables.Set{Table: t, Name: "private", KeyType: nftables.TypeIPAddr, Interval: true}
+	fw.private6 = &nftables.Set{Table: t, Name: "private6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	never = &nftables.Set{Table: t, Name: "never", KeyType: nftables.TypeIPAddr, Interval: true}
+	never6 = &nftables.Set{Table: t, Name: "never6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	nv := neverClosed()
+	for _, x := range []struct {
+		set   *nftables.Set
+		elems []nftables.SetElement
+	}{
+		{fw.open4, nil}, {fw.open6, nil},
+		{fw.allow, nil}, {fw.learned, nil}, {fw.deny, nil}, {fw.allow6, nil}, {fw.learned6, nil}, {fw.deny6, nil},
+		{fw.private, rangeElems(family(fw.closed, true))}, {fw.private6, rangeElems(family(fw.closed, false))},
+		{never, rangeElems(family(nv, true))}, {never6, rangeElems(family(nv, false))},
+	} {
+		if err := c.AddSet(x.set, x.elems); err != nil {
+			return nil, nil, fmt.Errorf("nftables: %s set: %w", x.set.Name, err)
+		}
+	}
+	pol := c.AddChain(&nftables.Chain{Name: policyChain, Table: t})
+	for _, f := range []struct {
+		guard                      []expr.Any
+		v4                         bool
+		open, allow, learned, deny *nftables.Set
+		private                    *nftables.Set
+	}{
+		{ipv4(), true, fw.open4, fw.allow, fw.learned, fw.deny, fw.private},
+		{ipv6(), false, fw.open6, fw.allow6, fw.learned6, fw.deny6, fw.private6},
+	} {
+		for _, r := range [][]expr.Any{
+			cat(f.guard, saddrLookup(f.open, f.v4, true), verdict(expr.VerdictDrop)),
+			cat(f.guard, pairLookup(f.allow, f.v4), verdict(expr.VerdictAccept)),
+			cat(f.guard, pairLookup(f.learned, f.v4), verdict(expr.VerdictAccept)),
+			cat(f.guard, pairLookup(f.deny, f.v4), verdict(expr.VerdictDrop)),
+			cat(f.guard, daddrLookup(f.private, f.v4), verdict(expr.VerdictDrop)),
+		} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: pol, Exprs: r})
+		}
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: pol, Exprs: verdict(expr.VerdictAccept)})
+	return never, never6, nil
 }
 
 // remove deletes the table (tests; a server leaves it, see the type's doc).

@@ -51,8 +51,6 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlock-sandbox/airlock/internal/apikey"
 	"github.com/airlock-sandbox/airlock/internal/dashboard"
@@ -116,6 +114,9 @@ type Config struct {
 	// ahead of demand (0: none); WarmPools sets it for some by name.
 	WarmPool  int
 	WarmPools map[string]int
+	// NodeAgent: a node agent on every node enforces each sandbox Pod's
+	// egress policy (serve --pod-network agent; kube.Backend.NodeAgent).
+	NodeAgent bool
 	// Identity names this replica in the reconciler's election (default:
 	// host name and a random suffix).
 	Identity string
@@ -457,15 +458,9 @@ func (r *Replica) kubeTemplate(ctx context.Context, name string) (kube.Template,
 }
 
 func (r *Replica) startCluster(ctx context.Context) error {
-	var rc *rest.Config
-	var err error
-	if r.cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", r.cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kube.RESTConfig(r.cfg.Kubeconfig)
 	if err != nil {
-		return fmt.Errorf("kubernetes: %w (pass --kubeconfig outside a cluster)", err)
+		return err
 	}
 	rc.QPS, rc.Burst = 100, 200
 	if r.Client, err = kubernetes.NewForConfig(rc); err != nil {
@@ -479,6 +474,7 @@ func (r *Replica) startCluster(ctx context.Context) error {
 		Events:    r.Events,
 		Samples:   r.Store,
 		Quota:     r.quota,
+		NodeAgent: r.cfg.NodeAgent,
 		Pools:     map[string]int{},
 		Log:       r.log,
 	}

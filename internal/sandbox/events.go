@@ -156,11 +156,11 @@ func executionData(e *entry) *lifecycle.Execution {
 	}
 }
 
-// egressOf splits a sandbox's egress policy as E2B reports it: allowOut's
+// EgressOf splits a sandbox's egress policy as E2B reports it: allowOut's
 // addresses and domains apart; denyOut (CIDRs, and ALL_TRAFFIC for
 // allowInternetAccess=false) as denied.
-func egressOf(info Info) *lifecycle.NetworkEgress {
-	p := policyOf(info)
+func EgressOf(info Info) *lifecycle.NetworkEgress {
+	p := PolicyOf(info)
 	out := &lifecycle.NetworkEgress{AllowedCIDRs: []string{}, DeniedCIDRs: []string{}, AllowedDomains: []string{}}
 	for _, a := range p.AllowOut {
 		if isAddrOrPrefix(a) {

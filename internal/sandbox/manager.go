@@ -418,16 +418,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (_ Info, err er
 		info.AccessToken = newToken()
 	}
 	if req.Network != nil {
-		info.Network = copyNetwork(*req.Network)
+		info.Network = CopyNetwork(*req.Network)
 	}
 	if ap := info.Network.AllowPublicTraffic; ap != nil && !*ap {
 		info.TrafficAccessToken = newToken()
 	}
-	if err := policyOf(info).Validate(); err != nil {
+	if err := PolicyOf(info).Validate(); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	stop = timing.Start(ctx, "egress_check")
-	err = m.checkEgress(ctx, policyOf(info))
+	err = m.checkEgress(ctx, PolicyOf(info))
 	stop()
 	if err != nil {
 		return Info{}, err
@@ -663,7 +663,7 @@ func (m *Manager) boot(ctx context.Context, e *entry, tpl Template, mode bootMod
 	if m.opts.Network != nil && e.net == nil {
 		// A pooled sandbox has no client yet: it starts with all egress denied
 		// and gets the client's policy when claimed.
-		p := policyOf(info)
+		p := PolicyOf(info)
 		if pooled {
 			p = netpolicy.Policy{DenyOut: []string{netpolicy.AllTraffic}}
 		}
@@ -800,8 +800,9 @@ func (m *Manager) netTeardown(id string) {
 	}()
 }
 
-// policyOf is the egress policy a sandbox's info asks for.
-func policyOf(info Info) netpolicy.Policy {
+// PolicyOf is the egress policy a sandbox's info asks for (the kube
+// backend's too).
+func PolicyOf(info Info) netpolicy.Policy {
 	p := netpolicy.Policy{
 		AllowOut:    append([]string(nil), info.Network.AllowOut...),
 		DenyOut:     append([]string(nil), info.Network.DenyOut...),
@@ -815,7 +816,8 @@ func policyOf(info Info) netpolicy.Policy {
 	return p
 }
 
-func copyNetwork(n NetworkConfig) NetworkConfig {
+// CopyNetwork is a deep copy of n.
+func CopyNetwork(n NetworkConfig) NetworkConfig {
 	out := NetworkConfig{
 		AllowOut:        append([]string(nil), n.AllowOut...),
 		DenyOut:         append([]string(nil), n.DenyOut...),
@@ -852,7 +854,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 			v := *u.AllowInternetAccess
 			info.AllowInternetAccess = &v
 		}
-		p := policyOf(info)
+		p := PolicyOf(info)
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
@@ -870,7 +872,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.info.AllowInternetAccess = info.AllowInternetAccess
 		info = e.info
 		e.mu.Unlock()
-		return m.commit(ctx, e, ToRecord(info), lifecycle.Updated, lifecycle.EventData{NetworkEgress: egressOf(info)})
+		return m.commit(ctx, e, ToRecord(info), lifecycle.Updated, lifecycle.EventData{NetworkEgress: EgressOf(info)})
 	})
 }
 
@@ -1611,7 +1613,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		if alive && m.opts.Network != nil {
 			// The firewall was rebuilt empty at start; put this sandbox's
 			// policy back before it is reachable again.
-			ns, err := m.opts.Network.Adopt(rec.ID, policyOf(e.info))
+			ns, err := m.opts.Network.Adopt(rec.ID, PolicyOf(e.info))
 			if err != nil {
 				m.log.Warn("sandbox network could not be re-adopted", "id", rec.ID, "err", err)
 				alive = false

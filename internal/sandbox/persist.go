@@ -578,7 +578,7 @@ func (m *Manager) recoverPaused(ctx context.Context, e *entry, rt runtime.Sandbo
 	if m.opts.Network != nil {
 		// Its namespace survives a restart of the server, not of the host;
 		// without it a resume sets up a new one.
-		if ns, err := m.opts.Network.Adopt(e.id, policyOf(e.info)); err == nil {
+		if ns, err := m.opts.Network.Adopt(e.id, PolicyOf(e.info)); err == nil {
 			e.net = ns
 			e.info.Addr = ns.Addr
 		} else {

@@ -240,7 +240,7 @@ func (m *Manager) claim(ctx context.Context, info Info, tpl Template) *entry {
 		// The pooled sandbox started with all egress denied; now it gets the
 		// client's policy, before any client code runs in it.
 		stop := timing.Start(ctx, "claim.network")
-		err := m.opts.Network.Update(e.id, policyOf(info))
+		err := m.opts.Network.Update(e.id, PolicyOf(info))
 		stop()
 		if err != nil {
 			m.log.Warn("warm pool: applying network policy failed; starting cold", "id", e.id, "err", err)

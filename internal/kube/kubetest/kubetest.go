@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,7 +27,17 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/airlock-sandbox/airlock/internal/kube"
+	"github.com/airlock-sandbox/airlock/internal/registry"
 	"github.com/airlock-sandbox/airlock/internal/testenv"
+)
+
+// PodCIDR is the range the stack's Pods get their addresses from
+// (scripts/kube-stack.sh's POD_CIDR), and Gateway the node's address on
+// their bridge.
+const (
+	PodCIDR = "172.29.0.0/24"
+	Gateway = "172.29.0.1"
 )
 
 // Cluster is the test's view of the stack.
@@ -201,4 +213,21 @@ func (c *Cluster) DeleteNamespaceAtCleanup(t testing.TB, name string) {
 		}
 		t.Errorf("namespace %s still there 2 minutes after its delete", name)
 	})
+}
+
+// BaseImage serves the base template's image (kube.TemplateImage) from a
+// registry.Store on loopback, as Airlock serves templates to nodes, and
+// returns its reference: the node pulls it from there.
+func BaseImage(t *testing.T) string {
+	t.Helper()
+	work := t.TempDir()
+	store := &registry.Store{Dir: work + "/oci", Build: func(_ context.Context, name, tag string) (v1.Image, error) {
+		if name != "airlock/base" || tag != "test" {
+			return nil, registry.ErrNotFound
+		}
+		return kube.TemplateImage(testenv.BaseRootfs(t), testenv.EnvdBinary(t), work)
+	}}
+	srv := httptest.NewServer(store)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://") + "/airlock/base:test"
 }

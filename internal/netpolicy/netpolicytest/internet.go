@@ -407,3 +407,24 @@ func (in *Internet) serve(ns netns.NsHandle) error {
 	in.closers = append(in.closers, func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
 	return nil
 }
+
+// RouteBack routes the replies to a range the host reaches without
+// masquerading (a Kubernetes node's Pods, say) back through the host: the
+// stand-in knows only its own link otherwise. The route goes with the
+// namespace.
+func (in *Internet) RouteBack(p netip.Prefix) error {
+	ns, err := netns.GetFromPath(in.nsPath)
+	if err != nil {
+		return fmt.Errorf("stand-in internet: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := h.RouteAdd(&netlink.Route{Dst: prefixNet(p.String()), Gw: net.IP(HostSide.AsSlice())}); err != nil {
+		return fmt.Errorf("stand-in internet: route to %s: %w", p, err)
+	}
+	return nil
+}
