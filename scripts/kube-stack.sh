@@ -27,8 +27,9 @@
 # (restrict_oom_score_adj) and gVisor's shim, which sets -999 on itself and
 # dies on the refusal, is built with that one value changed to 0; the
 # kubelet runs with failCgroupV1: false. Everything stays on loopback and on
-# a bridge of its own (Pods 172.29.0.0/24, no masquerade: Pods reach no
-# other host); its cgroups are under airlock-kube in each hierarchy.
+# a bridge of its own (Pods 172.29.0.0/24, no masquerade, no default
+# route: Pods reach no other host than the node and the netpolicytest
+# stand-in internet, POD_ROUTES); its cgroups are under airlock-kube in each hierarchy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,9 +52,18 @@ NODE=airlock-node
 APISERVER_PORT=16443
 ETCD_PORT=12379
 POD_CIDR=172.29.0.0/24
+POD_GATEWAY=172.29.0.1
 SERVICE_CIDR=172.29.16.0/24
 SERVICE_IP=172.29.16.1
 BRIDGE=akube0
+# Pods have no default route: they reach the node, each other and, through
+# the node, only the stand-in internet of internal/netpolicy/netpolicytest
+# (its documentation ranges and private test hosts, /32 each), which the
+# node agent's egress test puts in a network namespace of its own. Nothing
+# else is routed, so no Pod's packet leaves the machine.
+POD_ROUTES='[{"dst": "198.51.100.0/24"}, {"dst": "203.0.113.10/32"}, {"dst": "203.0.113.20/32"}, {"dst": "203.0.113.53/32"},
+		              {"dst": "169.254.77.77/32"}, {"dst": "192.168.250.2/32"}, {"dst": "10.251.0.2/32"}, {"dst": "172.29.250.2/32"},
+		              {"dst": "100.66.250.2/32"}, {"dst": "240.77.0.2/32"}]'
 # The kernel settings the kubelet sets (protectKernelDefaults: false), put
 # back by `down`.
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
@@ -415,11 +425,16 @@ write_configs() {
 		  "name": "airlock-kube",
 		  "plugins": [
 		    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-		     "ipam": {"type": "host-local", "dataDir": "$RUN/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]]}},
+		     "ipam": {"type": "host-local", "dataDir": "$RUN/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]],
+		              "routes": $POD_ROUTES}},
 		    {"type": "loopback"}
 		  ]
 		}
 	EOF
+	# The Pods' DNS server is the node's bridge address, where nothing
+	# answers but the node agent's filter (to which the agent redirects
+	# sandbox Pods' DNS): no Pod asks the host's own resolver.
+	echo "nameserver $POD_GATEWAY" >"$RUN/kubelet/resolv.conf"
 	cat >"$RUN/kubelet/config.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1
 		kind: KubeletConfiguration
@@ -441,7 +456,7 @@ write_configs() {
 		failSwapOn: false
 		containerRuntimeEndpoint: unix://$RUN/containerd/containerd.sock
 		podLogsDir: $RUN/pod-logs
-		resolvConf: /etc/resolv.conf
+		resolvConf: $RUN/kubelet/resolv.conf
 		evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 		imageGCHighThresholdPercent: 100
 		imageGCLowThresholdPercent: 99
