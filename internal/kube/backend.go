@@ -48,8 +48,8 @@ type EventLog interface {
 
 // Backend is the E2B API's sandbox manager when sandboxes are Pods: it
 // implements the E2B handler's Manager and the proxy's Sandboxes. Create,
-// get, list, timeouts, kill and connect work as on one box; pause, fork,
-// snapshots, network updates and logs answer
+// get, list, timeouts, kill, connect and the egress policy (with NodeAgent)
+// work as on one box; pause, fork, snapshots, egress rules and logs answer
 // sandbox.ErrNotSupported naming the backend.
 //
 // Every replica of the control plane runs a Backend over the same Records

@@ -42,7 +42,9 @@ func TestDeployManifests(t *testing.T) {
 			"Role/airlock-sandboxes/airlock", "RoleBinding/airlock-sandboxes/airlock", "RuntimeClass/gvisor",
 			"PersistentVolumeClaim/airlock/airlock-templates", "Deployment/airlock/airlock", "Service/airlock/airlock",
 			"Service/airlock/airlock-registry", "NetworkPolicy/airlock-sandboxes/sandboxes-from-airlock-only",
-			"PodDisruptionBudget/airlock/airlock"} {
+			"PodDisruptionBudget/airlock/airlock", "Namespace/airlock-node", "ServiceAccount/airlock-node/airlock-node-agent",
+			"Role/airlock-sandboxes/airlock-node-agent", "RoleBinding/airlock-sandboxes/airlock-node-agent",
+			"DaemonSet/airlock-node/airlock-node-agent"} {
 			if byKind[want] == nil {
 				t.Errorf("deploy/kubernetes renders no %s (it has %v)", want, keys(byKind))
 			}
@@ -77,7 +79,8 @@ func TestDeployManifests(t *testing.T) {
 	_, _ = rand.Read(b)
 	ctl := "airlock-deploy-" + hex.EncodeToString(b)
 	sbx := ctl + "-sandboxes"
-	objs := renamed(t, base, map[string]string{"airlock": ctl, "airlock-sandboxes": sbx})
+	node := ctl + "-node"
+	objs := renamed(t, base, map[string]string{"airlock": ctl, "airlock-sandboxes": sbx, "airlock-node": node})
 	var namespaces, rbac, rest []*unstructured.Unstructured
 	for _, o := range objs {
 		switch o.GetKind() {
@@ -90,8 +93,8 @@ func TestDeployManifests(t *testing.T) {
 			rest = append(rest, o)
 		}
 	}
-	if len(namespaces) != 2 {
-		t.Fatalf("%d Namespaces rendered, want 2", len(namespaces))
+	if len(namespaces) != 3 {
+		t.Fatalf("%d Namespaces rendered, want 3", len(namespaces))
 	}
 	for _, ns := range namespaces {
 		c.DeleteNamespaceAtCleanup(t, ns.GetName())
@@ -134,21 +137,7 @@ func TestDeployManifests(t *testing.T) {
 		sa := "system:serviceaccount:" + ctl + ":airlock"
 		check := func(want bool, ns, verb, resource string, extra ...string) {
 			t.Helper()
-			args := append([]string{"auth", "can-i", verb, resource, "--as", sa}, extra...)
-			if ns == "" {
-				args = append(args, "--all-namespaces")
-			} else {
-				args = append(args, "-n", ns)
-			}
-			out, err := c.Kubectl(nil, args...)
-			got := strings.TrimSpace(string(out))
-			// can-i exits 1 for "no": only its answer counts.
-			if got != "yes" && got != "no" {
-				t.Fatalf("kubectl %s: %q, %v", strings.Join(args, " "), got, err)
-			}
-			if (got == "yes") != want {
-				t.Errorf("%s may %s %s %v in %q: %s, want %v", sa, verb, resource, extra, ns, got, want)
-			}
+			canI(t, c, sa, want, ns, verb, resource, extra...)
 		}
 		// What internal/kube does, and warm pools will.
 		for _, verb := range []string{"create", "get", "list", "watch", "delete", "patch", "update"} {
@@ -181,7 +170,42 @@ func TestDeployManifests(t *testing.T) {
 		check(false, "", "list", "pods")
 		check(false, "", "list", "nodes")
 		check(false, "", "create", "namespaces")
+
+		// The node agent reads the sandbox Pods and annotates them: nothing
+		// more, no Secret, nothing elsewhere.
+		agent := "system:serviceaccount:" + node + ":airlock-node-agent"
+		for _, verb := range []string{"get", "list", "watch", "patch"} {
+			canI(t, c, agent, true, sbx, verb, "pods")
+		}
+		for _, verb := range []string{"create", "delete", "update"} {
+			canI(t, c, agent, false, sbx, verb, "pods")
+		}
+		canI(t, c, agent, false, sbx, "get", "secrets")
+		canI(t, c, agent, false, sbx, "create", "pods", "--subresource=exec")
+		canI(t, c, agent, false, ctl, "list", "pods")
+		canI(t, c, agent, false, "", "list", "pods")
 	})
+}
+
+// canI asks the real authorizer whether sa may verb resource in ns ("" for
+// every namespace) and fails the test unless the answer is want.
+func canI(t *testing.T, c *kubetest.Cluster, sa string, want bool, ns, verb, resource string, extra ...string) {
+	t.Helper()
+	args := append([]string{"auth", "can-i", verb, resource, "--as", sa}, extra...)
+	if ns == "" {
+		args = append(args, "--all-namespaces")
+	} else {
+		args = append(args, "-n", ns)
+	}
+	out, err := c.Kubectl(nil, args...)
+	got := strings.TrimSpace(string(out))
+	// can-i exits 1 for "no": only its answer counts.
+	if got != "yes" && got != "no" {
+		t.Fatalf("kubectl %s: %q, %v", strings.Join(args, " "), got, err)
+	}
+	if (got == "yes") != want {
+		t.Errorf("%s may %s %s %v in %q: %s, want %v", sa, verb, resource, extra, ns, got, want)
+	}
 }
 
 // render is kubectl kustomize of dir, decoded.
@@ -303,7 +327,7 @@ func renamed(t *testing.T, objs []*unstructured.Unstructured, names map[string]s
 				}
 			}
 			_ = unstructured.SetNestedSlice(o.Object, ingress, "spec", "ingress")
-		case "Deployment":
+		case "Deployment", "DaemonSet":
 			list, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 			for _, ctr := range list {
 				args, _, _ := unstructured.NestedStringSlice(ctr.(map[string]any), "args")

@@ -165,6 +165,13 @@ func TestEgressPolicy(t *testing.T) {
 	}
 	expect(warm, "its denied address", netpolicytest.Web2.String(), 80, false)
 	expect(warm, "another public host", netpolicytest.Web1.String(), 80, true)
+	if err := b.UpdateNetwork(ctx, warm.ID, sandbox.NetworkUpdate{AllowInternetAccess: &no}); err != nil {
+		t.Fatal(err)
+	}
+	if pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, kube.PodName(warm.ID), metav1.GetOptions{}); err != nil || pod.Annotations[kube.AnnotationNetwork] != `{"denyOut":["0.0.0.0/0"]}` {
+		t.Fatalf("the claimed warm Pod after an update: %v %v", err, pod.Annotations)
+	}
+	expect(warm, "another public host after the update", netpolicytest.Web1.String(), 80, false)
 
 	// What a node cannot enforce is refused before anything is made.
 	_, err = b.Create(ctx, sandbox.CreateRequest{Template: "base", Timeout: time.Minute,

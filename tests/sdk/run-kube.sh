@@ -59,6 +59,7 @@ chmod 755 "$work"
 pids=()
 ns_made=0
 pg_started=0
+agent_started=0
 status=1
 
 cleanup() {
@@ -73,10 +74,13 @@ cleanup() {
     "$kubectl" delete namespace "$namespace" --wait=true --timeout=120s >/dev/null 2>&1 \
       || { log "namespace $namespace not deleted"; [ "$status" -eq 0 ] && status=1; }
   fi
+  if [ "$agent_started" = 1 ]; then
+    nft delete table inet "$agent_table" 2>/dev/null
+  fi
   if [ "$pg_started" = 1 ]; then
     runuser -u postgres -- "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1
   fi
-  for r in a b; do
+  for r in a b agent; do
     if [ -s "$work/$r.log" ] && grep -qi 'panic' "$work/$r.log"; then
       log "replica $r's log contains a panic:"
       grep -i -A 12 'panic' "$work/$r.log" | head -n 40 >&2
@@ -109,6 +113,16 @@ log "PostgreSQL on 127.0.0.1:$pg_port"
 # --- the namespace of this run's sandbox Pods
 "$kubectl" create namespace "$namespace" >/dev/null || { log "could not create namespace $namespace"; exit 2; }
 ns_made=1
+
+# --- the node agent, enforcing the sandbox Pods' egress policy (the
+# replicas run with --pod-network agent, the default: creates wait for it).
+# Its table stays when it stops, as in a cluster; cleanup deletes it.
+node_name=$("$kubectl" get nodes -o jsonpath='{.items[0].metadata.name}') || { log "no node"; exit 2; }
+agent_table=airlock_pods_sdk$$
+"$bin" node-agent --kubeconfig "$KUBECONFIG" --kube-namespace "$namespace" --node-name "$node_name" \
+  --table "$agent_table" >"$work/agent.log" 2>&1 &
+pids+=($!)
+agent_started=1
 
 # --- two replicas
 # Replica a serves the template images; b names a's registry (made once,

@@ -126,6 +126,49 @@ describe('kubernetes backend', { skip }, () => {
     assert.match(del.json.message, /read only/)
   })
 
+  test('the egress policy: the node agent judges a Pod by the policy in its annotation; updates reach the running Pod', async () => {
+    // The node itself is closed to every sandbox Pod whatever its policy:
+    // a listener of the test's on every host address, at the node's
+    // address on the Pods' bridge (the .1 of the Pod's /24 on the test
+    // cluster), answers the Pod only when the agent is not there.
+    const server = http.createServer((_, res) => res.end('node'))
+    await new Promise((r) => server.listen(0, '0.0.0.0', r))
+    try {
+      const port = server.address().port
+      const open = await createSandbox()
+      const pod = podOf(open.sandboxId)
+      assert.equal(pod.metadata.annotations['airlock.dev/network'], '{}')
+      assert.ok(pod.metadata.annotations['airlock.dev/network-applied'], 'the agent did not acknowledge the policy')
+      const gw = pod.status.podIP.replace(/\.\d+$/, '.1')
+      const probe = `timeout 3 bash -c 'exec 3<>/dev/tcp/${gw}/${port}' 2>/dev/null && echo open || echo closed`
+      assert.equal((await open.commands.run(probe)).stdout.trim(), 'closed', 'a sandbox Pod reached its node')
+
+      const closed = await createSandbox({ allowInternetAccess: false, network: { allowOut: ['1.1.1.1'] } })
+      const policy = JSON.parse(podOf(closed.sandboxId).metadata.annotations['airlock.dev/network'])
+      assert.deepEqual(policy, { allowOut: ['1.1.1.1'], denyOut: ['0.0.0.0/0'] })
+      // Its DNS goes to the agent's filter, which resolves no name its
+      // policy does not allow.
+      const dns = await closed.commands.run('getent hosts example.com || echo unresolved')
+      assert.equal(dns.stdout.trim(), 'unresolved')
+
+      await open.updateNetwork({ allowOut: ['example.org'], denyOut: ['0.0.0.0/0'] })
+      const after = podOf(open.sandboxId).metadata.annotations
+      assert.deepEqual(JSON.parse(after['airlock.dev/network']), { allowOut: ['example.org'], denyOut: ['0.0.0.0/0'] })
+      assert.equal((await open.commands.run('getent hosts example.com || echo unresolved')).stdout.trim(), 'unresolved')
+      assert.ok(after['airlock.dev/network-applied'])
+      const events = await eventsOf(open.sandboxId)
+      assert.ok(events.some((e) => e.type === 'sandbox.lifecycle.updated' && e.eventData?.network_egress), 'no updated event with the policy')
+
+      // Rules need the box's egress proxy.
+      const rules = await api('POST', '/sandboxes', { body: { templateID: 'base', metadata: meta(),
+        network: { rules: { 'api.example.com': [{ transform: { headers: { 'X-A': 'b' } } }] } } } })
+      assert.equal(rules.status, 501, rules.text)
+      assert.match(rules.json.message, /network rules/)
+    } finally {
+      server.close()
+    }
+  })
+
   test('what the backend cannot do answers 501 naming it', async () => {
     const sbx = await createSandbox()
     const res = await api('POST', `/sandboxes/${sbx.sandboxId}/pause`)
