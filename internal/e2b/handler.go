@@ -93,6 +93,10 @@ type Options struct {
 	// Audit keeps the audit log: every request that changes something, and
 	// every request refused for its key, is written to it; nil keeps none.
 	Audit AuditLog
+	// Buckets, when set, keeps the rate limits' token buckets where every
+	// replica of the control plane takes from the same ones (the store);
+	// nil keeps them in this process (one box).
+	Buckets TokenBuckets
 	// TeamRate, when set, gives a team's own rate of requests per second
 	// (0: Limits.Requests'); its bursts are as large as a second of it.
 	TeamRate func(team string) float64
@@ -142,9 +146,9 @@ func NewHandler(m Manager, opts Options) *Handler {
 	}
 	h := &Handler{
 		m: m, opts: opts, log: opts.Logger, mux: http.NewServeMux(),
-		requests:  newKeyLimiters(opts.Limits.Requests),
+		requests:  newKeyLimiters("requests", opts.Limits.Requests, opts.Buckets, opts.Logger),
 		teamRates: map[string]*rate.Limiter{},
-		creates:   newKeyLimiters(opts.Limits.Creates),
+		creates:   newKeyLimiters("creates", opts.Limits.Creates, opts.Buckets, opts.Logger),
 		uploadKey: make([]byte, 32),
 	}
 	_, _ = rand.Read(h.uploadKey) // crypto/rand.Read never fails on Linux
@@ -197,7 +201,7 @@ func (h *Handler) handle(pattern string, fn apiHandler) {
 func (h *Handler) handleCreate(pattern string, fn apiHandler) {
 	serve := h.serveAPI(fn)
 	h.mux.Handle(pattern, h.authenticated(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if ok, wait := h.creates.take(ownerFrom(r.Context()), time.Now()); !ok {
+		if ok, wait := h.creates.take(r.Context(), ownerFrom(r.Context()), time.Now()); !ok {
 			tooManyRequests(w, "sandbox creations", h.opts.Limits.Creates, wait)
 			return
 		}
@@ -311,7 +315,7 @@ func (h *Handler) authenticated(pattern string, next http.HandlerFunc) http.Hand
 			h.audit(r, p, pattern, http.StatusUnauthorized, nil, msg)
 			return
 		}
-		if ok, wait := h.takeRequest(p.Team, time.Now()); !ok {
+		if ok, wait := h.takeRequest(r.Context(), p.Team, time.Now()); !ok {
 			h.tooManyTeamRequests(w, p.Team, wait)
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -37,30 +38,46 @@ var DefaultLimits = Limits{
 	Creates:  RateLimit{Rate: 20, Burst: 40},
 }
 
+// TokenBuckets keep token buckets where every replica of the control plane
+// takes from the same ones (store.DB.TakeToken): a key's requests count
+// once whichever replica serves them.
+type TokenBuckets interface {
+	// TakeToken spends one token of the named bucket (rate a second,
+	// bursts of burst), or none and says how long until one is there.
+	TakeToken(ctx context.Context, bucket string, rate float64, burst int, now time.Time) (bool, time.Duration, error)
+}
+
 // keyLimiters holds one token bucket per API key. It is keyed by owner digest,
 // and only authenticated keys reach it, so it grows with the configured keys,
 // not with what clients send.
 type keyLimiters struct {
+	kind  string // names the shared buckets: kind + ":" + owner
 	limit RateLimit
-	mu    sync.Mutex
-	byKey map[string]*rate.Limiter
+	// shared, when set, holds the buckets instead of byKey.
+	shared TokenBuckets
+	log    *slog.Logger
+	mu     sync.Mutex
+	byKey  map[string]*rate.Limiter
 }
 
-func newKeyLimiters(l RateLimit) *keyLimiters {
+func newKeyLimiters(kind string, l RateLimit, shared TokenBuckets, log *slog.Logger) *keyLimiters {
 	if l.Rate <= 0 {
 		return nil
 	}
 	if l.Burst < 1 {
 		l.Burst = max(1, int(math.Ceil(l.Rate)))
 	}
-	return &keyLimiters{limit: l, byKey: map[string]*rate.Limiter{}}
+	return &keyLimiters{kind: kind, limit: l, shared: shared, log: log, byKey: map[string]*rate.Limiter{}}
 }
 
 // take spends one token of owner's bucket. When the bucket is empty it spends
 // nothing and says how long until a token is there.
-func (k *keyLimiters) take(owner string, now time.Time) (ok bool, retryAfter time.Duration) {
+func (k *keyLimiters) take(ctx context.Context, owner string, now time.Time) (ok bool, retryAfter time.Duration) {
 	if k == nil {
 		return true, 0
+	}
+	if k.shared != nil {
+		return takeShared(ctx, k.shared, k.log, k.kind+":"+owner, k.limit.Rate, k.limit.Burst, now)
 	}
 	k.mu.Lock()
 	l := k.byKey[owner]
@@ -109,17 +126,33 @@ func ownerFrom(ctx context.Context) string {
 	return s
 }
 
+// takeShared takes a token of a shared bucket. A store that cannot answer
+// lets the request through (and says so in the log): a rate limit guards
+// the machine against a runaway client, and the request that follows needs
+// the store anyway, which reports its own failure.
+func takeShared(ctx context.Context, b TokenBuckets, log *slog.Logger, bucket string, rate float64, burst int, now time.Time) (bool, time.Duration) {
+	ok, wait, err := b.TakeToken(ctx, bucket, rate, burst, now)
+	if err != nil {
+		log.Warn("rate limit: the shared bucket did not answer; letting the request through", "bucket", bucket, "err", err)
+		return true, 0
+	}
+	return ok, wait
+}
+
 // takeRequest spends one of team's requests: from its own bucket when it
 // has a rate of its own (TeamRate), else from the server's per-team one.
-func (h *Handler) takeRequest(team string, now time.Time) (ok bool, retryAfter time.Duration) {
+func (h *Handler) takeRequest(ctx context.Context, team string, now time.Time) (ok bool, retryAfter time.Duration) {
 	own := 0.0
 	if h.opts.TeamRate != nil {
 		own = h.opts.TeamRate(team)
 	}
 	if own <= 0 {
-		return h.requests.take(team, now)
+		return h.requests.take(ctx, team, now)
 	}
 	burst := max(1, int(math.Ceil(own)))
+	if h.opts.Buckets != nil {
+		return takeShared(ctx, h.opts.Buckets, h.log, "team-requests:"+team, own, burst, now)
+	}
 	h.teamMu.Lock()
 	l := h.teamRates[team]
 	if l == nil {

@@ -1,11 +1,16 @@
 package e2b
 
 import (
+	"context"
+	"errors"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlock-sandbox/airlock/internal/store"
 )
 
 const otherKey = "e2b_fedcba9876543210fedcba9876543210fedcba98"
@@ -94,4 +99,49 @@ func TestCreatePassesOwnerDigest(t *testing.T) {
 	if strings.Contains(testKey, first) || first != OwnerOf(testKey) {
 		t.Fatalf("owner %q must be the digest of the key, not part of it", first)
 	}
+}
+
+// TestRateLimitSharedBuckets: two handlers (replicas) over one store take
+// from the same buckets, so a key's burst is spent once between them; a
+// store that cannot answer lets requests through rather than fail them.
+func TestRateLimitSharedBuckets(t *testing.T) {
+	db, err := store.OpenSQLite(filepath.Join(t.TempDir(), "airlock.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	shared := func(o *Options) {
+		o.Limits = Limits{Requests: RateLimit{Rate: 0.01, Burst: 3}}
+		o.Buckets = db
+	}
+	a, _ := newTestHandler(t, shared)
+	b, _ := newTestHandler(t, shared)
+	for i, h := range []http.Handler{a, b, a} {
+		if rec := request(t, h, "GET", "/v2/sandboxes", ""); rec.Code != http.StatusOK {
+			t.Fatalf("request %d within the shared burst: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	for name, h := range map[string]http.Handler{"a": a, "b": b} {
+		rec := request(t, h, "GET", "/v2/sandboxes", "")
+		checkError(t, rec, http.StatusTooManyRequests, "rate limit exceeded: at most 0.01 requests per second (bursts of 3) per API key; retry after 100 s")
+		if rec.Header().Get("Retry-After") == "" {
+			t.Errorf("replica %s: no Retry-After", name)
+		}
+	}
+
+	broken, _ := newTestHandler(t, func(o *Options) {
+		o.Limits = Limits{Requests: RateLimit{Rate: 0.01, Burst: 1}}
+		o.Buckets = failingBuckets{}
+	})
+	for i := range 3 {
+		if rec := request(t, broken, "GET", "/v2/sandboxes", ""); rec.Code != http.StatusOK {
+			t.Fatalf("request %d with the store down: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+}
+
+type failingBuckets struct{}
+
+func (failingBuckets) TakeToken(context.Context, string, float64, int, time.Time) (bool, time.Duration, error) {
+	return false, 0, errors.New("connection refused")
 }

@@ -548,10 +548,13 @@ func (r *Replica) startListeners() error {
 		Identify:   r.Keys.Authenticate,
 		MaxTimeout: r.cfg.MaxTimeout,
 		Limits:     r.cfg.Limits,
-		Events:     r.Events,
-		Keys:       r.Keys,
-		Audit:      r.Store,
-		TeamRate:   func(team string) float64 { return r.Keys.Quotas(team).RequestsPerSecond },
+		// The rate limits' buckets are the store's: a key's requests
+		// count once, whichever replica serves them.
+		Buckets:  r.Store,
+		Events:   r.Events,
+		Keys:     r.Keys,
+		Audit:    r.Store,
+		TeamRate: func(team string) float64 { return r.Keys.Quotas(team).RequestsPerSecond },
 		// The served templates, read only: GET /templates lists them.
 		Templates: templatecatalog.Catalog{Store: r.Templates, Served: r.cfg.Templates},
 		Grants:    true,

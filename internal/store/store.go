@@ -244,6 +244,7 @@ var schemas = []struct{ name, ddl string }{
 	{"secret", secretSchema},
 	{"api key", keySchema},
 	{"metrics", metricsSchema},
+	{"rate limit", rateSchema},
 }
 
 // migrations bring a database made by an older Airlock up to the schema above

@@ -12,7 +12,7 @@ import { createHash, randomBytes } from 'node:crypto'
 import http from 'node:http'
 import { describe, test } from 'node:test'
 import { Sandbox } from 'e2b'
-import { API_KEY, api, createSandbox, meta, track, trackCleanup, waitFor } from './helpers.mjs'
+import { API_KEY, api, createSandbox, meta, sleep, track, trackCleanup, waitFor } from './helpers.mjs'
 
 const NS = process.env.AIRLOCK_KUBE_NAMESPACE
 const KUBECTL = process.env.KUBECTL || 'kubectl'
@@ -249,6 +249,32 @@ describe('kubernetes backend', { skip }, () => {
     const templates = await get('/templates')
     const ids = (templates.templates ?? templates).map((t) => t.templateID ?? t.id)
     assert.ok(ids.includes('base') && !ids.includes('python3'), `templates: ${JSON.stringify(ids)}`)
+  })
+
+  test('rate limits are shared by the replicas: a team allowed 2 requests a second gets 2 in a burst through both together', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
+    const [a, b] = REPLICAS
+    const team = `rate-${randomBytes(4).toString('hex')}`
+    const made = await api('POST', '/api-keys', { body: { name: 'rate', team } })
+    assert.equal(made.status, 201, made.text)
+    const key = made.json.key
+    const quota = await api('PATCH', `/teams/${made.json.teamID}`, { body: { quotas: { requestsPerSecond: 2 } } })
+    assert.equal(quota.status, 200, quota.text)
+    // Both replicas know the team's quota once their keys are reloaded
+    // (every 2 s): a request answers 429 naming the team's quota.
+    const burst = async () => {
+      const urls = [a.api, b.api, a.api, b.api, a.api, b.api, a.api, b.api]
+      return Promise.all(urls.map((u) => fetch(`${u}/sandboxes`, { headers: { 'X-API-Key': key } }).then((r) => r.status)))
+    }
+    await waitFor(async () => {
+      const statuses = await burst()
+      const viaA = statuses.filter((_, i) => i % 2 === 0)
+      const viaB = statuses.filter((_, i) => i % 2 === 1)
+      return !statuses.includes(401) && viaA.includes(429) && viaB.includes(429)
+    }, { timeoutMs: 15_000, intervalMs: 500, what: 'both replicas knowing the key and applying the team quota' })
+    await sleep(1500) // the bucket full again
+    const statuses = await burst()
+    assert.equal(statuses.filter((s) => s === 200).length, 2, `statuses through both replicas: ${statuses}`)
+    assert.equal(statuses.filter((s) => s === 429).length, 6, `statuses through both replicas: ${statuses}`)
   })
 
   test('two replicas serve one sandbox alike: made by one, changed and read through the other', { skip: REPLICAS.length < 2 && 'one replica' }, async () => {
