@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -31,15 +30,10 @@ the Pod's annotations, that its policy is in force. Stopped, it leaves its nftab
 table in place: the Pods stay judged by their last policy until it is back.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
-			}
-			h, err := logHandler(logFormat, level)
+			lg, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
 			}
-			lg := slog.New(h)
 			open, err := netpolicy.ParseAllowPrivate(allowPrivate)
 			if err != nil {
 				return fmt.Errorf("--allow-private: %w", err)

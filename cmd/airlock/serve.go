@@ -139,15 +139,11 @@ for it answers 503 with Retry-After and says which build step it is on.`,
 }
 
 func runServe(ctx context.Context, c daemon.Config, logLevel, logFormat string) error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	h, err := logHandler(logFormat, level)
+	lg, err := newLogger(logLevel, logFormat)
 	if err != nil {
 		return err
 	}
-	c.Logger = slog.New(h)
+	c.Logger = lg
 	if c.PausedRetention < 0 {
 		return fmt.Errorf("--paused-retention %s: must not be negative (0 keeps paused sandboxes forever)", c.PausedRetention)
 	}
@@ -224,6 +220,19 @@ func runServe(ctx context.Context, c daemon.Config, logLevel, logFormat string) 
 }
 
 // logHandler is the server log's handler for --log-format.
+// newLogger is the logger of --log-level and --log-format.
+func newLogger(level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	h, err := logHandler(format, l)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(h), nil
+}
+
 func logHandler(format string, level slog.Level) (slog.Handler, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {

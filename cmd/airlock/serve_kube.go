@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -78,15 +77,10 @@ func runKube(ctx context.Context, cmd *cobra.Command, c daemon.Config, k kubeFla
 	if len(unread) > 0 {
 		return fmt.Errorf("%s: not used by --backend kubernetes (README: Kubernetes, the feature table; for one domain with TLS put an Ingress in front, deploy/kubernetes/README.md)", strings.Join(unread, ", "))
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	h, err := logHandler(logFormat, level)
+	lg, err := newLogger(logLevel, logFormat)
 	if err != nil {
 		return err
 	}
-	lg := slog.New(h)
 	if k.cpuRequest <= 0 || k.cpuRequest > 1 || k.memoryRequest <= 0 || k.memoryRequest > 1 {
 		return fmt.Errorf("--pod-cpu-request and --pod-memory-request must be in (0, 1]")
 	}

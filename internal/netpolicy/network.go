@@ -202,15 +202,9 @@ func New(cfg Config) (*Network, error) {
 	} else {
 		cfg.CIDR6 = netip.Prefix{}
 	}
-	if cfg.DNSListen == "" {
-		cfg.DNSListen = "0.0.0.0:0"
-	}
-	if len(cfg.DNSUpstreams) == 0 {
-		ups, err := HostNameservers("/etc/resolv.conf")
-		if err != nil {
-			return nil, err
-		}
-		cfg.DNSUpstreams = ups
+	var err error
+	if cfg.DNSListen, cfg.DNSUpstreams, err = dnsDefaults(cfg.DNSListen, cfg.DNSUpstreams); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("netpolicy: state dir: %w", err)
@@ -222,29 +216,51 @@ func New(cfg Config) (*Network, error) {
 		sbx:   map[string]*state{},
 		byIP:  map[netip.Addr]*state{},
 	}
-	pc, l, err := listenDNS(cfg.DNSListen)
-	if err != nil {
+	if err := n.serveDNS(func(port uint16) (*firewall, error) {
+		return newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, cfg.CIDR6, port, cfg.EgressPort, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
+	}); err != nil {
 		return nil, err
+	}
+	n.scanSlots()
+	return n, nil
+}
+
+// dnsDefaults fills in the forwarder's listen address ("0.0.0.0:0") and
+// upstreams (the host's /etc/resolv.conf) where they are not set.
+func dnsDefaults(listen string, upstreams []string) (string, []string, error) {
+	if listen == "" {
+		listen = "0.0.0.0:0"
+	}
+	if len(upstreams) == 0 {
+		ups, err := HostNameservers("/etc/resolv.conf")
+		if err != nil {
+			return "", nil, err
+		}
+		upstreams = ups
+	}
+	return listen, upstreams, nil
+}
+
+// serveDNS opens the forwarder's sockets, installs the firewall that
+// redirects sandboxes' DNS to their port (install), and serves.
+func (n *Network) serveDNS(install func(port uint16) (*firewall, error)) error {
+	pc, l, err := listenDNS(n.cfg.DNSListen)
+	if err != nil {
+		return err
 	}
 	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	n.fw, err = newFirewall(cfg.Table, cfg.IfPrefix, cfg.CIDR, cfg.CIDR6, n.port, cfg.EgressPort, cfg.NoEgress, closedPrivate(cfg.AllowPrivate))
-	if err != nil {
+	if n.fw, err = install(n.port); err != nil {
 		pc.Close()
 		l.Close()
-		return nil, err
+		return err
 	}
-	n.dns = dnsfilter.New(dnsfilter.Config{
-		Upstreams: cfg.DNSUpstreams,
-		Lookup:    n.dnsRules,
-		OnAnswer:  n.onAnswer,
-	})
+	n.dns = dnsfilter.New(dnsfilter.Config{Upstreams: n.cfg.DNSUpstreams, Lookup: n.dnsRules, OnAnswer: n.onAnswer})
 	go func() {
 		if err := n.dns.Serve(pc, l); err != nil {
 			n.log.Debug("dns forwarder stopped", "err", err)
 		}
 	}()
-	n.scanSlots()
-	return n, nil
+	return nil
 }
 
 // DefaultCIDR6 is the unique-local /64 a server with the given nftables

@@ -131,23 +131,39 @@ func (fw *firewall) installing() func() {
 }
 
 func newFirewall(table, prefix string, cidr, cidr6 netip.Prefix, dnsPort, egressPort uint16, noEgress bool, closed []ipRange) (*firewall, error) {
+	fw, err := openFirewall(table, dnsPort, closed)
+	if err != nil {
+		return nil, err
+	}
+	fw.prefix, fw.cidr, fw.cidr6, fw.egressPort, fw.noEgress = prefix, cidr, cidr6, egressPort, noEgress
+	return fw, fw.install()
+}
+
+// openFirewall is a firewall over the table with its netlink connection,
+// nothing installed yet.
+func openFirewall(table string, dnsPort uint16, closed []ipRange) (*firewall, error) {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	fw := &firewall{
-		conn:       conn,
-		table:      &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
-		prefix:     prefix,
-		cidr:       cidr,
-		cidr6:      cidr6,
-		dnsPort:    dnsPort,
-		egressPort: egressPort,
-		noEgress:   noEgress,
-		closed:     closed,
+		conn:    conn,
+		table:   &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
+		dnsPort: dnsPort,
+		closed:  closed,
 	}
 	fw.rm.fw = fw
-	return fw, fw.install()
+	return fw, nil
+}
+
+// freshTable queues the replacement of the table by an empty one (fw.mu
+// held; the caller adds everything and flushes: one transaction).
+func (fw *firewall) freshTable(c *nftables.Conn) *nftables.Table {
+	if old, err := c.ListTableOfFamily(fw.table.Name, nftables.TableFamilyINet); err == nil && old != nil {
+		c.DelTable(fw.table)
+	}
+	fw.sbx = map[string]*fwSandbox{}
+	return c.AddTable(fw.table)
 }
 
 // addr6 is the IPv6 address that goes with a sandbox-side or gateway IPv4
@@ -174,11 +190,7 @@ func (fw *firewall) install() error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	c := fw.conn
-	if old, err := c.ListTableOfFamily(fw.table.Name, nftables.TableFamilyINet); err == nil && old != nil {
-		c.DelTable(fw.table)
-	}
-	t := c.AddTable(fw.table)
-	fw.sbx = map[string]*fwSandbox{}
+	t := fw.freshTable(c)
 	accept := nftables.ChainPolicyAccept
 	sbx := func(parts ...[]expr.Any) []expr.Any {
 		return cat(append([][]expr.Any{fw.ifMatch(expr.MetaKeyIIFNAME, true)}, parts...)...)

@@ -47,17 +47,10 @@ import (
 // and left in place when the agent stops, so the Pods of a node whose agent
 // restarts stay judged by their last policy throughout.
 func newPodFirewall(table string, dnsPort uint16, closed []ipRange, initial []podElems) (*firewall, error) {
-	conn, err := nftables.New()
+	fw, err := openFirewall(table, dnsPort, closed)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
+		return nil, err
 	}
-	fw := &firewall{
-		conn:    conn,
-		table:   &nftables.Table{Name: table, Family: nftables.TableFamilyINet},
-		dnsPort: dnsPort,
-		closed:  closed,
-	}
-	fw.rm.fw = fw
 	return fw, fw.installPods(initial)
 }
 
@@ -72,11 +65,7 @@ func (fw *firewall) installPods(initial []podElems) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	c := fw.conn
-	if old, err := c.ListTableOfFamily(fw.table.Name, nftables.TableFamilyINet); err == nil && old != nil {
-		c.DelTable(fw.table)
-	}
-	t := c.AddTable(fw.table)
-	fw.sbx = map[string]*fwSandbox{}
+	t := fw.freshTable(c)
 	never, _, err := fw.addPolicy(c, t)
 	if err != nil {
 		return err

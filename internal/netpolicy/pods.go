@@ -4,10 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-
-	"github.com/airlock-sandbox/airlock/internal/netpolicy/dnsfilter"
 )
 
 // PodConfig configures a Network over the sandbox Pods of one Kubernetes
@@ -51,15 +48,9 @@ func NewPods(cfg PodConfig, pods []Pod) (*Network, error) {
 	if cfg.Table == "" {
 		cfg.Table = "airlock_pods"
 	}
-	if cfg.DNSListen == "" {
-		cfg.DNSListen = "0.0.0.0:0"
-	}
-	if len(cfg.DNSUpstreams) == 0 {
-		ups, err := HostNameservers("/etc/resolv.conf")
-		if err != nil {
-			return nil, err
-		}
-		cfg.DNSUpstreams = ups
+	var err error
+	if cfg.DNSListen, cfg.DNSUpstreams, err = dnsDefaults(cfg.DNSListen, cfg.DNSUpstreams); err != nil {
+		return nil, err
 	}
 	n := &Network{
 		cfg:  Config{Table: cfg.Table, DNSUpstreams: cfg.DNSUpstreams, DNSListen: cfg.DNSListen, AllowPrivate: cfg.AllowPrivate, Logger: cfg.Logger},
@@ -77,25 +68,14 @@ func NewPods(cfg PodConfig, pods []Pod) (*Network, error) {
 		initial = append(initial, podElems{id: p.ID, addr: p.Addr, c: st.c})
 		states = append(states, st)
 	}
-	pc, l, err := listenDNS(cfg.DNSListen)
-	if err != nil {
-		return nil, err
-	}
-	n.port = uint16(pc.LocalAddr().(*net.UDPAddr).Port)
-	if n.fw, err = newPodFirewall(cfg.Table, n.port, closedPrivate(cfg.AllowPrivate), initial); err != nil {
-		pc.Close()
-		l.Close()
-		return nil, err
-	}
 	for _, st := range states {
 		n.sbx[st.ID], n.byIP[st.Addr] = st, st
 	}
-	n.dns = dnsfilter.New(dnsfilter.Config{Upstreams: cfg.DNSUpstreams, Lookup: n.dnsRules, OnAnswer: n.onAnswer})
-	go func() {
-		if err := n.dns.Serve(pc, l); err != nil {
-			n.log.Debug("dns forwarder stopped", "err", err)
-		}
-	}()
+	if err := n.serveDNS(func(port uint16) (*firewall, error) {
+		return newPodFirewall(cfg.Table, port, closedPrivate(cfg.AllowPrivate), initial)
+	}); err != nil {
+		return nil, err
+	}
 	return n, nil
 }
 
