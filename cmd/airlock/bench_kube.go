@@ -16,6 +16,8 @@ import (
 
 	"github.com/airlock-sandbox/airlock/internal/bench"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/netpolicy"
+	"github.com/airlock-sandbox/airlock/internal/nodeagent"
 	"github.com/airlock-sandbox/airlock/internal/replica"
 )
 
@@ -31,7 +33,9 @@ func benchKubeCmd() *cobra.Command {
 		Short: "Measure create + first command on one box and on two Kubernetes replicas, cold and warm, and creates per second",
 		Long: `Start an Airlock server in this process and two replicas of serve --backend
 kubernetes over --store (a PostgreSQL URL; both replicas share it) on the cluster of
---kubeconfig, in a namespace of the bench's own (deleted at the end). Measure, in the
+--kubeconfig, in a namespace of the bench's own (deleted at the end), with the node
+agent of the cluster's one node in this process (creates wait for it, as deployed).
+Measure, in the
 same run: create + first commands.run, cold and from a warm pool, on the box (--runtime)
 and on the cluster (API of one replica, sandbox traffic through the other); then
 --burst creates at once, half through each replica.`,
@@ -66,6 +70,7 @@ and on the cluster (API of one replica, sandbox traffic through the other); then
 					Kubeconfig: kubeconfig, Namespace: ns, RuntimeClass: runtimeClass, Store: storeURL,
 					DataDir: filepath.Join(work, name), TemplateDataDir: dataDir, Templates: []string{tpl},
 					EnvdPath: envdPath, APIKeys: d.APIKeys, MaxTimeout: time.Hour, Identity: "bench-" + name, Logger: lg,
+					NodeAgent: true,
 				})
 				return r, r.Start(ctx)
 			}
@@ -84,6 +89,23 @@ and on the cluster (API of one replica, sandbox traffic through the other); then
 			defer func() {
 				_ = a.Client.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 			}()
+			// The node agent of this machine's node, in this process: creates
+			// wait for it to enforce each Pod's egress policy, as deployed.
+			nodes, err := a.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			if len(nodes.Items) != 1 {
+				return fmt.Errorf("bench kube runs the node agent of this machine: the cluster must have one node, it has %d", len(nodes.Items))
+			}
+			actx, stopAgent := context.WithCancel(ctx)
+			defer stopAgent()
+			agent, err := nodeagent.Start(actx, nodeagent.Config{Client: a.Client, Namespace: ns, Node: nodes.Items[0].Name, Logger: lg,
+				Net: netpolicy.PodConfig{Table: "airlock_pods_bench", Logger: lg}})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = agent.Network().RemoveTable() }()
 			b, err := start("b", "", a.RegistryURL[len("http://"):])
 			if b != nil {
 				defer b.Close()
