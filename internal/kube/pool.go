@@ -43,13 +43,20 @@ import (
 // makes one as if the pool were empty.
 
 // warmReady returns the template's warm Pods that run image and answer,
-// oldest first.
-func (p *Pods) warmReady(template, image string) []*corev1.Pod {
+// oldest first; with judged (Backend.NodeAgent), only those whose node
+// agent has put their policy in force: a claim of one then neither waits
+// for the agent nor races its annotation (the claim's patch is conditional
+// on the Pod's resourceVersion, which the annotation changes).
+func (p *Pods) warmReady(template, image string, judged bool) []*corev1.Pod {
 	var out []*corev1.Pod
 	for _, pod := range p.listed() {
-		if pod.Labels[LabelWarm] == template && pod.DeletionTimestamp == nil && podImage(pod) == image && podReady(pod) {
-			out = append(out, pod)
+		if pod.Labels[LabelWarm] != template || pod.DeletionTimestamp != nil || podImage(pod) != image || !podReady(pod) {
+			continue
 		}
+		if judged && (pod.Annotations[AnnotationNetworkApplied] != PodNetworkDigest(pod) || pod.Annotations[AnnotationNetworkError] != "") {
+			continue
+		}
+		out = append(out, pod)
 	}
 	slices.SortFunc(out, func(a, b *corev1.Pod) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
 	return out
@@ -138,7 +145,7 @@ func initEnvd(ctx context.Context, ip net.IP, key string, body envdapi.InitReque
 // could be had (the create then makes one); an error only for what a cold
 // create would fail with too (the team's quota).
 func (b *Backend) claimWarm(ctx context.Context, t Template, info *sandbox.Info, env map[string]string, policy string) (net.IP, error) {
-	for _, pod := range b.Pods.warmReady(t.ID, t.Image) {
+	for _, pod := range b.Pods.warmReady(t.ID, t.Image, b.NodeAgent) {
 		id := pod.Labels[LabelSandbox]
 		info.ID = id
 		if err := b.insert(ctx, *info); err != nil {
@@ -195,7 +202,7 @@ func (b *Backend) WarmReady(ctx context.Context, name string) int {
 	if err != nil {
 		return 0
 	}
-	return len(b.Pods.warmReady(t.ID, t.Image))
+	return len(b.Pods.warmReady(t.ID, t.Image, b.NodeAgent))
 }
 
 func newInitKey() string {
@@ -238,7 +245,9 @@ func (b *Backend) FillPools(ctx context.Context) error {
 		keep := 0
 		for _, pod := range byTemplate[t.ID] {
 			_, why := ended(pod)
-			if podImage(pod) != t.Image || why != "" || isFatalWait(pod) || keep >= size {
+			// A Pod its node agent cannot judge (AnnotationNetworkError)
+			// would never be claimed.
+			if podImage(pod) != t.Image || why != "" || isFatalWait(pod) || pod.Annotations[AnnotationNetworkError] != "" || keep >= size {
 				errs = append(errs, b.Pods.Delete(ctx, pod.Labels[LabelSandbox]))
 				continue
 			}
