@@ -71,6 +71,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/egress"
 	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/layout"
+	"github.com/airlock-sandbox/airlock/internal/listeners"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/metrics"
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
@@ -565,16 +566,9 @@ func (d *Daemon) startKeys(ctx context.Context) error {
 // startListeners serves the API (with /mcp and the info endpoint) and the
 // sandbox proxy, each over HTTP/1.1 and h2c.
 func (d *Daemon) startListeners() error {
-	var lns []net.Listener
-	for _, addr := range []string{d.cfg.APIAddr, d.cfg.SandboxAddr} {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return fmt.Errorf("listen on %s: %w", addr, err)
-		}
-		lns = append(lns, ln)
+	lns, err := listeners.Open(d.cfg.APIAddr, d.cfg.SandboxAddr)
+	if err != nil {
+		return err
 	}
 	opts := e2b.Options{
 		Identify:   d.Keys.Authenticate,
@@ -617,7 +611,10 @@ func (d *Daemon) startListeners() error {
 	// The API listener also serves MCP (/mcp), whose tools call this
 	// server's own API and proxy over loopback.
 	apiMux := http.NewServeMux()
-	apiMux.Handle("/mcp", mcp.NewStreamableHandler(loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()), d.Keys.Authenticate))
+	// How this server reaches its own API and proxy (/mcp and the
+	// dashboard call them).
+	selfAPI, selfProxy := listeners.LoopbackURL(lns[0].Addr()), listeners.LoopbackURL(lns[1].Addr())
+	apiMux.Handle("/mcp", mcp.NewStreamableHandler(selfAPI, selfProxy, d.Keys.Authenticate))
 	apiMux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
 	// The volume content API, authorised by the volume tokens GET
 	// /volumes/{id} hands out (E2B_VOLUME_API_URL is the API URL): each a
@@ -625,7 +622,7 @@ func (d *Daemon) startListeners() error {
 	content := volumecontent.New(contentVolumes, d.log)
 	content.SetGrants(grants)
 	apiMux.Handle(e2bwire.VolumeContentPrefix, content)
-	dash, err := d.dashboard(api, loopbackURL(lns[0].Addr()), loopbackURL(lns[1].Addr()))
+	dash, err := d.dashboard(api, selfAPI, selfProxy)
 	if err != nil {
 		for _, l := range lns {
 			l.Close()

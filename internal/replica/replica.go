@@ -58,6 +58,7 @@ import (
 	"github.com/airlock-sandbox/airlock/internal/e2bwire"
 	"github.com/airlock-sandbox/airlock/internal/grant"
 	"github.com/airlock-sandbox/airlock/internal/kube"
+	"github.com/airlock-sandbox/airlock/internal/listeners"
 	"github.com/airlock-sandbox/airlock/internal/mcp"
 	"github.com/airlock-sandbox/airlock/internal/proxy"
 	"github.com/airlock-sandbox/airlock/internal/registry"
@@ -367,7 +368,7 @@ func (r *Replica) startRegistry() (err error) {
 	}
 	r.RegistryURL = "http://" + ln.Addr().String()
 	if r.cfg.RegistryHost == "" {
-		r.cfg.RegistryHost = loopbackHost(ln.Addr())
+		r.cfg.RegistryHost = listeners.LoopbackHost(ln.Addr())
 	}
 	r.serve("registry", ln, r.Registry)
 	// Each served template's image is made now, in the background, so that
@@ -533,16 +534,9 @@ func (r *Replica) quota(owner string) sandbox.Quota {
 }
 
 func (r *Replica) startListeners() error {
-	var lns []net.Listener
-	for _, addr := range []string{r.cfg.APIAddr, r.cfg.SandboxAddr} {
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return fmt.Errorf("listen on %s: %w", addr, err)
-		}
-		lns = append(lns, ln)
+	lns, err := listeners.Open(r.cfg.APIAddr, r.cfg.SandboxAddr)
+	if err != nil {
+		return err
 	}
 	api := e2b.NewHandler(r.Backend, e2b.Options{
 		Identify:   r.Keys.Authenticate,
@@ -567,9 +561,12 @@ func (r *Replica) startListeners() error {
 	r.Proxy = proxy.New(r.Backend, r.log)
 	r.Proxy.SetGrants(grants)
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHandler("http://"+loopbackHost(lns[0].Addr()), "http://"+loopbackHost(lns[1].Addr()), r.Keys.Authenticate))
+	// How this server reaches its own API and proxy (/mcp and the
+	// dashboard call them).
+	selfAPI, selfProxy := listeners.LoopbackURL(lns[0].Addr()), listeners.LoopbackURL(lns[1].Addr())
+	mux.Handle("/mcp", mcp.NewStreamableHandler(selfAPI, selfProxy, r.Keys.Authenticate))
 	mux.Handle("GET "+e2bwire.InfoPath, mcp.InfoHandler(lns[1].Addr()))
-	dash, err := r.dashboard(api, "http://"+loopbackHost(lns[0].Addr()), "http://"+loopbackHost(lns[1].Addr()))
+	dash, err := r.dashboard(api, selfAPI, selfProxy)
 	if err != nil {
 		for _, l := range lns {
 			l.Close()
@@ -643,18 +640,4 @@ func (r *Replica) serve(name string, ln net.Listener, h http.Handler) {
 		}
 		return nil
 	})
-}
-
-// loopbackHost is host:port of a listener's address, with an unspecified
-// host made 127.0.0.1.
-func loopbackHost(a net.Addr) string {
-	tcp, ok := a.(*net.TCPAddr)
-	if !ok {
-		return a.String()
-	}
-	ip := tcp.IP
-	if ip == nil || ip.IsUnspecified() {
-		ip = net.IPv4(127, 0, 0, 1)
-	}
-	return net.JoinHostPort(ip.String(), fmt.Sprint(tcp.Port))
 }
