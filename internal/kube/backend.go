@@ -550,14 +550,7 @@ func (b *Backend) UpdateNetwork(ctx context.Context, id string, u sandbox.Networ
 	if err != nil {
 		return err
 	}
-	info.Network.AllowOut = append([]string(nil), u.AllowOut...)
-	info.Network.DenyOut = append([]string(nil), u.DenyOut...)
-	info.Network.Rules = u.Rules
-	info.Network.EgressProxy = u.EgressProxy
-	if u.AllowInternetAccess != nil {
-		v := *u.AllowInternetAccess
-		info.AllowInternetAccess = &v
-	}
+	u.ApplyTo(&info)
 	policy, err := podPolicy(info)
 	if err != nil {
 		return err

@@ -842,18 +842,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, u NetworkUpdate)
 		e.mu.Lock()
 		info := e.info
 		e.mu.Unlock()
-		info.Network.AllowOut = append([]string(nil), u.AllowOut...)
-		info.Network.DenyOut = append([]string(nil), u.DenyOut...)
-		info.Network.Rules = copyRules(u.Rules)
-		info.Network.EgressProxy = nil
-		if u.EgressProxy != nil {
-			ep := *u.EgressProxy
-			info.Network.EgressProxy = &ep
-		}
-		if u.AllowInternetAccess != nil {
-			v := *u.AllowInternetAccess
-			info.AllowInternetAccess = &v
-		}
+		u.ApplyTo(&info)
 		p := PolicyOf(info)
 		if err := p.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalid, err)

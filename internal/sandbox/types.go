@@ -186,6 +186,23 @@ type NetworkUpdate struct {
 	EgressProxy         *netpolicy.EgressProxy
 }
 
+// ApplyTo makes info's egress policy the update's: its lists, rules and
+// egress proxy replaced (copied), allowInternetAccess changed if given.
+func (u NetworkUpdate) ApplyTo(info *Info) {
+	info.Network.AllowOut = append([]string(nil), u.AllowOut...)
+	info.Network.DenyOut = append([]string(nil), u.DenyOut...)
+	info.Network.Rules = copyRules(u.Rules)
+	info.Network.EgressProxy = nil
+	if u.EgressProxy != nil {
+		ep := *u.EgressProxy
+		info.Network.EgressProxy = &ep
+	}
+	if u.AllowInternetAccess != nil {
+		v := *u.AllowInternetAccess
+		info.AllowInternetAccess = &v
+	}
+}
+
 // CreateRequest is what a client asks for.
 type CreateRequest struct {
 	Template            string // template id or alias
