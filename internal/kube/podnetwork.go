@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/airlock-sandbox/airlock/internal/netpolicy"
 	"github.com/airlock-sandbox/airlock/internal/sandbox"
@@ -37,6 +35,11 @@ const (
 	AnnotationNetworkApplied = "airlock.dev/network-applied"
 	AnnotationNetworkError   = "airlock.dev/network-error"
 )
+
+// DefaultNetwork is AnnotationNetwork's value for the default policy
+// (private ranges closed, the rest open): what podPolicy gives a sandbox
+// that asks for nothing, and what a Pod without the annotation has.
+const DefaultNetwork = "{}"
 
 // NetworkWait bounds how long a create or a network update waits for the
 // node agent (Backend.NodeAgent).
@@ -81,7 +84,7 @@ func ParsePodPolicy(pod *corev1.Pod) (netpolicy.Policy, error) {
 func PodNetworkDigest(pod *corev1.Pod) string {
 	v, ok := pod.Annotations[AnnotationNetwork]
 	if !ok {
-		v = "{}"
+		v = DefaultNetwork
 	}
 	return NetworkDigest(v)
 }
@@ -120,20 +123,4 @@ func (p *Pods) setNetwork(ctx context.Context, id, policy string) error {
 		return fmt.Errorf("sandbox %s: setting its network policy: %w", id, err)
 	}
 	return nil
-}
-
-// RESTConfig is the client configuration of a kubeconfig file, or the
-// in-cluster one for "".
-func RESTConfig(kubeconfig string) (*rest.Config, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes: %w (pass --kubeconfig outside a cluster)", err)
-	}
-	return rc, nil
 }

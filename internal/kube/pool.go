@@ -3,8 +3,6 @@ package kube
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -92,7 +90,7 @@ func (p *Pods) claim(ctx context.Context, pod *corev1.Pod, team, policy string) 
 		"resourceVersion": pod.ResourceVersion,
 		"labels":          map[string]any{LabelWarm: nil, LabelTeam: team},
 	}
-	if cur, ok := pod.Annotations[AnnotationNetwork]; policy != "" && (!ok || cur != policy) {
+	if policy != "" && pod.Annotations[AnnotationNetwork] != policy {
 		meta["annotations"] = map[string]any{AnnotationNetwork: policy}
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": meta})
@@ -205,12 +203,6 @@ func (b *Backend) WarmReady(ctx context.Context, name string) int {
 	return len(b.Pods.warmReady(t.ID, t.Image, b.NodeAgent))
 }
 
-func newInitKey() string {
-	buf := make([]byte, 32)
-	_, _ = rand.Read(buf)
-	return hex.EncodeToString(buf)
-}
-
 // FillPools makes the warm Pods each pool lacks and deletes the ones it
 // should not keep (another image, ended, or beyond its size); the
 // reconciling replica calls it.
@@ -231,10 +223,7 @@ func (b *Backend) FillPools(ctx context.Context) error {
 	// they wait, so a claim that keeps it does not wait for the agent.
 	var policy string
 	if b.NodeAgent {
-		var err error
-		if policy, err = podPolicy(sandbox.Info{}); err != nil {
-			return err
-		}
+		policy = DefaultNetwork
 	}
 	var errs []error
 	for name, size := range pools {
@@ -257,7 +246,7 @@ func (b *Backend) FillPools(ctx context.Context) error {
 			id := newID()
 			err := b.Pods.make(ctx, Spec{ID: id, Template: t.ID, Image: t.Image, CPUs: t.CPUs, MemoryMB: t.MemoryMB, Warm: true, Network: policy,
 				Envd: envdapi.Config{SandboxID: id, TemplateID: t.ID, EnvVars: t.EnvVars, DefaultUser: t.DefaultUser,
-					DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels, AwaitInit: true, InitKey: newInitKey()}})
+					DefaultWorkdir: t.DefaultWorkdir, Kernels: t.Kernels, AwaitInit: true, InitKey: newToken()}})
 			if err != nil {
 				errs = append(errs, fmt.Errorf("warm pool of %s: %w", t.ID, err))
 				break // no room now, most likely: the next pass tries again
